@@ -1,0 +1,360 @@
+//! The `rollouts-dispatch/job` plugin block of an AnalysisTemplate metric, parsed and validated once.
+//!
+//! Every error names the offending field and says how to fix it: the message ends up in the
+//! AnalysisRun's measurement, where the person who wrote the template will read it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use crate::selector::Selector;
+
+/// The key under `provider.plugin` in AnalysisTemplates, also the name in `argo-rollouts-config`.
+pub const PLUGIN_NAME: &str = "rollouts-dispatch/job";
+
+/// How many log lines of a failed container go into the message when `logTail` is not set.
+pub const DEFAULT_LOG_TAIL: u32 = 40;
+/// The most log lines a message may carry.
+pub const MAX_LOG_TAIL: u32 = 1000;
+
+/// Where the Job runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// One or more destinations by name (`destination: a` or `destination: a,b`).
+    Names(Vec<String>),
+    /// The clusters the Kargo Stage promoted to (`destination: stage`).
+    Stage,
+    /// Every known destination whose labels match (`destinationSelector`).
+    Selector(Selector),
+}
+
+/// How many destinations must succeed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Require {
+    /// every destination (the default)
+    #[default]
+    All,
+    /// at least one
+    Any,
+}
+
+/// A validated plugin block.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobConfig {
+    /// where to run
+    pub target: Target,
+    /// the verdict rule across destinations
+    pub require: Require,
+    /// the namespace on the destination; `None` means the destination's default
+    pub namespace: Option<String>,
+    /// a Job running longer fails with that reason
+    pub active_deadline: Option<Duration>,
+    /// log lines of a failed container to quote in the message
+    pub log_tail: u32,
+    /// labels added to the Job
+    pub labels: BTreeMap<String, String>,
+    /// annotations added to the Job
+    pub annotations: BTreeMap<String, String>,
+    /// the batch/v1 JobSpec, as written
+    pub spec: Map<String, Value>,
+}
+
+/// A plugin block that cannot be used; the message is shown to the template's author.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {PLUGIN_NAME} block in metric {metric:?}: {reason}")]
+pub struct ConfigError {
+    /// the metric whose block is wrong
+    pub metric: String,
+    /// what is wrong and how to fix it
+    pub reason: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawBlock {
+    destination: Option<String>,
+    destination_selector: Option<String>,
+    require: Option<String>,
+    namespace: Option<String>,
+    active_deadline: Option<String>,
+    log_tail: Option<u32>,
+    metadata: Option<RawMetadata>,
+    spec: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMetadata {
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    #[serde(default)]
+    annotations: BTreeMap<String, String>,
+}
+
+impl JobConfig {
+    /// Finds and validates the block of `metric` in its `provider.plugin` map.
+    pub fn from_plugin_map<'a>(
+        metric: &str,
+        plugins: impl IntoIterator<Item = (&'a String, &'a [u8])>,
+    ) -> Result<Self, ConfigError> {
+        let err = |reason: String| ConfigError { metric: metric.to_string(), reason };
+        let mut others = Vec::new();
+        for (name, json) in plugins {
+            if name == PLUGIN_NAME {
+                return Self::parse(json).map_err(err);
+            }
+            others.push(name.as_str());
+        }
+        Err(err(if others.is_empty() {
+            format!("the metric has no provider.plugin.{PLUGIN_NAME} block; add one (see the README)")
+        } else {
+            format!(
+                "the metric has no provider.plugin.{PLUGIN_NAME} block (found {}); register this plugin in \
+                 argo-rollouts-config under the name {PLUGIN_NAME} and use that key",
+                others.join(", ")
+            )
+        }))
+    }
+
+    /// Parses one block (compact JSON, args already substituted by the controller).
+    pub fn parse(json: &[u8]) -> Result<Self, String> {
+        let value: Value = serde_json::from_slice(json).map_err(|e| format!("the block is not valid JSON: {e}"))?;
+        if !value.is_object() {
+            return Err(format!(
+                "the block must be an object with `destination` and `spec`, got {}",
+                json_kind(&value)
+            ));
+        }
+        let raw: RawBlock = serde_json::from_value(value).map_err(|e| format!("{e}; fix the field in the AnalysisTemplate"))?;
+        let target = match (raw.destination, raw.destination_selector) {
+            (Some(_), Some(_)) => {
+                return Err("fields `destination` and `destinationSelector` are mutually exclusive: keep one".into())
+            }
+            (None, None) => {
+                return Err("field `destination` is missing: set it to a destination name, a comma-separated list \
+                            or \"stage\", or set `destinationSelector`"
+                    .into())
+            }
+            (Some(d), None) => parse_destination(&d)?,
+            (None, Some(s)) => Target::Selector(
+                Selector::parse(&s).map_err(|e| format!("field `destinationSelector` is invalid: {e}"))?,
+            ),
+        };
+        let require = match raw.require.as_deref() {
+            None | Some("all") => Require::All,
+            Some("any") => Require::Any,
+            Some(other) => return Err(format!("field `require` must be \"all\" or \"any\", got {other:?}")),
+        };
+        let namespace = match raw.namespace {
+            None => None,
+            Some(ns) if ns.is_empty() => None,
+            Some(ns) if is_dns_label(&ns) => Some(ns),
+            Some(ns) => {
+                return Err(format!(
+                    "field `namespace` is not a valid namespace name: {ns:?} (lowercase letters, digits and '-', at most 63)"
+                ))
+            }
+        };
+        let active_deadline = match raw.active_deadline {
+            None => None,
+            Some(d) => Some(parse_go_duration(&d).map_err(|e| {
+                format!("field `activeDeadline` is not a duration: {d:?} ({e}; use Go syntax such as 20m or 1h30m)")
+            })?),
+        };
+        let log_tail = raw.log_tail.unwrap_or(DEFAULT_LOG_TAIL);
+        if log_tail > MAX_LOG_TAIL {
+            return Err(format!("field `logTail` must be at most {MAX_LOG_TAIL}, got {log_tail}"));
+        }
+        let (labels, annotations) = raw.metadata.map(|m| (m.labels, m.annotations)).unwrap_or_default();
+        let spec = match raw.spec {
+            None => return Err("field `spec` is missing: add a batch/v1 JobSpec, as in provider.job.spec".into()),
+            Some(Value::Object(spec)) => spec,
+            Some(other) => return Err(format!("field `spec` must be a batch/v1 JobSpec object, got {}", json_kind(&other))),
+        };
+        match spec.get("template") {
+            Some(Value::Object(_)) => {}
+            _ => return Err("field `spec.template` is missing: a JobSpec needs a pod template with containers".into()),
+        }
+        Ok(Self { target, require, namespace, active_deadline, log_tail, labels, annotations, spec })
+    }
+
+    /// The destination as written, for metadata and messages.
+    pub fn target_display(&self) -> String {
+        match &self.target {
+            Target::Names(names) => names.join(","),
+            Target::Stage => "stage".into(),
+            Target::Selector(s) => format!("selector:{s}"),
+        }
+    }
+}
+
+fn parse_destination(d: &str) -> Result<Target, String> {
+    if d.contains("{{") {
+        return Err(format!(
+            "field `destination` still contains {d:?}: the arg was not resolved; pass `destination` from the \
+             Stage's verification.args or give the AnalysisTemplate arg a value"
+        ));
+    }
+    let names: Vec<String> = d.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect();
+    if names.is_empty() {
+        return Err("field `destination` is empty: set it to a destination name, a comma-separated list or \"stage\" \
+                    (an empty value usually means the Stage passed an empty verification arg)"
+            .into());
+    }
+    if let Some(bad) = names.iter().find(|n| n.chars().any(char::is_whitespace)) {
+        return Err(format!("field `destination` has a name with white space: {bad:?}"));
+    }
+    if names.len() == 1 && names[0] == "stage" {
+        return Ok(Target::Stage);
+    }
+    if names.iter().any(|n| n == "stage") {
+        return Err("field `destination`: \"stage\" cannot be combined with other destinations".into());
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some(dup) = names.iter().find(|n| !seen.insert(n.as_str())) {
+        return Err(format!("field `destination` names {dup:?} twice"));
+    }
+    Ok(Target::Names(names))
+}
+
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A DNS-1123 label: what Kubernetes accepts as a namespace name.
+pub(crate) fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// Parses Go's `time.ParseDuration` syntax: `300ms`, `1.5h`, `2h45m`.
+pub fn parse_go_duration(s: &str) -> Result<Duration, String> {
+    let mut rest = s.trim();
+    if rest.is_empty() {
+        return Err("empty duration".into());
+    }
+    if rest == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if rest.starts_with('-') {
+        return Err("negative durations are not allowed".into());
+    }
+    rest = rest.strip_prefix('+').unwrap_or(rest);
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let num_len = rest.bytes().take_while(|b| b.is_ascii_digit() || *b == b'.').count();
+        if num_len == 0 {
+            return Err(format!("expected a number at {rest:?}"));
+        }
+        let n: f64 = rest[..num_len].parse().map_err(|_| format!("bad number {:?}", &rest[..num_len]))?;
+        rest = &rest[num_len..];
+        let unit_len = rest.bytes().take_while(|b| !b.is_ascii_digit() && *b != b'.').count();
+        let unit = &rest[..unit_len];
+        rest = &rest[unit_len..];
+        let scale = match unit {
+            "ns" => 1e-9,
+            "us" | "µs" | "μs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            "" => return Err("missing unit (ns, us, ms, s, m, h)".into()),
+            u => return Err(format!("unknown unit {u:?}")),
+        };
+        total += n * scale;
+    }
+    Duration::try_from_secs_f64(total).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SPEC: &str = r#""spec":{"backoffLimit":0,"template":{"spec":{"restartPolicy":"Never","containers":[{"name":"c","image":"busybox"}]}}}"#;
+
+    fn parse(fields: &str) -> Result<JobConfig, String> {
+        let sep = if fields.is_empty() { "" } else { "," };
+        JobConfig::parse(format!("{{{fields}{sep}{SPEC}}}").as_bytes())
+    }
+
+    #[test]
+    fn a_full_block_parses() {
+        let c = parse(
+            r#""destination":"a, b","require":"any","namespace":"verify","activeDeadline":"1h30m","logTail":5,
+               "metadata":{"labels":{"team":"x"},"annotations":{"a":"b"}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.target, Target::Names(vec!["a".into(), "b".into()]));
+        assert_eq!(c.require, Require::Any);
+        assert_eq!(c.namespace.as_deref(), Some("verify"));
+        assert_eq!(c.active_deadline, Some(Duration::from_secs(5400)));
+        assert_eq!(c.log_tail, 5);
+        assert_eq!(c.labels["team"], "x");
+        assert_eq!(c.target_display(), "a,b");
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let c = parse(r#""destination":"stage""#).unwrap();
+        assert_eq!(c.target, Target::Stage);
+        assert_eq!(c.require, Require::All);
+        assert_eq!(c.log_tail, DEFAULT_LOG_TAIL);
+        assert_eq!(c.namespace, None);
+    }
+
+    #[test]
+    fn each_mistake_names_its_field() {
+        for (fields, needle) in [
+            (r#""destinaton":"a""#, "destinaton"),
+            (r#""destination":"""#, "`destination` is empty"),
+            (r#""destination":"{{args.destination}}""#, "`destination` still contains"),
+            (r#""destination":"a","destinationSelector":"x=y""#, "destinationSelector"),
+            (r#""destinationSelector":"env==""#, "destinationSelector"),
+            (r#""destination":"a","require":"some""#, "`require`"),
+            (r#""destination":"a","activeDeadline":"soon""#, "activeDeadline"),
+            (r#""destination":"a","logTail":100000"#, "logTail"),
+            (r#""destination":"a","namespace":"Bad_NS""#, "namespace"),
+            (r#""destination":"a,a""#, "twice"),
+            (r#""destination":"stage,a""#, "stage"),
+            ("", "`destination` is missing"),
+        ] {
+            let e = parse(fields).unwrap_err();
+            assert!(e.contains(needle), "{fields}: {e}");
+        }
+        let e = JobConfig::parse(br#"{"destination":"a"}"#).unwrap_err();
+        assert!(e.contains("`spec` is missing"), "{e}");
+        let e = JobConfig::parse(br#"{"destination":"a","spec":{}}"#).unwrap_err();
+        assert!(e.contains("spec.template"), "{e}");
+        let e = JobConfig::parse(br#""x""#).unwrap_err();
+        assert!(e.contains("got a string"), "{e}");
+    }
+
+    #[test]
+    fn the_block_is_found_by_plugin_name() {
+        let other = "other/plugin".to_string();
+        let e = JobConfig::from_plugin_map("m", [(&other, &b"{}"[..])]).unwrap_err();
+        assert!(e.to_string().contains(PLUGIN_NAME) && e.to_string().contains("other/plugin"), "{e}");
+    }
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(parse_go_duration("20m"), Ok(Duration::from_secs(1200)));
+        assert_eq!(parse_go_duration("1.5h"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_go_duration("300ms"), Ok(Duration::from_millis(300)));
+        assert!(parse_go_duration("10").is_err());
+        assert!(parse_go_duration("-1s").is_err());
+        assert!(parse_go_duration("1d").is_err());
+    }
+}

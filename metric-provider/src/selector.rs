@@ -1,0 +1,182 @@
+//! Kubernetes label selectors (`env=prod,region in (eu,us),!canary`) over destination labels.
+//!
+//! Same grammar as `k8s.io/apimachinery/pkg/labels.Parse`, with one deliberate difference: an
+//! empty value after `=`, `==` or `!=` is rejected, because in a plugin block it almost always
+//! means an arg resolved to nothing.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// One requirement of a selector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Requirement {
+    /// `key` — the label exists
+    Exists(String),
+    /// `!key` — the label does not exist
+    NotExists(String),
+    /// `key in (a,b)`, `key=a`, `key==a`
+    In(String, Vec<String>),
+    /// `key notin (a,b)`, `key!=a`
+    NotIn(String, Vec<String>),
+}
+
+/// A parsed selector: all requirements must hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selector(pub Vec<Requirement>);
+
+impl Selector {
+    /// Parses a selector string.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let mut reqs = Vec::new();
+        for part in split_top_level(s)? {
+            let part = part.trim();
+            if part.is_empty() {
+                return Err(format!("empty requirement in {s:?}"));
+            }
+            reqs.push(parse_requirement(part)?);
+        }
+        if reqs.is_empty() {
+            return Err("the selector is empty (expected e.g. env=prod)".into());
+        }
+        Ok(Self(reqs))
+    }
+
+    /// Whether `labels` satisfy every requirement.
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.0.iter().all(|r| match r {
+            Requirement::Exists(k) => labels.contains_key(k),
+            Requirement::NotExists(k) => !labels.contains_key(k),
+            Requirement::In(k, vs) => labels.get(k).is_some_and(|v| vs.contains(v)),
+            Requirement::NotIn(k, vs) => labels.get(k).is_none_or(|v| !vs.contains(v)),
+        })
+    }
+}
+
+impl fmt::Display for Selector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, r) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            match r {
+                Requirement::Exists(k) => write!(f, "{k}")?,
+                Requirement::NotExists(k) => write!(f, "!{k}")?,
+                Requirement::In(k, vs) if vs.len() == 1 => write!(f, "{k}={}", vs[0])?,
+                Requirement::In(k, vs) => write!(f, "{k} in ({})", vs.join(","))?,
+                Requirement::NotIn(k, vs) if vs.len() == 1 => write!(f, "{k}!={}", vs[0])?,
+                Requirement::NotIn(k, vs) => write!(f, "{k} notin ({})", vs.join(","))?,
+            }
+        }
+        Ok(())
+    }
+}
+
+fn split_top_level(s: &str) -> Result<Vec<&str>, String> {
+    let mut parts = Vec::new();
+    let (mut depth, mut start) = (0i32, 0usize);
+    for (i, c) in s.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => {
+                depth -= 1;
+                if depth < 0 {
+                    return Err(format!("unbalanced ')' in {s:?}"));
+                }
+            }
+            ',' if depth == 0 => {
+                parts.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if depth != 0 {
+        return Err(format!("unbalanced '(' in {s:?}"));
+    }
+    parts.push(&s[start..]);
+    Ok(parts)
+}
+
+fn parse_requirement(part: &str) -> Result<Requirement, String> {
+    if let Some(key) = part.strip_prefix('!') {
+        return Ok(Requirement::NotExists(key_of(key.trim())?));
+    }
+    for (op, negate) in [("!=", true), ("==", false), ("=", false)] {
+        if let Some((k, v)) = part.split_once(op) {
+            let value = value_of(v.trim(), op)?;
+            let key = key_of(k.trim())?;
+            return Ok(if negate { Requirement::NotIn(key, vec![value]) } else { Requirement::In(key, vec![value]) });
+        }
+    }
+    let words: Vec<&str> = part.splitn(2, char::is_whitespace).collect();
+    if let [key, rest] = words[..] {
+        let rest = rest.trim_start();
+        for (op, negate) in [("notin", true), ("in", false)] {
+            if let Some(list) = rest.strip_prefix(op) {
+                let list = list.trim();
+                let inner = list
+                    .strip_prefix('(')
+                    .and_then(|l| l.strip_suffix(')'))
+                    .ok_or_else(|| format!("expected a parenthesised list after `{op}` in {part:?}"))?;
+                let values = inner
+                    .split(',')
+                    .map(|v| value_of(v.trim(), op))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let key = key_of(key)?;
+                return Ok(if negate { Requirement::NotIn(key, values) } else { Requirement::In(key, values) });
+            }
+        }
+        return Err(format!("unknown operator in {part:?} (use =, ==, !=, in, notin)"));
+    }
+    Ok(Requirement::Exists(key_of(part)?))
+}
+
+fn key_of(k: &str) -> Result<String, String> {
+    let valid = !k.is_empty()
+        && k.len() <= 317
+        && k.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
+        && k.matches('/').count() <= 1;
+    if valid {
+        Ok(k.to_string())
+    } else {
+        Err(format!("invalid label key {k:?}"))
+    }
+}
+
+fn value_of(v: &str, op: &str) -> Result<String, String> {
+    if v.is_empty() {
+        return Err(format!("missing value after `{op}`"));
+    }
+    if v.len() > 63 || !v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')) {
+        return Err(format!("invalid label value {v:?}"));
+    }
+    Ok(v.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn parses_and_matches() {
+        let s = Selector::parse("env=prod, region in (eu,us),!canary,tier").unwrap();
+        assert!(s.matches(&labels(&[("env", "prod"), ("region", "eu"), ("tier", "1")])));
+        assert!(!s.matches(&labels(&[("env", "prod"), ("region", "ap"), ("tier", "1")])));
+        assert!(!s.matches(&labels(&[("env", "prod"), ("region", "eu"), ("tier", "1"), ("canary", "y")])));
+        assert_eq!(s.to_string(), "env=prod,region in (eu,us),!canary,tier");
+        let n = Selector::parse("env!=dev,zone notin (a)").unwrap();
+        assert!(n.matches(&labels(&[("env", "prod")])));
+        assert!(!n.matches(&labels(&[("env", "dev")])));
+    }
+
+    #[test]
+    fn rejects_mistakes() {
+        for bad in ["", "env==", "env=", "a b c", "env in eu", "x in (a", "a,,b", "bad key=1", "env=a b"] {
+            assert!(Selector::parse(bad).is_err(), "{bad:?} should be rejected");
+        }
+    }
+}
