@@ -99,7 +99,10 @@ impl JobConfig {
         metric: &str,
         plugins: impl IntoIterator<Item = (&'a String, &'a [u8])>,
     ) -> Result<Self, ConfigError> {
-        let err = |reason: String| ConfigError { metric: metric.to_string(), reason };
+        let err = |reason: String| ConfigError {
+            metric: metric.to_string(),
+            reason,
+        };
         let mut others = Vec::new();
         for (name, json) in plugins {
             if name == PLUGIN_NAME {
@@ -108,7 +111,9 @@ impl JobConfig {
             others.push(name.as_str());
         }
         Err(err(if others.is_empty() {
-            format!("the metric has no provider.plugin.{PLUGIN_NAME} block; add one (see the README)")
+            format!(
+                "the metric has no provider.plugin.{PLUGIN_NAME} block; add one (see the README)"
+            )
         } else {
             format!(
                 "the metric has no provider.plugin.{PLUGIN_NAME} block (found {}); register this plugin in \
@@ -120,14 +125,16 @@ impl JobConfig {
 
     /// Parses one block (compact JSON, args already substituted by the controller).
     pub fn parse(json: &[u8]) -> Result<Self, String> {
-        let value: Value = serde_json::from_slice(json).map_err(|e| format!("the block is not valid JSON: {e}"))?;
+        let value: Value = serde_json::from_slice(json)
+            .map_err(|e| format!("the block is not valid JSON: {e}"))?;
         if !value.is_object() {
             return Err(format!(
                 "the block must be an object with `destination` and `spec`, got {}",
                 json_kind(&value)
             ));
         }
-        let raw: RawBlock = serde_json::from_value(value).map_err(|e| format!("{e}; fix the field in the AnalysisTemplate"))?;
+        let raw: RawBlock = serde_json::from_value(value)
+            .map_err(|e| format!("{e}; fix the field in the AnalysisTemplate"))?;
         let target = match (raw.destination, raw.destination_selector) {
             (Some(_), Some(_)) => {
                 return Err("fields `destination` and `destinationSelector` are mutually exclusive: keep one".into())
@@ -145,7 +152,11 @@ impl JobConfig {
         let require = match raw.require.as_deref() {
             None | Some("all") => Require::All,
             Some("any") => Require::Any,
-            Some(other) => return Err(format!("field `require` must be \"all\" or \"any\", got {other:?}")),
+            Some(other) => {
+                return Err(format!(
+                    "field `require` must be \"all\" or \"any\", got {other:?}"
+                ))
+            }
         };
         let namespace = match raw.namespace {
             None => None,
@@ -165,19 +176,46 @@ impl JobConfig {
         };
         let log_tail = raw.log_tail.unwrap_or(DEFAULT_LOG_TAIL);
         if log_tail > MAX_LOG_TAIL {
-            return Err(format!("field `logTail` must be at most {MAX_LOG_TAIL}, got {log_tail}"));
+            return Err(format!(
+                "field `logTail` must be at most {MAX_LOG_TAIL}, got {log_tail}"
+            ));
         }
-        let (labels, annotations) = raw.metadata.map(|m| (m.labels, m.annotations)).unwrap_or_default();
+        let (labels, annotations) = raw
+            .metadata
+            .map(|m| (m.labels, m.annotations))
+            .unwrap_or_default();
         let spec = match raw.spec {
-            None => return Err("field `spec` is missing: add a batch/v1 JobSpec, as in provider.job.spec".into()),
+            None => {
+                return Err(
+                    "field `spec` is missing: add a batch/v1 JobSpec, as in provider.job.spec"
+                        .into(),
+                )
+            }
             Some(Value::Object(spec)) => spec,
-            Some(other) => return Err(format!("field `spec` must be a batch/v1 JobSpec object, got {}", json_kind(&other))),
+            Some(other) => {
+                return Err(format!(
+                    "field `spec` must be a batch/v1 JobSpec object, got {}",
+                    json_kind(&other)
+                ))
+            }
         };
         match spec.get("template") {
             Some(Value::Object(_)) => {}
-            _ => return Err("field `spec.template` is missing: a JobSpec needs a pod template with containers".into()),
+            _ => return Err(
+                "field `spec.template` is missing: a JobSpec needs a pod template with containers"
+                    .into(),
+            ),
         }
-        Ok(Self { target, require, namespace, active_deadline, log_tail, labels, annotations, spec })
+        Ok(Self {
+            target,
+            require,
+            namespace,
+            active_deadline,
+            log_tail,
+            labels,
+            annotations,
+            spec,
+        })
     }
 
     /// The destination as written, for metadata and messages.
@@ -197,20 +235,29 @@ fn parse_destination(d: &str) -> Result<Target, String> {
              Stage's verification.args or give the AnalysisTemplate arg a value"
         ));
     }
-    let names: Vec<String> = d.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect();
+    let names: Vec<String> = d
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect();
     if names.is_empty() {
         return Err("field `destination` is empty: set it to a destination name, a comma-separated list or \"stage\" \
                     (an empty value usually means the Stage passed an empty verification arg)"
             .into());
     }
     if let Some(bad) = names.iter().find(|n| n.chars().any(char::is_whitespace)) {
-        return Err(format!("field `destination` has a name with white space: {bad:?}"));
+        return Err(format!(
+            "field `destination` has a name with white space: {bad:?}"
+        ));
     }
     if names.len() == 1 && names[0] == "stage" {
         return Ok(Target::Stage);
     }
     if names.iter().any(|n| n == "stage") {
-        return Err("field `destination`: \"stage\" cannot be combined with other destinations".into());
+        return Err(
+            "field `destination`: \"stage\" cannot be combined with other destinations".into(),
+        );
     }
     let mut seen = std::collections::BTreeSet::new();
     if let Some(dup) = names.iter().find(|n| !seen.insert(n.as_str())) {
@@ -234,7 +281,8 @@ fn json_kind(v: &Value) -> &'static str {
 pub(crate) fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
@@ -254,13 +302,21 @@ pub fn parse_go_duration(s: &str) -> Result<Duration, String> {
     rest = rest.strip_prefix('+').unwrap_or(rest);
     let mut total = 0f64;
     while !rest.is_empty() {
-        let num_len = rest.bytes().take_while(|b| b.is_ascii_digit() || *b == b'.').count();
+        let num_len = rest
+            .bytes()
+            .take_while(|b| b.is_ascii_digit() || *b == b'.')
+            .count();
         if num_len == 0 {
             return Err(format!("expected a number at {rest:?}"));
         }
-        let n: f64 = rest[..num_len].parse().map_err(|_| format!("bad number {:?}", &rest[..num_len]))?;
+        let n: f64 = rest[..num_len]
+            .parse()
+            .map_err(|_| format!("bad number {:?}", &rest[..num_len]))?;
         rest = &rest[num_len..];
-        let unit_len = rest.bytes().take_while(|b| !b.is_ascii_digit() && *b != b'.').count();
+        let unit_len = rest
+            .bytes()
+            .take_while(|b| !b.is_ascii_digit() && *b != b'.')
+            .count();
         let unit = &rest[..unit_len];
         rest = &rest[unit_len..];
         let scale = match unit {
@@ -319,11 +375,20 @@ mod tests {
         for (fields, needle) in [
             (r#""destinaton":"a""#, "destinaton"),
             (r#""destination":"""#, "`destination` is empty"),
-            (r#""destination":"{{args.destination}}""#, "`destination` still contains"),
-            (r#""destination":"a","destinationSelector":"x=y""#, "destinationSelector"),
+            (
+                r#""destination":"{{args.destination}}""#,
+                "`destination` still contains",
+            ),
+            (
+                r#""destination":"a","destinationSelector":"x=y""#,
+                "destinationSelector",
+            ),
             (r#""destinationSelector":"env==""#, "destinationSelector"),
             (r#""destination":"a","require":"some""#, "`require`"),
-            (r#""destination":"a","activeDeadline":"soon""#, "activeDeadline"),
+            (
+                r#""destination":"a","activeDeadline":"soon""#,
+                "activeDeadline",
+            ),
             (r#""destination":"a","logTail":100000"#, "logTail"),
             (r#""destination":"a","namespace":"Bad_NS""#, "namespace"),
             (r#""destination":"a,a""#, "twice"),
@@ -345,7 +410,10 @@ mod tests {
     fn the_block_is_found_by_plugin_name() {
         let other = "other/plugin".to_string();
         let e = JobConfig::from_plugin_map("m", [(&other, &b"{}"[..])]).unwrap_err();
-        assert!(e.to_string().contains(PLUGIN_NAME) && e.to_string().contains("other/plugin"), "{e}");
+        assert!(
+            e.to_string().contains(PLUGIN_NAME) && e.to_string().contains("other/plugin"),
+            "{e}"
+        );
     }
 
     #[test]

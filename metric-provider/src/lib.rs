@@ -31,7 +31,11 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// Command-line arguments (`args` in `argo-rollouts-config`) and their environment fallbacks.
 #[derive(Debug, clap::Parser)]
-#[command(name = "rollouts-dispatch-plugin", version, about = "Argo Rollouts metric-provider plugin of rollouts-dispatch")]
+#[command(
+    name = "rollouts-dispatch-plugin",
+    version,
+    about = "Argo Rollouts metric-provider plugin of rollouts-dispatch"
+)]
 pub struct Args {
     /// URL of the rollouts-dispatch server.
     #[arg(long, env = "ROLLOUTS_DISPATCH_SERVER")]
@@ -55,10 +59,16 @@ pub fn run(args: Args) -> ExitCode {
         eprintln!("{e}");
         return ExitCode::from(1);
     }
-    let Args { server, log_level: _ } = args;
+    let Args {
+        server,
+        log_level: _,
+    } = args;
     let provider = Arc::new(DispatchProvider::new(ProviderConfig { server }));
     // One thread is plenty: every call is I/O-bound, and a small footprint matters inside the controller.
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!(error = %e, "cannot start the async runtime");
@@ -68,7 +78,10 @@ pub fn run(args: Args) -> ExitCode {
     tracing::info!(version = VERSION, "rollouts-dispatch-plugin started");
     let served = runtime.block_on(dispatch_plugin::serve(ServeConfig {
         handshake: HANDSHAKE,
-        plugins: vec![(rollouts::DISPENSE_NAME.to_string(), Arc::new(PluginService::new(provider)))],
+        plugins: vec![(
+            rollouts::DISPENSE_NAME.to_string(),
+            Arc::new(PluginService::new(provider)),
+        )],
     }));
     match served {
         Ok(()) => ExitCode::SUCCESS,

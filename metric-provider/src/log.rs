@@ -19,7 +19,10 @@ pub fn init(filter: &str) {
         eprintln!("[WARN] invalid log filter {filter:?} ({e}); using \"info\"");
         EnvFilter::new("info")
     });
-    tracing_subscriber::registry().with(HclogJson).with(filter).init();
+    tracing_subscriber::registry()
+        .with(HclogJson)
+        .with(filter)
+        .init();
 }
 
 /// The formatting layer.
@@ -63,10 +66,15 @@ impl<S: Subscriber> Layer<S> for HclogJson {
         };
         let mut fields = Fields(Map::new());
         fields.0.insert("@level".into(), level.into());
-        fields.0.insert("@module".into(), "rollouts-dispatch-plugin".into());
         fields
             .0
-            .insert("@timestamp".into(), humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string().into());
+            .insert("@module".into(), "rollouts-dispatch-plugin".into());
+        fields.0.insert(
+            "@timestamp".into(),
+            humantime::format_rfc3339_micros(std::time::SystemTime::now())
+                .to_string()
+                .into(),
+        );
         event.record(&mut fields);
         let mut line = Value::Object(fields.0).to_string();
         line.push('\n');

@@ -8,7 +8,9 @@ use dispatch_plugin::gob::GoTime;
 use tracing::{info, warn};
 
 use crate::config::JobConfig;
-use crate::rollouts::{phase, AnalysisRun, Measurement, Metric, MetricProvider, RpcError, PROVIDER_TYPE};
+use crate::rollouts::{
+    phase, AnalysisRun, Measurement, Metric, MetricProvider, RpcError, PROVIDER_TYPE,
+};
 
 /// The message of every measurement while no server is configured.
 pub const NO_SERVER: &str = "no server configured (set --server / ROLLOUTS_DISPATCH_SERVER)";
@@ -34,8 +36,15 @@ impl DispatchProvider {
 
     /// Validates the metric's block; the error is the measurement's message.
     fn job_config(metric: &Metric) -> Result<JobConfig, String> {
-        JobConfig::from_plugin_map(&metric.name, metric.provider.plugin.iter().map(|(k, v)| (k, v.0.as_slice())))
-            .map_err(|e| e.to_string())
+        JobConfig::from_plugin_map(
+            &metric.name,
+            metric
+                .provider
+                .plugin
+                .iter()
+                .map(|(k, v)| (k, v.0.as_slice())),
+        )
+        .map_err(|e| e.to_string())
     }
 
     /// What happens to a valid block: forwarding to the server is not in this release yet.
@@ -68,7 +77,10 @@ impl DispatchProvider {
 
 impl MetricProvider for DispatchProvider {
     async fn init_plugin(self: Arc<Self>) -> RpcError {
-        info!(server = self.config.server.as_deref().unwrap_or("none"), "InitPlugin");
+        info!(
+            server = self.config.server.as_deref().unwrap_or("none"),
+            "InitPlugin"
+        );
         RpcError::default()
     }
 
@@ -76,12 +88,22 @@ impl MetricProvider for DispatchProvider {
         self.measure(&run, &metric, "Run")
     }
 
-    async fn resume(self: Arc<Self>, run: AnalysisRun, metric: Metric, _measurement: Measurement) -> Measurement {
+    async fn resume(
+        self: Arc<Self>,
+        run: AnalysisRun,
+        metric: Metric,
+        _measurement: Measurement,
+    ) -> Measurement {
         self.measure(&run, &metric, "Resume")
     }
 
     /// Nothing can be running without a server, so there is nothing to stop: the measurement ends.
-    async fn terminate(self: Arc<Self>, _run: AnalysisRun, _metric: Metric, mut measurement: Measurement) -> Measurement {
+    async fn terminate(
+        self: Arc<Self>,
+        _run: AnalysisRun,
+        _metric: Metric,
+        mut measurement: Measurement,
+    ) -> Measurement {
         measurement.phase = phase::INCONCLUSIVE.into();
         measurement.message = "terminated before a Job was dispatched".into();
         measurement.finished_at = Some(GoTime::now());
@@ -89,7 +111,12 @@ impl MetricProvider for DispatchProvider {
         measurement
     }
 
-    async fn garbage_collect(self: Arc<Self>, _run: AnalysisRun, _metric: Metric, _limit: i64) -> RpcError {
+    async fn garbage_collect(
+        self: Arc<Self>,
+        _run: AnalysisRun,
+        _metric: Metric,
+        _limit: i64,
+    ) -> RpcError {
         RpcError::default()
     }
 

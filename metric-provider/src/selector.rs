@@ -105,7 +105,11 @@ fn parse_requirement(part: &str) -> Result<Requirement, String> {
         if let Some((k, v)) = part.split_once(op) {
             let value = value_of(v.trim(), op)?;
             let key = key_of(k.trim())?;
-            return Ok(if negate { Requirement::NotIn(key, vec![value]) } else { Requirement::In(key, vec![value]) });
+            return Ok(if negate {
+                Requirement::NotIn(key, vec![value])
+            } else {
+                Requirement::In(key, vec![value])
+            });
         }
     }
     let words: Vec<&str> = part.splitn(2, char::is_whitespace).collect();
@@ -117,16 +121,24 @@ fn parse_requirement(part: &str) -> Result<Requirement, String> {
                 let inner = list
                     .strip_prefix('(')
                     .and_then(|l| l.strip_suffix(')'))
-                    .ok_or_else(|| format!("expected a parenthesised list after `{op}` in {part:?}"))?;
+                    .ok_or_else(|| {
+                        format!("expected a parenthesised list after `{op}` in {part:?}")
+                    })?;
                 let values = inner
                     .split(',')
                     .map(|v| value_of(v.trim(), op))
                     .collect::<Result<Vec<_>, _>>()?;
                 let key = key_of(key)?;
-                return Ok(if negate { Requirement::NotIn(key, values) } else { Requirement::In(key, values) });
+                return Ok(if negate {
+                    Requirement::NotIn(key, values)
+                } else {
+                    Requirement::In(key, values)
+                });
             }
         }
-        return Err(format!("unknown operator in {part:?} (use =, ==, !=, in, notin)"));
+        return Err(format!(
+            "unknown operator in {part:?} (use =, ==, !=, in, notin)"
+        ));
     }
     Ok(Requirement::Exists(key_of(part)?))
 }
@@ -134,7 +146,8 @@ fn parse_requirement(part: &str) -> Result<Requirement, String> {
 fn key_of(k: &str) -> Result<String, String> {
     let valid = !k.is_empty()
         && k.len() <= 317
-        && k.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
+        && k.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
         && k.matches('/').count() <= 1;
     if valid {
         Ok(k.to_string())
@@ -147,7 +160,11 @@ fn value_of(v: &str, op: &str) -> Result<String, String> {
     if v.is_empty() {
         return Err(format!("missing value after `{op}`"));
     }
-    if v.len() > 63 || !v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')) {
+    if v.len() > 63
+        || !v
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
         return Err(format!("invalid label value {v:?}"));
     }
     Ok(v.to_string())
@@ -158,7 +175,10 @@ mod tests {
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -166,7 +186,12 @@ mod tests {
         let s = Selector::parse("env=prod, region in (eu,us),!canary,tier").unwrap();
         assert!(s.matches(&labels(&[("env", "prod"), ("region", "eu"), ("tier", "1")])));
         assert!(!s.matches(&labels(&[("env", "prod"), ("region", "ap"), ("tier", "1")])));
-        assert!(!s.matches(&labels(&[("env", "prod"), ("region", "eu"), ("tier", "1"), ("canary", "y")])));
+        assert!(!s.matches(&labels(&[
+            ("env", "prod"),
+            ("region", "eu"),
+            ("tier", "1"),
+            ("canary", "y")
+        ])));
         assert_eq!(s.to_string(), "env=prod,region in (eu,us),!canary,tier");
         let n = Selector::parse("env!=dev,zone notin (a)").unwrap();
         assert!(n.matches(&labels(&[("env", "prod")])));
@@ -175,7 +200,17 @@ mod tests {
 
     #[test]
     fn rejects_mistakes() {
-        for bad in ["", "env==", "env=", "a b c", "env in eu", "x in (a", "a,,b", "bad key=1", "env=a b"] {
+        for bad in [
+            "",
+            "env==",
+            "env=",
+            "a b c",
+            "env in eu",
+            "x in (a",
+            "a,,b",
+            "bad key=1",
+            "env=a b",
+        ] {
             assert!(Selector::parse(bad).is_err(), "{bad:?} should be rejected");
         }
     }

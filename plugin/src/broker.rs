@@ -26,11 +26,20 @@ impl Broker {
     /// Allocates the next id (the first is 1) for `service`; it expires unused after 5 s.
     pub(crate) fn expect(self: &Arc<Self>, service: Arc<dyn Service>) -> u32 {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
-        self.pending.lock().expect("broker lock").insert(id, service);
+        self.pending
+            .lock()
+            .expect("broker lock")
+            .insert(id, service);
         let this = Arc::clone(self);
         tokio::spawn(async move {
             tokio::time::sleep(ACCEPT_TIMEOUT).await;
-            if this.pending.lock().expect("broker lock").remove(&id).is_some() {
+            if this
+                .pending
+                .lock()
+                .expect("broker lock")
+                .remove(&id)
+                .is_some()
+            {
                 warn!(id, "mux broker: the host never dialed the dispensed stream");
             }
         });
@@ -49,14 +58,22 @@ impl Broker {
         let id_bytes = buf.split_to(4);
         let id = u32::from_le_bytes([id_bytes[0], id_bytes[1], id_bytes[2], id_bytes[3]]);
         let Some(service) = self.pending.lock().expect("broker lock").remove(&id) else {
-            warn!(id, stream = stream.id(), "mux broker: stream for an unknown id, closing it");
+            warn!(
+                id,
+                stream = stream.id(),
+                "mux broker: stream for an unknown id, closing it"
+            );
             stream.writer().close();
             return;
         };
         if stream.writer().write(&id_bytes).await.is_err() {
             return;
         }
-        debug!(id, stream = stream.id(), "mux broker: serving plugin stream");
+        debug!(
+            id,
+            stream = stream.id(),
+            "mux broker: serving plugin stream"
+        );
         serve_stream(stream, Arc::from(vec![service]), buf).await;
     }
 }

@@ -16,7 +16,9 @@ pub(crate) struct Control {
 impl Control {
     /// `quit` fires once the reply to `Control.Quit` has been handed to the connection.
     pub(crate) fn new(quit: oneshot::Sender<()>) -> Self {
-        Self { quit: Mutex::new(Some(quit)) }
+        Self {
+            quit: Mutex::new(Some(quit)),
+        }
     }
 }
 

@@ -19,7 +19,8 @@ pub struct HandshakeConfig {
 }
 
 /// go-plugin's message for a plugin binary started by hand (printed to stderr, then exit 1).
-pub const NOT_A_PLUGIN_MESSAGE: &str = "This binary is a plugin. These are not meant to be executed directly.\n\
+pub const NOT_A_PLUGIN_MESSAGE: &str =
+    "This binary is a plugin. These are not meant to be executed directly.\n\
 Please execute the program that consumes these plugins, which will\n\
 load any plugins automatically";
 
@@ -48,16 +49,26 @@ pub(crate) fn listen(dir: &Path) -> Result<(UnixListener, PathBuf), Error> {
         let path = dir.join(format!("plugin{}", rand::random::<u32>()));
         match UnixListener::bind(&path) {
             Ok(l) => {
-                if let Some(group) = std::env::var_os("PLUGIN_UNIX_SOCKET_GROUP").filter(|g| !g.is_empty()) {
+                if let Some(group) =
+                    std::env::var_os("PLUGIN_UNIX_SOCKET_GROUP").filter(|g| !g.is_empty())
+                {
                     set_group(&path, &group.to_string_lossy())?;
                 }
                 return Ok((l, path));
             }
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => last = Some(e),
-            Err(e) => return Err(Error::Listen { dir: dir.to_path_buf(), source: e }),
+            Err(e) => {
+                return Err(Error::Listen {
+                    dir: dir.to_path_buf(),
+                    source: e,
+                })
+            }
         }
     }
-    Err(Error::Listen { dir: dir.to_path_buf(), source: last.expect("bind was tried") })
+    Err(Error::Listen {
+        dir: dir.to_path_buf(),
+        source: last.expect("bind was tried"),
+    })
 }
 
 /// Makes the socket group-owned and group-writable, like go-plugin's `setGroupWritable`.
@@ -70,19 +81,33 @@ fn set_group(path: &Path, group: &str) -> Result<(), Error> {
             .and_then(|s| {
                 s.lines().find_map(|l| {
                     let mut f = l.split(':');
-                    (f.next() == Some(group)).then(|| f.nth(1)?.parse().ok()).flatten()
+                    (f.next() == Some(group))
+                        .then(|| f.nth(1)?.parse().ok())
+                        .flatten()
                 })
             })
-            .ok_or_else(|| Error::SocketGroup { group: group.into(), reason: "no such group in /etc/group".into() })?,
+            .ok_or_else(|| Error::SocketGroup {
+                group: group.into(),
+                reason: "no such group in /etc/group".into(),
+            })?,
     };
     std::os::unix::fs::chown(path, None, Some(gid))
         .and_then(|()| std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)))
-        .map_err(|e| Error::SocketGroup { group: group.into(), reason: e.to_string() })
+        .map_err(|e| Error::SocketGroup {
+            group: group.into(),
+            reason: e.to_string(),
+        })
 }
 
 /// Writes `1|<version>|unix|<path>|netrpc|` as the first line on stdout and flushes it.
 pub(crate) fn announce(config: &HandshakeConfig, path: &Path) -> Result<(), Error> {
-    let line = format!("1|{}|unix|{}|netrpc|\n", config.protocol_version, path.display());
+    let line = format!(
+        "1|{}|unix|{}|netrpc|\n",
+        config.protocol_version,
+        path.display()
+    );
     let mut out = std::io::stdout().lock();
-    out.write_all(line.as_bytes()).and_then(|()| out.flush()).map_err(Error::Handshake)
+    out.write_all(line.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(Error::Handshake)
 }

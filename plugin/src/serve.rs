@@ -34,14 +34,17 @@ pub struct ServeConfig {
 pub async fn serve(config: ServeConfig) -> Result<(), Error> {
     handshake::check_cookie(&config.handshake)?;
     // go-plugin plugins ignore SIGINT: a Ctrl-C meant for the host must not kill them first.
-    let _sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).map_err(Error::Signal)?;
+    let _sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(Error::Signal)?;
     let dir = handshake::socket_dir();
     let (listener, path) = handshake::listen(&dir)?;
     handshake::announce(&config.handshake, &path)?;
     let accepted = tokio::time::timeout(CONNECT_TIMEOUT, listener.accept()).await;
     // One connection only: the socket file is not needed any more, and must not outlive a SIGKILL.
     let _ = std::fs::remove_file(&path);
-    let (conn, _) = accepted.map_err(|_| Error::AcceptTimeout(CONNECT_TIMEOUT))?.map_err(Error::Accept)?;
+    let (conn, _) = accepted
+        .map_err(|_| Error::AcceptTimeout(CONNECT_TIMEOUT))?
+        .map_err(Error::Accept)?;
     drop(listener);
     info!(socket = %path.display(), "host connected");
 

@@ -41,7 +41,10 @@ impl Default for Decoder {
 impl Decoder {
     /// A decoder for a fresh stream.
     pub fn new() -> Self {
-        Self { types: HashMap::new(), max_message: DEFAULT_MAX_MESSAGE }
+        Self {
+            types: HashMap::new(),
+            max_message: DEFAULT_MAX_MESSAGE,
+        }
     }
 
     /// Sets the largest message accepted, in bytes.
@@ -123,7 +126,11 @@ impl Decoder {
             Err(e) => {
                 // Drop the message that failed; with a bad length prefix, drop everything buffered.
                 let consumed = d.r.end().max(d.r.pos()).min(buf.len());
-                let consumed = if matches!(e, Error::TooLarge { .. }) { buf.len() } else { consumed };
+                let consumed = if matches!(e, Error::TooLarge { .. }) {
+                    buf.len()
+                } else {
+                    consumed
+                };
                 buf.advance(consumed);
                 Err(e)
             }
@@ -164,7 +171,10 @@ impl<'a> ValueDecoder<'a> {
             return Err(Error::invalid("empty message"));
         }
         if len > self.max_message as u64 {
-            return Err(Error::TooLarge { len, max: self.max_message });
+            return Err(Error::TooLarge {
+                len,
+                max: self.max_message,
+            });
         }
         let body = start + prefix;
         let end = body + len as usize;
@@ -185,7 +195,9 @@ impl<'a> ValueDecoder<'a> {
             }
             self.define(-id)?;
             if self.r.remaining() > 0 {
-                return Err(Error::invalid("extra data in buffer after a type definition"));
+                return Err(Error::invalid(
+                    "extra data in buffer after a type definition",
+                ));
             }
         }
     }
@@ -229,25 +241,35 @@ impl<'a> ValueDecoder<'a> {
     fn singleton_delta(&mut self) -> Result<(), Error> {
         match self.r.read_uint()? {
             0 => Ok(()),
-            d => Err(Error::invalid(format!("non-zero delta {d} for a singleton value"))),
+            d => Err(Error::invalid(format!(
+                "non-zero delta {d} for a singleton value"
+            ))),
         }
     }
 
     fn enter(&mut self) -> Result<(), Error> {
         self.depth += 1;
         if self.depth > MAX_DEPTH {
-            return Err(Error::invalid(format!("values nest deeper than {MAX_DEPTH} levels")));
+            return Err(Error::invalid(format!(
+                "values nest deeper than {MAX_DEPTH} levels"
+            )));
         }
         Ok(())
     }
 
     /// The definition of a user type id.
     pub fn wire_type(&self, id: TypeId) -> Result<&WireType, Error> {
-        self.types.get(&id).map(|wt| &**wt).ok_or(Error::UnknownType(id))
+        self.types
+            .get(&id)
+            .map(|wt| &**wt)
+            .ok_or(Error::UnknownType(id))
     }
 
     fn is_struct(&self, id: TypeId) -> bool {
-        matches!(self.types.get(&id).map(|wt| &**wt), Some(WireType::Struct { .. }))
+        matches!(
+            self.types.get(&id).map(|wt| &**wt),
+            Some(WireType::Struct { .. })
+        )
     }
 
     /// A short description of a type id for error messages.
@@ -321,8 +343,13 @@ impl<'a> ValueDecoder<'a> {
             Some(wt) if matches!(**wt, WireType::Struct { .. }) => Arc::clone(wt),
             _ => return Err(Error::mismatch(go_name, self.describe(ty))),
         };
-        let WireType::Struct { fields, .. } = &*wt else { unreachable!("checked above") };
-        if !known.is_empty() && !fields.is_empty() && !fields.iter().any(|f| known.contains(&f.name.as_str())) {
+        let WireType::Struct { fields, .. } = &*wt else {
+            unreachable!("checked above")
+        };
+        if !known.is_empty()
+            && !fields.is_empty()
+            && !fields.iter().any(|f| known.contains(&f.name.as_str()))
+        {
             return Err(Error::invalid(format!(
                 "type mismatch: no fields matched compiling decoder for {go_name}"
             )));
@@ -336,7 +363,9 @@ impl<'a> ValueDecoder<'a> {
             }
             index = index.checked_add(delta as i64).unwrap_or(i64::MAX);
             let Some(f) = usize::try_from(index).ok().and_then(|i| fields.get(i)) else {
-                return Err(Error::invalid(format!("field number {index} out of range for {go_name}")));
+                return Err(Error::invalid(format!(
+                    "field number {index} out of range for {go_name}"
+                )));
             };
             if !field(self, &f.name, f.id)? {
                 self.skip(f.id)?;
@@ -406,7 +435,9 @@ impl<'a> ValueDecoder<'a> {
         let v = T::decode(self, concrete)?;
         self.depth -= 1;
         if self.r.pos() != end {
-            return Err(Error::invalid(format!("interface value of {name} does not fill its byte count")));
+            return Err(Error::invalid(format!(
+                "interface value of {name} does not fill its byte count"
+            )));
         }
         Ok(Ok(v))
     }
@@ -444,8 +475,14 @@ impl<'a> ValueDecoder<'a> {
                                 break;
                             }
                             index = index.checked_add(delta as i64).unwrap_or(i64::MAX);
-                            let Some(fid) = usize::try_from(index).ok().and_then(|i| fields.get(i)).map(|f| f.id) else {
-                                return Err(Error::invalid(format!("field number {index} out of range")));
+                            let Some(fid) = usize::try_from(index)
+                                .ok()
+                                .and_then(|i| fields.get(i))
+                                .map(|f| f.id)
+                            else {
+                                return Err(Error::invalid(format!(
+                                    "field number {index} out of range"
+                                )));
                             };
                             self.skip(fid)?;
                         }
@@ -461,7 +498,9 @@ impl<'a> ValueDecoder<'a> {
                         let (elem, len) = (*elem, *len);
                         let n = self.r.read_len()?;
                         if n as i64 != len {
-                            return Err(Error::invalid(format!("array length {n} differs from its type's {len}")));
+                            return Err(Error::invalid(format!(
+                                "array length {n} differs from its type's {len}"
+                            )));
                         }
                         for _ in 0..n {
                             self.skip(elem)?;
@@ -475,7 +514,9 @@ impl<'a> ValueDecoder<'a> {
                             self.skip(elem)?;
                         }
                     }
-                    WireType::GobEncoder { .. } | WireType::BinaryMarshaler { .. } | WireType::TextMarshaler { .. } => {
+                    WireType::GobEncoder { .. }
+                    | WireType::BinaryMarshaler { .. }
+                    | WireType::TextMarshaler { .. } => {
                         self.r.read_bytes()?;
                     }
                 }

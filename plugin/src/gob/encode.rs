@@ -43,13 +43,20 @@ pub trait GobEncode {
 impl Encoder {
     /// An encoder for a fresh stream. Ids start at 65, like Go's first user type.
     pub fn new() -> Self {
-        Self { defined: HashMap::new(), next_id: ids::FIRST_USER + 1, pending: Vec::new() }
+        Self {
+            defined: HashMap::new(),
+            next_id: ids::FIRST_USER + 1,
+            pending: Vec::new(),
+        }
     }
 
     /// Returns the id of `T`, allocating one and queueing the definition built by `define` if new.
     ///
     /// The id is recorded before `define` runs, so a type may refer to itself.
-    pub fn define_type<T: 'static>(&mut self, define: impl FnOnce(&mut Self) -> WireType) -> TypeId {
+    pub fn define_type<T: 'static>(
+        &mut self,
+        define: impl FnOnce(&mut Self) -> WireType,
+    ) -> TypeId {
         let key = RustTypeId::of::<T>();
         if let Some(&id) = self.defined.get(&key) {
             return id;
@@ -58,7 +65,13 @@ impl Encoder {
         self.next_id += 1;
         self.defined.insert(key, id);
         let slot = self.pending.len();
-        self.pending.push((id, WireType::Struct { name: String::new(), fields: Vec::new() }));
+        self.pending.push((
+            id,
+            WireType::Struct {
+                name: String::new(),
+                fields: Vec::new(),
+            },
+        ));
         let wt = define(self);
         self.pending[slot] = (id, wt);
         id
@@ -85,7 +98,13 @@ impl Encoder {
 
 /// Writes one struct field: its delta from the previous field sent, then the value; zero values
 /// are skipped. `last` tracks the previous field number (start at -1).
-pub fn encode_field<T: GobEncode>(enc: &mut Encoder, out: &mut Vec<u8>, last: &mut i64, index: i64, value: &T) {
+pub fn encode_field<T: GobEncode>(
+    enc: &mut Encoder,
+    out: &mut Vec<u8>,
+    last: &mut i64,
+    index: i64,
+    value: &T,
+) {
     if value.is_zero() {
         return;
     }
@@ -98,7 +117,13 @@ pub fn encode_field<T: GobEncode>(enc: &mut Encoder, out: &mut Vec<u8>, last: &m
 pub fn struct_type(name: &str, fields: Vec<(&str, TypeId)>) -> WireType {
     WireType::Struct {
         name: name.to_string(),
-        fields: fields.into_iter().map(|(n, id)| FieldType { name: n.to_string(), id }).collect(),
+        fields: fields
+            .into_iter()
+            .map(|(n, id)| FieldType {
+                name: n.to_string(),
+                id,
+            })
+            .collect(),
     }
 }
 
@@ -213,7 +238,10 @@ impl<T: GobEncode> GobEncode for Box<T> {
 
 impl<T: GobEncode + 'static> GobEncode for Vec<T> {
     fn gob_type(enc: &mut Encoder) -> TypeId {
-        enc.define_type::<Self>(|enc| WireType::Slice { name: String::new(), elem: T::gob_type(enc) })
+        enc.define_type::<Self>(|enc| WireType::Slice {
+            name: String::new(),
+            elem: T::gob_type(enc),
+        })
     }
     fn encode_value(&self, enc: &mut Encoder, out: &mut Vec<u8>) {
         put_uint(out, self.len() as u64);

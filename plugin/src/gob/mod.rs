@@ -57,7 +57,10 @@ impl Error {
     }
 
     pub(crate) fn mismatch(want: impl Into<String>, got: impl Into<String>) -> Self {
-        Error::Mismatch { want: want.into(), got: got.into() }
+        Error::Mismatch {
+            want: want.into(),
+            got: got.into(),
+        }
     }
 }
 

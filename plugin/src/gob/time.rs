@@ -32,7 +32,10 @@ impl GoTime {
 
     /// A time from Unix seconds and nanoseconds.
     pub fn from_unix(unix_seconds: i64, nanos: u32) -> Self {
-        Self { unix_seconds, nanos }
+        Self {
+            unix_seconds,
+            nanos,
+        }
     }
 
     /// Parses `time.Time.MarshalBinary` output.
@@ -44,21 +47,34 @@ impl GoTime {
             v => return Err(Error::invalid(format!("time: unsupported version {v}"))),
         };
         if b.len() != want {
-            return Err(Error::invalid(format!("time: {} bytes, want {want}", b.len())));
+            return Err(Error::invalid(format!(
+                "time: {} bytes, want {want}",
+                b.len()
+            )));
         }
         let sec = i64::from_be_bytes(b[1..9].try_into().expect("8 bytes"));
         let nsec = i32::from_be_bytes(b[9..13].try_into().expect("4 bytes"));
         if !(0..1_000_000_000).contains(&nsec) {
-            return Err(Error::invalid(format!("time: nanoseconds {nsec} out of range")));
+            return Err(Error::invalid(format!(
+                "time: nanoseconds {nsec} out of range"
+            )));
         }
-        Ok(Self { unix_seconds: sec.wrapping_sub(UNIX_TO_INTERNAL), nanos: nsec as u32 })
+        Ok(Self {
+            unix_seconds: sec.wrapping_sub(UNIX_TO_INTERNAL),
+            nanos: nsec as u32,
+        })
     }
 
     /// `time.Time.MarshalBinary` in UTC (version 1).
     pub fn to_binary(&self) -> [u8; 15] {
         let mut out = [0u8; 15];
         out[0] = 1;
-        out[1..9].copy_from_slice(&self.unix_seconds.wrapping_add(UNIX_TO_INTERNAL).to_be_bytes());
+        out[1..9].copy_from_slice(
+            &self
+                .unix_seconds
+                .wrapping_add(UNIX_TO_INTERNAL)
+                .to_be_bytes(),
+        );
         out[9..13].copy_from_slice(&(self.nanos as i32).to_be_bytes());
         out[13..15].copy_from_slice(&(-1i16).to_be_bytes());
         out
@@ -69,13 +85,24 @@ impl GoTime {
         let days = self.unix_seconds.div_euclid(86_400);
         let secs = self.unix_seconds.rem_euclid(86_400);
         let (y, m, d) = civil_from_days(days);
-        format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", secs / 3600, secs / 60 % 60, secs % 60)
+        format!(
+            "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+            secs / 3600,
+            secs / 60 % 60,
+            secs % 60
+        )
     }
 
     /// Parses `YYYY-MM-DDTHH:MM:SS[.frac]Z` (UTC only), the form `metav1.Time` uses in JSON.
     pub fn parse_rfc3339(s: &str) -> Option<Self> {
         let b = s.as_bytes();
-        if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[13] != b':' || b[16] != b':' {
+        if b.len() < 20
+            || b[4] != b'-'
+            || b[7] != b'-'
+            || b[10] != b'T'
+            || b[13] != b':'
+            || b[16] != b':'
+        {
             return None;
         }
         let num = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
@@ -96,21 +123,33 @@ impl GoTime {
         for (i, c) in frac.bytes().take(9).enumerate() {
             nanos += u32::from(c - b'0') * 10u32.pow(8 - i as u32);
         }
-        Some(Self { unix_seconds: days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + se, nanos })
+        Some(Self {
+            unix_seconds: days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + se,
+            nanos,
+        })
     }
 }
 
 impl From<SystemTime> for GoTime {
     fn from(t: SystemTime) -> Self {
         match t.duration_since(UNIX_EPOCH) {
-            Ok(d) => Self { unix_seconds: d.as_secs() as i64, nanos: d.subsec_nanos() },
+            Ok(d) => Self {
+                unix_seconds: d.as_secs() as i64,
+                nanos: d.subsec_nanos(),
+            },
             Err(e) => {
                 let d = e.duration();
                 let (s, n) = (d.as_secs() as i64, d.subsec_nanos());
                 if n == 0 {
-                    Self { unix_seconds: -s, nanos: 0 }
+                    Self {
+                        unix_seconds: -s,
+                        nanos: 0,
+                    }
                 } else {
-                    Self { unix_seconds: -s - 1, nanos: 1_000_000_000 - n }
+                    Self {
+                        unix_seconds: -s - 1,
+                        nanos: 1_000_000_000 - n,
+                    }
                 }
             }
         }
@@ -122,7 +161,8 @@ impl From<GoTime> for SystemTime {
         if t.unix_seconds >= 0 {
             UNIX_EPOCH + Duration::new(t.unix_seconds as u64, t.nanos)
         } else {
-            UNIX_EPOCH - Duration::from_secs(t.unix_seconds.unsigned_abs()) + Duration::from_nanos(u64::from(t.nanos))
+            UNIX_EPOCH - Duration::from_secs(t.unix_seconds.unsigned_abs())
+                + Duration::from_nanos(u64::from(t.nanos))
         }
     }
 }
@@ -135,7 +175,9 @@ impl GobDecode for GoTime {
 
 impl GobEncode for GoTime {
     fn gob_type(enc: &mut Encoder) -> TypeId {
-        enc.define_type::<Self>(|_| WireType::GobEncoder { name: "Time".into() })
+        enc.define_type::<Self>(|_| WireType::GobEncoder {
+            name: "Time".into(),
+        })
     }
     fn encode_value(&self, _: &mut Encoder, out: &mut Vec<u8>) {
         put_bytes(out, &self.to_binary());
@@ -176,7 +218,9 @@ mod tests {
     #[test]
     fn reference_example_round_trips() {
         // 2018-02-01T14:30:00Z from the protocol notes.
-        let bytes = [0x01, 0, 0, 0, 0x0E, 0xD2, 0x05, 0x1B, 0x68, 0, 0, 0, 0, 0xFF, 0xFF];
+        let bytes = [
+            0x01, 0, 0, 0, 0x0E, 0xD2, 0x05, 0x1B, 0x68, 0, 0, 0, 0, 0xFF, 0xFF,
+        ];
         let t = GoTime::from_binary(&bytes).unwrap();
         assert_eq!(t.to_rfc3339(), "2018-02-01T14:30:00Z");
         assert_eq!(t.to_binary(), bytes);

@@ -130,20 +130,37 @@ impl WireType {
             let wt = match field {
                 0 => {
                     let (name, mut rest) = read_common_then(r, 2)?;
-                    WireType::Array { name, elem: rest.remove(0), len: rest.remove(0) }
+                    WireType::Array {
+                        name,
+                        elem: rest.remove(0),
+                        len: rest.remove(0),
+                    }
                 }
                 1 => {
                     let (name, mut rest) = read_common_then(r, 1)?;
-                    WireType::Slice { name, elem: rest.remove(0) }
+                    WireType::Slice {
+                        name,
+                        elem: rest.remove(0),
+                    }
                 }
                 2 => read_struct_type(r)?,
                 3 => {
                     let (name, mut rest) = read_common_then(r, 2)?;
-                    WireType::Map { name, key: rest.remove(0), elem: rest.remove(0) }
+                    WireType::Map {
+                        name,
+                        key: rest.remove(0),
+                        elem: rest.remove(0),
+                    }
                 }
-                4 => WireType::GobEncoder { name: read_common_then(r, 0)?.0 },
-                5 => WireType::BinaryMarshaler { name: read_common_then(r, 0)?.0 },
-                6 => WireType::TextMarshaler { name: read_common_then(r, 0)?.0 },
+                4 => WireType::GobEncoder {
+                    name: read_common_then(r, 0)?.0,
+                },
+                5 => WireType::BinaryMarshaler {
+                    name: read_common_then(r, 0)?.0,
+                },
+                6 => WireType::TextMarshaler {
+                    name: read_common_then(r, 0)?.0,
+                },
                 n => return Err(Error::invalid(format!("wireType has no field {n}"))),
             };
             if out.replace(wt).is_some() {
@@ -287,7 +304,10 @@ fn read_struct_type(r: &mut Reader<'_>) -> Result<WireType, Error> {
 }
 
 fn read_field_type(r: &mut Reader<'_>) -> Result<FieldType, Error> {
-    let mut ft = FieldType { name: String::new(), id: 0 };
+    let mut ft = FieldType {
+        name: String::new(),
+        id: 0,
+    };
     let mut field = -1i64;
     loop {
         let delta = r.read_uint()?;
@@ -313,8 +333,8 @@ mod tests {
 
     /// `type Point struct{X, Y int}` from the `encoding/gob` package documentation.
     const POINT_DEF: &[u8] = &[
-        0x03, 0x01, 0x01, 0x05, b'P', b'o', b'i', b'n', b't', 0x01, 0xff, 0x82, 0x00, 0x01, 0x02, 0x01,
-        0x01, b'X', 0x01, 0x04, 0x00, 0x01, 0x01, b'Y', 0x01, 0x04, 0x00, 0x00, 0x00,
+        0x03, 0x01, 0x01, 0x05, b'P', b'o', b'i', b'n', b't', 0x01, 0xff, 0x82, 0x00, 0x01, 0x02,
+        0x01, 0x01, b'X', 0x01, 0x04, 0x00, 0x01, 0x01, b'Y', 0x01, 0x04, 0x00, 0x00, 0x00,
     ];
 
     #[test]
@@ -326,8 +346,14 @@ mod tests {
             WireType::Struct {
                 name: "Point".into(),
                 fields: vec![
-                    FieldType { name: "X".into(), id: ids::INT },
-                    FieldType { name: "Y".into(), id: ids::INT }
+                    FieldType {
+                        name: "X".into(),
+                        id: ids::INT
+                    },
+                    FieldType {
+                        name: "Y".into(),
+                        id: ids::INT
+                    }
                 ]
             }
         );

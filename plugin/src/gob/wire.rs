@@ -58,7 +58,9 @@ impl<'a> Reader<'a> {
         }
         let n = (!first).wrapping_add(1) as usize; // negated byte count
         if n > 8 {
-            return Err(Error::invalid(format!("uint has {n} bytes; at most 8 are allowed")));
+            return Err(Error::invalid(format!(
+                "uint has {n} bytes; at most 8 are allowed"
+            )));
         }
         let bytes = self.take(n)?;
         Ok(bytes.iter().fold(0u64, |acc, &b| (acc << 8) | u64::from(b)))
@@ -152,12 +154,16 @@ pub(crate) fn peek_uint(buf: &[u8], pos: usize) -> Result<Option<(u64, usize)>, 
     }
     let n = (!first).wrapping_add(1) as usize;
     if n > 8 {
-        return Err(Error::invalid(format!("message length has {n} bytes; at most 8 are allowed")));
+        return Err(Error::invalid(format!(
+            "message length has {n} bytes; at most 8 are allowed"
+        )));
     }
     if buf.len() < pos + 1 + n {
         return Ok(None);
     }
-    let v = buf[pos + 1..pos + 1 + n].iter().fold(0u64, |acc, &b| (acc << 8) | u64::from(b));
+    let v = buf[pos + 1..pos + 1 + n]
+        .iter()
+        .fold(0u64, |acc, &b| (acc << 8) | u64::from(b));
     Ok(Some((v, 1 + n)))
 }
 
@@ -167,7 +173,11 @@ mod tests {
 
     #[test]
     fn uint_examples_from_go_docs() {
-        for (v, bytes) in [(0u64, vec![0x00]), (7, vec![0x07]), (256, vec![0xFE, 0x01, 0x00])] {
+        for (v, bytes) in [
+            (0u64, vec![0x00]),
+            (7, vec![0x07]),
+            (256, vec![0xFE, 0x01, 0x00]),
+        ] {
             let mut out = Vec::new();
             put_uint(&mut out, v);
             assert_eq!(out, bytes);

@@ -40,12 +40,18 @@ pub struct Reply {
 impl Reply {
     /// A successful reply carrying `body`.
     pub fn ok(body: impl EncodeBody) -> Self {
-        Self { result: Ok(Box::new(body)), written: None }
+        Self {
+            result: Ok(Box::new(body)),
+            written: None,
+        }
     }
 
     /// A net/rpc error reply (Go's `ServerError`); the client discards the body.
     pub fn error(message: impl Into<String>) -> Self {
-        Self { result: Err(message.into()), written: None }
+        Self {
+            result: Err(message.into()),
+            written: None,
+        }
     }
 
     /// Signals `tx` once the reply has been handed to the connection (used by `Control.Quit`).
@@ -76,7 +82,10 @@ impl Body<'_> {
 
     /// Decodes an interface-typed argument holding the Go type registered as `name`;
     /// `Ok(Err(actual))` names what it held instead (`"nil"` for nil).
-    pub fn decode_interface<T: GobDecode>(self, name: &str) -> Result<Result<T, String>, gob::Error> {
+    pub fn decode_interface<T: GobDecode>(
+        self,
+        name: &str,
+    ) -> Result<Result<T, String>, gob::Error> {
         self.dec.decode_interface(self.buf, name)
     }
 
@@ -100,7 +109,9 @@ pub trait Service: Send + Sync + 'static {
 /// The reply Go's server gives for a method a service does not have.
 pub fn unknown_method(service_method: &str, body: Body<'_>) -> Result<ReplyFuture, gob::Error> {
     body.skip()?;
-    Ok(ready(Reply::error(format!("rpc: can't find method {service_method}"))))
+    Ok(ready(Reply::error(format!(
+        "rpc: can't find method {service_method}"
+    ))))
 }
 
 /// A reply that is already known.

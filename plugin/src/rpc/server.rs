@@ -14,7 +14,11 @@ use crate::yamux::{Stream, StreamWriter};
 ///
 /// `buf` holds bytes already read from the stream (e.g. after the MuxBroker id). Returns once the
 /// stream has ended and every call in flight has been answered.
-pub async fn serve_stream(mut stream: Stream, services: Arc<[Arc<dyn Service>]>, mut buf: BytesMut) {
+pub async fn serve_stream(
+    mut stream: Stream,
+    services: Arc<[Arc<dyn Service>]>,
+    mut buf: BytesMut,
+) {
     let (tx, rx) = mpsc::unbounded_channel::<(Response, Reply)>();
     let writer = tokio::spawn(write_replies(stream.writer(), rx));
     let mut dec = Decoder::new();
@@ -33,16 +37,25 @@ pub async fn serve_stream(mut stream: Stream, services: Arc<[Arc<dyn Service>]>,
                 }
             }
             let req = pending.as_ref().expect("a request header is pending");
-            let body = Body { dec: &mut dec, buf: &mut buf };
+            let body = Body {
+                dec: &mut dec,
+                buf: &mut buf,
+            };
             let call = match req.service_method.rsplit_once('.') {
                 None => body.skip().map(|()| {
-                    ready(Reply::error(format!("rpc: service/method request ill-formed: {}", req.service_method)))
+                    ready(Reply::error(format!(
+                        "rpc: service/method request ill-formed: {}",
+                        req.service_method
+                    )))
                 }),
                 Some((service, method)) => match services.iter().find(|s| s.name() == service) {
                     Some(s) => s.call(method, body),
-                    None => body
-                        .skip()
-                        .map(|()| ready(Reply::error(format!("rpc: can't find service {}", req.service_method)))),
+                    None => body.skip().map(|()| {
+                        ready(Reply::error(format!(
+                            "rpc: can't find service {}",
+                            req.service_method
+                        )))
+                    }),
                 },
             };
             let call = match call {
@@ -53,13 +66,23 @@ pub async fn serve_stream(mut stream: Stream, services: Arc<[Arc<dyn Service>]>,
                 ))),
                 Ok(call) => call,
             };
-            let Request { service_method, seq } = pending.take().expect("a request header is pending");
+            let Request {
+                service_method,
+                seq,
+            } = pending.take().expect("a request header is pending");
             let tx = tx.clone();
             let span = tracing::debug_span!("rpc", method = %service_method, seq);
             tokio::spawn(
                 async move {
                     let reply = call.await;
-                    let _ = tx.send((Response { service_method, seq, error: String::new() }, reply));
+                    let _ = tx.send((
+                        Response {
+                            service_method,
+                            seq,
+                            error: String::new(),
+                        },
+                        reply,
+                    ));
                 }
                 .instrument(span),
             );
@@ -85,7 +108,11 @@ async fn write_replies(writer: StreamWriter, mut rx: mpsc::UnboundedReceiver<(Re
             }
             Err(message) => {
                 debug!(method = %resp.service_method, seq = resp.seq, error = %message, "net/rpc error reply");
-                resp.error = if message.is_empty() { "unknown error".into() } else { message };
+                resp.error = if message.is_empty() {
+                    "unknown error".into()
+                } else {
+                    message
+                };
                 enc.encode(&resp, &mut out);
                 enc.encode(&Empty, &mut out);
             }

@@ -48,7 +48,12 @@ pub(crate) enum HeaderError {
 
 impl Header {
     pub(crate) fn new(ty: FrameType, flags: u16, stream_id: u32, length: u32) -> Self {
-        Self { ty, flags, stream_id, length }
+        Self {
+            ty,
+            flags,
+            stream_id,
+            length,
+        }
     }
 
     pub(crate) fn encode(&self) -> [u8; 12] {

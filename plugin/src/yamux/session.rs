@@ -68,7 +68,11 @@ impl Session {
         let (read, write) = tokio::io::split(io);
         let (writer, writer_rx) = mpsc::unbounded_channel();
         let (closed, _) = watch::channel(false);
-        let inner = Arc::new(Inner { writer, streams: Mutex::new(HashMap::new()), closed });
+        let inner = Arc::new(Inner {
+            writer,
+            streams: Mutex::new(HashMap::new()),
+            closed,
+        });
         let (incoming_tx, incoming) = mpsc::unbounded_channel();
         tokio::spawn(write_frames(write, writer_rx));
         tokio::spawn({
@@ -113,7 +117,13 @@ impl Inner {
     }
 
     fn shutdown(&self) {
-        let streams: Vec<_> = self.streams.lock().expect("streams lock").drain().map(|(_, s)| s).collect();
+        let streams: Vec<_> = self
+            .streams
+            .lock()
+            .expect("streams lock")
+            .drain()
+            .map(|(_, s)| s)
+            .collect();
         for s in streams {
             s.data.lock().expect("data lock").take();
             *s.reset.lock().expect("reset lock") = true;
@@ -194,7 +204,10 @@ async fn read_frames<R: AsyncRead + Unpin>(
         match h.ty {
             FrameType::Ping => {
                 if h.has(flags::SYN) {
-                    inner.send(Header::new(FrameType::Ping, flags::ACK, 0, h.length), Bytes::new())?;
+                    inner.send(
+                        Header::new(FrameType::Ping, flags::ACK, 0, h.length),
+                        Bytes::new(),
+                    )?;
                 }
             }
             FrameType::GoAway => return Err(ReadError::GoAway(h.length)),
@@ -202,7 +215,10 @@ async fn read_frames<R: AsyncRead + Unpin>(
                 let payload = if h.ty == FrameType::Data && h.length > 0 {
                     if h.length > INITIAL_WINDOW {
                         inner.go_away(go_away::PROTOCOL_ERROR);
-                        return Err(ReadError::Protocol(format!("data frame of {} bytes exceeds any window", h.length)));
+                        return Err(ReadError::Protocol(format!(
+                            "data frame of {} bytes exceeds any window",
+                            h.length
+                        )));
                     }
                     let mut p = vec![0u8; h.length as usize];
                     r.read_exact(&mut p).await?;
@@ -222,11 +238,19 @@ fn handle_stream_frame(
     h: Header,
     payload: Bytes,
 ) -> Result<(), ReadError> {
-    let mut stream = inner.streams.lock().expect("streams lock").get(&h.stream_id).cloned();
+    let mut stream = inner
+        .streams
+        .lock()
+        .expect("streams lock")
+        .get(&h.stream_id)
+        .cloned();
     if h.has(flags::SYN) {
         if stream.is_some() || h.stream_id == 0 {
             inner.go_away(go_away::PROTOCOL_ERROR);
-            return Err(ReadError::Protocol(format!("duplicate or invalid SYN for stream {}", h.stream_id)));
+            return Err(ReadError::Protocol(format!(
+                "duplicate or invalid SYN for stream {}",
+                h.stream_id
+            )));
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(StreamShared {
@@ -238,15 +262,31 @@ fn handle_stream_frame(
             local_closed: Mutex::new(false),
             reset: Mutex::new(false),
         });
-        inner.streams.lock().expect("streams lock").insert(h.stream_id, Arc::clone(&shared));
+        inner
+            .streams
+            .lock()
+            .expect("streams lock")
+            .insert(h.stream_id, Arc::clone(&shared));
         // ACK at once: the host gives up on the whole session if a stream stays un-ACKed for 75 s.
-        inner.send(Header::new(FrameType::WindowUpdate, flags::ACK, h.stream_id, 0), Bytes::new())?;
-        let _ = incoming.send(Stream { shared: Arc::clone(&shared), inner: Arc::clone(inner), rx, unacked: 0 });
+        inner.send(
+            Header::new(FrameType::WindowUpdate, flags::ACK, h.stream_id, 0),
+            Bytes::new(),
+        )?;
+        let _ = incoming.send(Stream {
+            shared: Arc::clone(&shared),
+            inner: Arc::clone(inner),
+            rx,
+            unacked: 0,
+        });
         stream = Some(shared);
     }
     let Some(s) = stream else {
         if h.ty == FrameType::Data && !payload.is_empty() {
-            warn!(stream = h.stream_id, bytes = payload.len(), "yamux: data for an unknown stream discarded");
+            warn!(
+                stream = h.stream_id,
+                bytes = payload.len(),
+                "yamux: data for an unknown stream discarded"
+            );
         }
         return Ok(());
     };
@@ -262,7 +302,10 @@ fn handle_stream_frame(
             if payload.len() as u32 > *w {
                 drop(w);
                 inner.go_away(go_away::PROTOCOL_ERROR);
-                return Err(ReadError::Protocol(format!("stream {} exceeded its receive window", s.id)));
+                return Err(ReadError::Protocol(format!(
+                    "stream {} exceeded its receive window",
+                    s.id
+                )));
             }
             *w -= payload.len() as u32;
             drop(w);
@@ -303,14 +346,20 @@ impl Stream {
         if self.unacked >= INITIAL_WINDOW / 2 {
             let delta = std::mem::take(&mut self.unacked);
             *self.shared.recv_window.lock().expect("window lock") += delta;
-            let _ = self.inner.send(Header::new(FrameType::WindowUpdate, 0, self.shared.id, delta), Bytes::new());
+            let _ = self.inner.send(
+                Header::new(FrameType::WindowUpdate, 0, self.shared.id, delta),
+                Bytes::new(),
+            );
         }
         Some(chunk)
     }
 
     /// A handle for writing to this stream.
     pub fn writer(&self) -> StreamWriter {
-        StreamWriter { shared: Arc::clone(&self.shared), inner: Arc::clone(&self.inner) }
+        StreamWriter {
+            shared: Arc::clone(&self.shared),
+            inner: Arc::clone(&self.inner),
+        }
     }
 }
 
@@ -324,10 +373,16 @@ impl StreamWriter {
             tokio::pin!(notified);
             notified.as_mut().enable();
             if *self.shared.reset.lock().expect("reset lock") {
-                return Err(io::Error::new(io::ErrorKind::ConnectionReset, "yamux stream was reset"));
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionReset,
+                    "yamux stream was reset",
+                ));
             }
             if *self.shared.local_closed.lock().expect("closed lock") {
-                return Err(io::Error::new(io::ErrorKind::BrokenPipe, "yamux stream is closed"));
+                return Err(io::Error::new(
+                    io::ErrorKind::BrokenPipe,
+                    "yamux stream is closed",
+                ));
             }
             let n = {
                 let mut w = self.shared.send_window.lock().expect("window lock");
@@ -355,9 +410,16 @@ impl StreamWriter {
             return;
         }
         drop(closed);
-        let _ = self.inner.send(Header::new(FrameType::WindowUpdate, flags::FIN, self.shared.id, 0), Bytes::new());
+        let _ = self.inner.send(
+            Header::new(FrameType::WindowUpdate, flags::FIN, self.shared.id, 0),
+            Bytes::new(),
+        );
         if self.shared.data.lock().expect("data lock").is_none() {
-            self.inner.streams.lock().expect("streams lock").remove(&self.shared.id);
+            self.inner
+                .streams
+                .lock()
+                .expect("streams lock")
+                .remove(&self.shared.id);
         }
         self.shared.window_changed.notify_waiters();
     }
