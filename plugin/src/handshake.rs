@@ -45,8 +45,8 @@ pub(crate) fn socket_dir() -> PathBuf {
 /// Binds a fresh `plugin<random>` unix socket in `dir`.
 pub(crate) fn listen(dir: &Path) -> Result<(UnixListener, PathBuf), Error> {
     let mut last = None;
-    for _ in 0..16 {
-        let path = dir.join(format!("plugin{}", rand::random::<u32>()));
+    for attempt in 0..16u32 {
+        let path = dir.join(format!("plugin{}", unique_suffix(attempt)));
         match UnixListener::bind(&path) {
             Ok(l) => {
                 if let Some(group) =
@@ -69,6 +69,21 @@ pub(crate) fn listen(dir: &Path) -> Result<(UnixListener, PathBuf), Error> {
         dir: dir.to_path_buf(),
         source: last.expect("bind was tried"),
     })
+}
+
+/// A name suffix unique to this process and moment. Deliberately no RNG: the binary must run in an
+/// empty chroot (distroless), where a userspace RNG that falls back to `/dev/urandom` fails.
+fn unique_suffix(attempt: u32) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    // std's RandomState is seeded by the getrandom syscall, which needs no files.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(nanos);
+    h.write_u32(std::process::id());
+    h.write_u32(attempt);
+    h.finish() % 10_000_000_000
 }
 
 /// Makes the socket group-owned and group-writable, like go-plugin's `setGroupWritable`.

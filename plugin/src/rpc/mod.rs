@@ -118,3 +118,6 @@ pub fn unknown_method(service_method: &str, body: Body<'_>) -> Result<ReplyFutur
 pub fn ready(reply: Reply) -> ReplyFuture {
     Box::pin(std::future::ready(reply))
 }
+
+#[cfg(test)]
+mod tests;
