@@ -43,6 +43,26 @@ lint: ## rustfmt check, clippy with warnings denied, go vet
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
+# Coverage-guided fuzzing with cargo-fuzz on the stable toolchain (libFuzzer, no sanitizer: the
+# code under test forbids `unsafe`, so the fuzzer is after panics, hangs and runaway allocation).
+FUZZ_SECONDS ?= 20
+FUZZ_TARGETS := gob_decode rpc_stream plugin_block
+FUZZ_CORPUS := $(CACHE_DIR)/fuzz-corpus
+
+.PHONY: fuzz-smoke
+fuzz-smoke: ## run every fuzz target for FUZZ_SECONDS (default 20), seeded with the golden vectors
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p $(FUZZ_CORPUS)/$$t; \
+	  case $$t in plugin_block) printf '%s' '{"destination":"a","spec":{"template":{}}}' > $(FUZZ_CORPUS)/$$t/seed.json ;; \
+	    *) cp metric-provider/tests/fixtures/gob/*.gob $(FUZZ_CORPUS)/$$t/ ; rm -f $(FUZZ_CORPUS)/$$t/bench_stream.gob ;; esac; \
+	  echo "fuzz: $$t for $(FUZZ_SECONDS)s"; \
+	  (cd plugin && $(CARGO) fuzz run -s none -O $$t $(FUZZ_CORPUS)/$$t -- \
+	    -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=1024 -max_len=65536 -timeout=10 2>&1) > $(CACHE_DIR)/fuzz-$$t.log || \
+	    { tail -40 $(CACHE_DIR)/fuzz-$$t.log; echo "fuzz: $$t FAILED (artifacts in plugin/fuzz/artifacts/$$t)"; exit 1; }; \
+	  grep -E '^Done [0-9]+ runs' $(CACHE_DIR)/fuzz-$$t.log | sed "s/^/fuzz: $$t: /"; \
+	done
+
 .PHONY: fmt
 fmt: ## format Rust and Go code
 	$(CARGO) fmt --all

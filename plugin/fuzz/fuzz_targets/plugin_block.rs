@@ -1,0 +1,11 @@
+//! Fuzz the plugin-block parser: arbitrary JSON-ish bytes give a config or an error message.
+#![no_main]
+
+use dispatch_metric_provider::config::JobConfig;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if let Err(message) = JobConfig::parse(data) {
+        assert!(!message.is_empty());
+    }
+});
