@@ -39,7 +39,7 @@ test: ## the whole suite: Rust tests, golden vectors, Go conformance (README, .c
 	$(MAKE) conformance
 
 .PHONY: lint
-lint: ## rustfmt check, clippy with warnings denied, go vet
+lint: conformance-lint ## rustfmt check, clippy with warnings denied, gofmt + go vet
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 

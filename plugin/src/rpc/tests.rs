@@ -8,7 +8,9 @@ use std::time::Duration;
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
-use super::{ready, serve_stream, unknown_method, Body, Reply, ReplyFuture, Request, Response, Service};
+use super::{
+    ready, serve_stream, unknown_method, Body, Reply, ReplyFuture, Request, Response, Service,
+};
 use crate::gob::{self, Decoder, Empty, Encoder};
 use crate::yamux::Session;
 
@@ -51,9 +53,19 @@ impl Client {
         tokio::spawn(async move {
             let mut session = Session::server(a);
             let stream = session.accept().await.unwrap();
-            serve_stream(stream, Arc::from(vec![Arc::new(Sleeper) as Arc<dyn Service>]), BytesMut::new()).await;
+            serve_stream(
+                stream,
+                Arc::from(vec![Arc::new(Sleeper) as Arc<dyn Service>]),
+                BytesMut::new(),
+            )
+            .await;
         });
-        let mut c = Client { io: b, enc: Encoder::new(), dec: Decoder::new(), inbound: BytesMut::new() };
+        let mut c = Client {
+            io: b,
+            enc: Encoder::new(),
+            dec: Decoder::new(),
+            inbound: BytesMut::new(),
+        };
         c.frame(1, 1, &[]).await; // WindowUpdate SYN: open stream 1
         c
     }
@@ -69,7 +81,13 @@ impl Client {
 
     async fn call<T: gob::GobEncode>(&mut self, method: &str, seq: u64, arg: &T) {
         let mut out = Vec::new();
-        self.enc.encode(&Request { service_method: method.into(), seq }, &mut out);
+        self.enc.encode(
+            &Request {
+                service_method: method.into(),
+                seq,
+            },
+            &mut out,
+        );
         self.enc.encode(arg, &mut out);
         self.frame(0, 0, &out).await;
     }
@@ -102,7 +120,10 @@ impl Client {
 
     async fn read_frame(&mut self) {
         let mut h = [0u8; 12];
-        tokio::time::timeout(Duration::from_secs(5), self.io.read_exact(&mut h)).await.expect("reply in time").unwrap();
+        tokio::time::timeout(Duration::from_secs(5), self.io.read_exact(&mut h))
+            .await
+            .expect("reply in time")
+            .unwrap();
         let len = u32::from_be_bytes([h[8], h[9], h[10], h[11]]) as usize;
         if h[1] == 0 {
             let mut p = vec![0; len];
@@ -120,7 +141,10 @@ async fn concurrent_calls_are_answered_as_they_finish_and_matched_by_seq() {
     let (first, body) = c.reply().await;
     assert_eq!((first.seq, body), (1, Some(10)));
     let (second, body) = c.reply().await;
-    assert_eq!((second.seq, second.service_method.as_str(), body), (0, "Test.Sleep", Some(300)));
+    assert_eq!(
+        (second.seq, second.service_method.as_str(), body),
+        (0, "Test.Sleep", Some(300))
+    );
 }
 
 #[tokio::test]
@@ -135,12 +159,20 @@ async fn errors_get_replies_and_the_connection_lives_on() {
     for (seq, (method, want)) in cases.iter().enumerate() {
         c.call(method, seq as u64, &true).await;
         let (resp, body) = c.reply().await;
-        assert_eq!((resp.seq, resp.error.as_str(), body), (seq as u64, *want, None));
+        assert_eq!(
+            (resp.seq, resp.error.as_str(), body),
+            (seq as u64, *want, None)
+        );
     }
     // Arguments of the wrong type: an error naming the call, then business as usual.
     c.call("Test.Sleep", 10, &"not a number".to_string()).await;
     let (resp, _) = c.reply().await;
-    assert!(resp.error.contains("cannot decode the arguments of Test.Sleep"), "{}", resp.error);
+    assert!(
+        resp.error
+            .contains("cannot decode the arguments of Test.Sleep"),
+        "{}",
+        resp.error
+    );
     c.call("Test.Sleep", 11, &1u64).await;
     assert_eq!(c.reply().await.1, Some(1));
 }
