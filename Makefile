@@ -38,6 +38,9 @@ test: ## the whole suite: Rust tests, golden vectors, Go conformance (README, .c
 	$(MAKE) golden-check
 	$(MAKE) conformance
 
+.PHONY: bench
+bench: bench-plugin ## every benchmark, side by side with its baseline (ratios printed)
+
 .PHONY: lint
 lint: conformance-lint ## rustfmt check, clippy with warnings denied, gofmt + go vet
 	$(CARGO) fmt --all -- --check
