@@ -10,18 +10,21 @@
 //!   net/rpc `Plugin` service.
 //! * [`config`]: the plugin block of an AnalysisTemplate, validated into [`config::JobConfig`].
 //! * [`selector`]: label selectors for `destinationSelector`.
-//! * [`provider`]: the provider itself.
+//! * [`provider`]: the provider: local validation, then the server via [`client`] and [`api`].
 //! * [`log`]: hclog-style JSON logging on stderr.
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
+pub mod api;
+pub mod client;
 pub mod config;
 pub mod log;
 pub mod provider;
 pub mod rollouts;
 pub mod selector;
 
+use client::{ClientConfig, ServerClient};
 use dispatch_plugin::{HandshakeConfig, ServeConfig};
 use provider::{DispatchProvider, ProviderConfig};
 use rollouts::PluginService;
@@ -40,9 +43,26 @@ pub struct Args {
     /// URL of the rollouts-dispatch server.
     #[arg(long, env = "ROLLOUTS_DISPATCH_SERVER")]
     pub server: Option<String>,
+    /// File with the bearer token for the server, re-read on every request (a projected
+    /// ServiceAccount token with audience `rollouts-dispatch`, or a JWT from `rollouts-dispatch token issue`).
+    #[arg(long, env = "ROLLOUTS_DISPATCH_TOKEN_FILE")]
+    pub token_file: Option<std::path::PathBuf>,
+    /// PEM file with the CA that signed the server's certificate (in addition to the system roots).
+    #[arg(long, env = "ROLLOUTS_DISPATCH_CA_FILE")]
+    pub ca_file: Option<std::path::PathBuf>,
+    /// How long a server outage may last before measurements turn `Error` (Go duration).
+    #[arg(long, env = "ROLLOUTS_DISPATCH_OUTAGE_DEADLINE", default_value = "10m", value_parser = parse_duration)]
+    pub outage_deadline: std::time::Duration,
+    /// Timeout of one request to the server (Go duration).
+    #[arg(long, env = "ROLLOUTS_DISPATCH_REQUEST_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub request_timeout: std::time::Duration,
     /// Log filter, e.g. `info` or `dispatch_plugin=debug,info`.
     #[arg(long, env = "ROLLOUTS_DISPATCH_LOG", default_value = "info")]
     pub log_level: String,
+}
+
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    config::parse_go_duration(s)
 }
 
 /// The go-plugin handshake Argo Rollouts uses for metric providers.
@@ -61,9 +81,32 @@ pub fn run(args: Args) -> ExitCode {
     }
     let Args {
         server,
+        token_file,
+        ca_file,
+        outage_deadline,
+        request_timeout,
         log_level: _,
     } = args;
-    let provider = Arc::new(DispatchProvider::new(ProviderConfig { server }));
+    let client = match server {
+        None => None,
+        Some(server) => match ServerClient::new(&ClientConfig {
+            server,
+            token_file,
+            ca_file,
+            timeout: request_timeout,
+        }) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                // Bad plugin args: say so in the controller log and refuse to start, naming the flag.
+                tracing::error!(error = %e, "invalid plugin configuration in argo-rollouts-config args");
+                return ExitCode::from(1);
+            }
+        },
+    };
+    let provider = Arc::new(DispatchProvider::new(ProviderConfig {
+        client,
+        outage_deadline,
+    }));
     // One thread is plenty: every call is I/O-bound, and a small footprint matters inside the controller.
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

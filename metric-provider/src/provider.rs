@@ -1,12 +1,22 @@
-//! The rollouts-dispatch metric provider: validates the plugin block and (in a later release)
-//! forwards each call to the rollouts-dispatch server.
+//! The rollouts-dispatch metric provider: validates the plugin block locally (fast, clear errors),
+//! then asks the rollouts-dispatch server to run the Jobs and report their verdict.
+//!
+//! Everything the plugin needs between calls lives in the measurement's metadata, so a relaunched
+//! plugin continues where the old one stopped. A server outage does not burn the metric's
+//! `consecutiveErrorLimit`: the measurement stays `Running` with a retry `ResumeAt` and a message
+//! saying so, until `outage_deadline`, and only then becomes `Error`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use dispatch_plugin::gob::GoTime;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use tracing::{info, warn};
 
+use crate::api::{self, Ensured, GcRequest, MeasurementRef, RunRef, Verdict};
+use crate::client::{CallError, ServerClient};
 use crate::config::JobConfig;
 use crate::rollouts::{
     phase, AnalysisRun, Measurement, Metric, MetricProvider, RpcError, PROVIDER_TYPE,
@@ -15,17 +25,114 @@ use crate::rollouts::{
 /// The message of every measurement while no server is configured.
 pub const NO_SERVER: &str = "no server configured (set --server / ROLLOUTS_DISPATCH_SERVER)";
 
+/// Metadata keys the plugin keeps in its measurements.
+pub mod keys {
+    /// the Job name on every destination
+    pub const JOB_NAME: &str = "job-name";
+    /// the Jobs' namespace
+    pub const JOB_NAMESPACE: &str = "job-namespace";
+    /// comma-separated destinations
+    pub const DESTINATIONS: &str = "destinations";
+    /// set while the Jobs could not be created yet because the server was unreachable
+    pub const PENDING: &str = "rollouts-dispatch/pending-ensure";
+    /// when the current server outage began (RFC 3339)
+    pub const OUTAGE_SINCE: &str = "rollouts-dispatch/outage-since";
+}
+
 /// Provider settings from the plugin's `args` in `argo-rollouts-config` or its environment.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ProviderConfig {
-    /// The rollouts-dispatch server URL.
-    pub server: Option<String>,
+    /// The client of the rollouts-dispatch server; `None` when no server is configured.
+    pub client: Option<ServerClient>,
+    /// How long a server outage may last before a measurement becomes `Error`.
+    pub outage_deadline: Duration,
+}
+
+impl Default for ProviderConfig {
+    fn default() -> Self {
+        Self {
+            client: None,
+            outage_deadline: Duration::from_secs(600),
+        }
+    }
 }
 
 /// The metric provider behind `rollouts-dispatch/job`.
 #[derive(Debug)]
 pub struct DispatchProvider {
     config: ProviderConfig,
+}
+
+/// How long to wait before asking again about a measurement that has run for `elapsed`:
+/// √(2·elapsed) like Argo's job provider, kept between 1 s and 60 s.
+pub fn resume_delay(elapsed: Duration) -> Duration {
+    Duration::from_secs_f64((2.0 * elapsed.as_secs_f64()).sqrt().clamp(1.0, 60.0))
+}
+
+/// The retry interval while the server is unreachable.
+const OUTAGE_RETRY: Duration = Duration::from_secs(10);
+
+fn at(base: GoTime, d: Duration) -> GoTime {
+    let nanos = u64::from(base.nanos) + u64::from(d.subsec_nanos());
+    GoTime::from_unix(
+        base.unix_seconds + d.as_secs() as i64 + (nanos / 1_000_000_000) as i64,
+        (nanos % 1_000_000_000) as u32,
+    )
+}
+
+fn since(start: Option<GoTime>, now: GoTime) -> Duration {
+    start.map_or(Duration::ZERO, |s| {
+        let secs = now.unix_seconds - s.unix_seconds;
+        if secs <= 0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs(secs as u64)
+        }
+    })
+}
+
+/// The run's identity as the server needs it.
+fn run_ref(run: &AnalysisRun) -> RunRef {
+    let m = &run.object_meta;
+    RunRef {
+        name: m.name.clone(),
+        namespace: m.namespace.clone(),
+        uid: m.uid.clone(),
+        labels: m.labels.clone(),
+        annotations: m.annotations.clone(),
+    }
+}
+
+/// Argo's job index: `count + error + 1` of this metric's result.
+fn measurement_index(run: &AnalysisRun, metric: &str) -> u32 {
+    run.status
+        .metric_results
+        .iter()
+        .find(|r| r.name == metric)
+        .map_or(1, |r| (r.count.max(0) + r.error.max(0)) as u32 + 1)
+}
+
+/// Values of secret-backed args, which the controller resolves into the run we receive: they must
+/// never appear in a message we return.
+fn secret_values(run: &AnalysisRun) -> Vec<String> {
+    run.spec
+        .args
+        .iter()
+        .filter(|a| {
+            a.value_from
+                .as_ref()
+                .is_some_and(|v| v.secret_key_ref.is_some())
+        })
+        .filter_map(|a| a.value.clone())
+        .filter(|v| v.len() >= 3)
+        .collect()
+}
+
+/// Replaces every secret value in `message` with `*****`.
+pub fn redact(message: &str, secrets: &[String]) -> String {
+    secrets
+        .iter()
+        .fold(message.to_string(), |m, s| m.replace(s.as_str(), "*****"))
 }
 
 impl DispatchProvider {
@@ -35,8 +142,8 @@ impl DispatchProvider {
     }
 
     /// Validates the metric's block; the error is the measurement's message.
-    fn job_config(metric: &Metric) -> Result<JobConfig, String> {
-        JobConfig::from_plugin_map(
+    fn job_config(metric: &Metric) -> Result<(JobConfig, serde_json::Value), String> {
+        let cfg = JobConfig::from_plugin_map(
             &metric.name,
             metric
                 .provider
@@ -44,32 +151,113 @@ impl DispatchProvider {
                 .iter()
                 .map(|(k, v)| (k, v.0.as_slice())),
         )
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+        let raw = metric
+            .provider
+            .plugin
+            .get(crate::config::PLUGIN_NAME)
+            .and_then(|b| serde_json::from_slice(&b.0).ok())
+            .unwrap_or_default();
+        Ok((cfg, raw))
     }
 
-    /// What happens to a valid block: forwarding to the server is not in this release yet.
-    fn unavailable(&self) -> String {
-        match &self.config.server {
-            None => NO_SERVER.to_string(),
-            Some(url) => format!(
-                "server {url} is configured, but this build of rollouts-dispatch-plugin cannot forward to it yet \
-                 (upgrade the plugin)"
-            ),
+    fn measurement_ref(
+        run: &AnalysisRun,
+        metric: &Metric,
+        block: serde_json::Value,
+    ) -> MeasurementRef {
+        MeasurementRef {
+            run: run_ref(run),
+            metric: metric.name.clone(),
+            index: measurement_index(run, &metric.name),
+            block,
         }
     }
 
-    fn measure(&self, run: &AnalysisRun, metric: &Metric, call: &'static str) -> Measurement {
-        let run_ref = format!("{}/{}", run.object_meta.namespace, run.object_meta.name);
-        match Self::job_config(metric) {
+    async fn call<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &Req,
+    ) -> Result<Resp, CallError> {
+        match &self.config.client {
+            Some(c) => c.post(path, body).await,
+            None => Err(CallError::Rejected(api::ApiError {
+                code: "no_server".into(),
+                message: NO_SERVER.into(),
+            })),
+        }
+    }
+
+    /// The measurement while the server cannot be reached: `Running` until the outage deadline.
+    fn outage(&self, mut m: Measurement, reason: &str, now: GoTime) -> Measurement {
+        let since_ts = m
+            .metadata
+            .get(keys::OUTAGE_SINCE)
+            .and_then(|s| GoTime::parse_rfc3339(s))
+            .unwrap_or(now);
+        let give_up = at(since_ts, self.config.outage_deadline);
+        if now >= give_up {
+            m.metadata.remove(keys::OUTAGE_SINCE);
+            let mut e = Measurement::error(format!(
+                "rollouts-dispatch server unavailable since {}: {reason}",
+                since_ts.to_rfc3339()
+            ));
+            e.started_at = m.started_at.or(Some(now));
+            e.metadata = m.metadata;
+            return e;
+        }
+        m.phase = phase::RUNNING.into();
+        m.message = format!(
+            "waiting for the rollouts-dispatch server: {reason}; retrying every {}s until {}",
+            OUTAGE_RETRY.as_secs(),
+            give_up.to_rfc3339()
+        );
+        m.metadata
+            .insert(keys::OUTAGE_SINCE.into(), since_ts.to_rfc3339());
+        m.started_at = m.started_at.or(Some(now));
+        m.finished_at = None;
+        m.resume_at = Some(at(now, OUTAGE_RETRY));
+        m
+    }
+
+    async fn ensure(&self, run: &AnalysisRun, metric: &Metric, mut m: Measurement) -> Measurement {
+        let now = GoTime::now();
+        let (cfg, block) = match Self::job_config(metric) {
+            Ok(c) => c,
             Err(message) => {
-                warn!(call, run = %run_ref, metric = %metric.name, %message, "invalid plugin block");
-                Measurement::error(message)
+                warn!(run = %run.object_meta.name, metric = %metric.name, %message, "invalid plugin block");
+                return Measurement::error(message);
             }
-            Ok(cfg) => {
-                let message = self.unavailable();
-                warn!(call, run = %run_ref, metric = %metric.name, destination = %cfg.target_display(), %message,
-                      "cannot dispatch the measurement");
-                Measurement::error(message)
+        };
+        let req = Self::measurement_ref(run, metric, block);
+        match self.call::<_, Ensured>(api::ENSURE, &req).await {
+            Ok(e) => {
+                info!(run = %run.object_meta.name, metric = %metric.name, job = %e.job_name,
+                      destinations = %e.destinations.join(","), "jobs dispatched");
+                m.metadata.remove(keys::PENDING);
+                m.metadata.remove(keys::OUTAGE_SINCE);
+                m.metadata.insert(keys::JOB_NAME.into(), e.job_name);
+                m.metadata.insert(keys::JOB_NAMESPACE.into(), e.namespace);
+                m.metadata
+                    .insert(keys::DESTINATIONS.into(), e.destinations.join(","));
+                m.phase = phase::RUNNING.into();
+                m.message = format!("dispatched to {}", m.metadata[keys::DESTINATIONS]);
+                m.started_at = m.started_at.or(Some(now));
+                m.resume_at = Some(at(now, Duration::from_secs(1)));
+                m
+            }
+            Err(CallError::Transient(reason)) => {
+                warn!(run = %run.object_meta.name, metric = %metric.name, destination = %cfg.target_display(), %reason,
+                      "server unavailable, will retry");
+                m.metadata.insert(keys::PENDING.into(), "true".into());
+                self.outage(m, &reason, now)
+            }
+            Err(CallError::Rejected(e)) => {
+                warn!(run = %run.object_meta.name, metric = %metric.name, code = %e.code, message = %e.message,
+                      "measurement rejected");
+                let mut err = Measurement::error(redact(&e.message, &secret_values(run)));
+                err.started_at = m.started_at.or(Some(now));
+                err
             }
         }
     }
@@ -78,46 +266,101 @@ impl DispatchProvider {
 impl MetricProvider for DispatchProvider {
     async fn init_plugin(self: Arc<Self>) -> RpcError {
         info!(
-            server = self.config.server.as_deref().unwrap_or("none"),
+            server = self.config.client.as_ref().map_or("none", |c| c.server()),
             "InitPlugin"
         );
         RpcError::default()
     }
 
     async fn run(self: Arc<Self>, run: AnalysisRun, metric: Metric) -> Measurement {
-        self.measure(&run, &metric, "Run")
+        self.ensure(&run, &metric, Measurement::default()).await
     }
 
     async fn resume(
         self: Arc<Self>,
         run: AnalysisRun,
         metric: Metric,
-        _measurement: Measurement,
+        m: Measurement,
     ) -> Measurement {
-        self.measure(&run, &metric, "Resume")
+        if m.metadata.contains_key(keys::PENDING) || !m.metadata.contains_key(keys::JOB_NAME) {
+            return self.ensure(&run, &metric, m).await;
+        }
+        let now = GoTime::now();
+        let block = Self::job_config(&metric)
+            .map(|(_, b)| b)
+            .unwrap_or_default();
+        let req = Self::measurement_ref(&run, &metric, block);
+        let secrets = secret_values(&run);
+        match self.call::<_, Verdict>(api::STATUS, &req).await {
+            Ok(v) => finish(m, v, now, &secrets),
+            Err(CallError::Transient(reason)) => self.outage(m, &reason, now),
+            Err(CallError::Rejected(e)) => {
+                let mut err = Measurement::error(redact(&e.message, &secrets));
+                err.started_at = m.started_at;
+                err.metadata = m.metadata;
+                err
+            }
+        }
     }
 
-    /// Nothing can be running without a server, so there is nothing to stop: the measurement ends.
     async fn terminate(
         self: Arc<Self>,
-        _run: AnalysisRun,
-        _metric: Metric,
-        mut measurement: Measurement,
+        run: AnalysisRun,
+        metric: Metric,
+        mut m: Measurement,
     ) -> Measurement {
-        measurement.phase = phase::INCONCLUSIVE.into();
-        measurement.message = "terminated before a Job was dispatched".into();
-        measurement.finished_at = Some(GoTime::now());
-        measurement.resume_at = None;
-        measurement
+        let now = GoTime::now();
+        if m.metadata.contains_key(keys::JOB_NAME) {
+            let block = Self::job_config(&metric)
+                .map(|(_, b)| b)
+                .unwrap_or_default();
+            let req = Self::measurement_ref(&run, &metric, block);
+            match self.call::<_, Verdict>(api::TERMINATE, &req).await {
+                Ok(_) => {}
+                Err(CallError::Transient(reason)) => {
+                    return self.outage(m, &format!("terminating: {reason}"), now)
+                }
+                Err(CallError::Rejected(e)) => {
+                    let mut err = Measurement::error(redact(&e.message, &secret_values(&run)));
+                    err.metadata = m.metadata;
+                    return err;
+                }
+            }
+        }
+        // As Argo's own job provider (v1.10): a terminated measurement is Inconclusive.
+        m.phase = phase::INCONCLUSIVE.into();
+        m.message = "terminated: the Jobs were deleted".into();
+        m.finished_at = Some(now);
+        m.resume_at = None;
+        m
     }
 
     async fn garbage_collect(
         self: Arc<Self>,
-        _run: AnalysisRun,
-        _metric: Metric,
-        _limit: i64,
+        run: AnalysisRun,
+        metric: Metric,
+        limit: i64,
     ) -> RpcError {
-        RpcError::default()
+        if self.config.client.is_none() {
+            return RpcError::default();
+        }
+        let block = match Self::job_config(&metric) {
+            Ok((_, b)) => b,
+            // Nothing can have been dispatched for an invalid block.
+            Err(_) => return RpcError::default(),
+        };
+        let req = GcRequest {
+            run: run_ref(&run),
+            metric: metric.name.clone(),
+            limit: limit.clamp(0, u32::MAX as i64) as u32,
+            block,
+        };
+        match self.call::<_, serde_json::Value>(api::GC, &req).await {
+            Ok(_) => RpcError::default(),
+            Err(e) => RpcError {
+                error_string: e.to_string(),
+            },
+        }
     }
 
     fn provider_type(&self) -> String {
@@ -127,7 +370,7 @@ impl MetricProvider for DispatchProvider {
     async fn get_metadata(self: Arc<Self>, metric: Metric) -> BTreeMap<String, String> {
         let mut out = BTreeMap::new();
         match Self::job_config(&metric) {
-            Ok(cfg) => {
+            Ok((cfg, _)) => {
                 out.insert("plugin-version".into(), crate::VERSION.into());
                 out.insert("destination".into(), cfg.target_display());
             }
@@ -136,5 +379,148 @@ impl MetricProvider for DispatchProvider {
             }
         }
         out
+    }
+}
+
+/// Folds a server verdict into the measurement.
+fn finish(mut m: Measurement, v: Verdict, now: GoTime, secrets: &[String]) -> Measurement {
+    m.metadata.remove(keys::OUTAGE_SINCE);
+    m.metadata.extend(v.metadata);
+    m.message = redact(&v.message, secrets);
+    match v.phase.as_str() {
+        phase::SUCCESSFUL | phase::FAILED | phase::INCONCLUSIVE | phase::ERROR => {
+            m.phase = v.phase;
+            m.finished_at = Some(now);
+            m.resume_at = None;
+        }
+        _ => {
+            m.phase = phase::RUNNING.into();
+            m.resume_at = Some(at(now, resume_delay(since(m.started_at, now))));
+        }
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rollouts::{Argument, SecretKeyRef, ValueFrom};
+
+    #[test]
+    fn resume_delay_grows_like_argos_and_is_bounded() {
+        assert_eq!(resume_delay(Duration::ZERO), Duration::from_secs(1));
+        assert_eq!(
+            resume_delay(Duration::from_secs(50)),
+            Duration::from_secs(10)
+        );
+        assert_eq!(
+            resume_delay(Duration::from_secs(86_400)),
+            Duration::from_secs(60)
+        );
+    }
+
+    #[test]
+    fn secret_arg_values_are_redacted() {
+        let mut run = AnalysisRun::default();
+        run.spec.args = vec![
+            Argument {
+                name: "token".into(),
+                value: Some("s3cr3t-value".into()),
+                value_from: Some(ValueFrom {
+                    secret_key_ref: Some(SecretKeyRef {
+                        name: "s".into(),
+                        key: "k".into(),
+                    }),
+                    field_ref: None,
+                }),
+            },
+            Argument {
+                name: "destination".into(),
+                value: Some("cluster-a".into()),
+                value_from: None,
+            },
+        ];
+        let secrets = secret_values(&run);
+        assert_eq!(
+            redact("curl -H 'x: s3cr3t-value' to cluster-a failed", &secrets),
+            "curl -H 'x: *****' to cluster-a failed"
+        );
+    }
+
+    #[test]
+    fn a_running_verdict_keeps_the_measurement_in_flight_with_resume_at() {
+        let now = GoTime::from_unix(1_000, 0);
+        let m = Measurement {
+            started_at: Some(GoTime::from_unix(950, 0)),
+            ..Default::default()
+        };
+        let v = Verdict {
+            phase: "Running".into(),
+            message: "a: running".into(),
+            metadata: [("a".to_string(), "Running".to_string())].into(),
+        };
+        let m = finish(m, v, now, &[]);
+        assert_eq!(m.phase, "Running");
+        assert_eq!(m.resume_at, Some(GoTime::from_unix(1_010, 0)));
+        assert_eq!(m.finished_at, None);
+        let done = finish(
+            m,
+            Verdict {
+                phase: "Failed".into(),
+                message: "a: Failed".into(),
+                metadata: BTreeMap::new(),
+            },
+            now,
+            &[],
+        );
+        assert_eq!(
+            (done.phase.as_str(), done.finished_at, done.resume_at),
+            ("Failed", Some(now), None)
+        );
+    }
+
+    #[test]
+    fn an_outage_stays_running_until_the_deadline_then_errors() {
+        let p = DispatchProvider::new(ProviderConfig {
+            client: None,
+            outage_deadline: Duration::from_secs(60),
+        });
+        let t0 = GoTime::from_unix(10_000, 0);
+        let m = p.outage(Measurement::default(), "connection refused", t0);
+        assert_eq!(m.phase, "Running");
+        assert!(
+            m.message.contains("connection refused") && m.message.contains("retrying"),
+            "{}",
+            m.message
+        );
+        assert_eq!(m.resume_at, Some(GoTime::from_unix(10_010, 0)));
+        let still = p.outage(
+            m.clone(),
+            "connection refused",
+            GoTime::from_unix(10_059, 0),
+        );
+        assert_eq!(still.phase, "Running");
+        let gave_up = p.outage(m, "connection refused", GoTime::from_unix(10_060, 0));
+        assert_eq!(gave_up.phase, "Error");
+        assert!(
+            gave_up.message.contains("unavailable since") && gave_up.finished_at.is_some(),
+            "{}",
+            gave_up.message
+        );
+    }
+
+    #[test]
+    fn the_measurement_index_follows_argos_job_provider() {
+        let mut run = AnalysisRun::default();
+        assert_eq!(measurement_index(&run, "m"), 1);
+        run.status
+            .metric_results
+            .push(crate::rollouts::MetricResult {
+                name: "m".into(),
+                count: 3,
+                error: 2,
+                ..Default::default()
+            });
+        assert_eq!(measurement_index(&run, "m"), 6);
     }
 }

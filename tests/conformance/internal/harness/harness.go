@@ -51,6 +51,12 @@ type Session struct {
 // Start launches binary as the controller would and returns the session after InitPlugin.
 // If logger is nil, logs go to a fresh SyncBuffer at Trace level.
 func Start(binary string, logger hclog.Logger) (*Session, error) {
+	return StartWithArgs(binary, nil, logger)
+}
+
+// StartWithArgs is Start with the plugin `args` of argo-rollouts-config (Argo >= 1.7 passes them
+// as argv).
+func StartWithArgs(binary string, args []string, logger hclog.Logger) (*Session, error) {
 	s := &Session{}
 	if logger == nil {
 		s.Log = &SyncBuffer{}
@@ -59,7 +65,7 @@ func Start(binary string, logger hclog.Logger) (*Session, error) {
 	s.Client = goplugin.NewClient(&goplugin.ClientConfig{
 		HandshakeConfig: Handshake,
 		Plugins:         PluginMap,
-		Cmd:             exec.Command(binary),
+		Cmd:             exec.Command(binary, args...),
 		Managed:         true,
 		Logger:          logger,
 	})

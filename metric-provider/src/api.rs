@@ -1,0 +1,101 @@
+//! The JSON API between the plugin and the rollouts-dispatch server (`/v1`), shared by both sides.
+//!
+//! The plugin is thin: it sends the run's identity and the plugin block as the controller resolved
+//! it, and keeps what it needs to find the Jobs again in the measurement's metadata, so no state
+//! lives in the plugin process (a restarted controller relaunches it and carries on).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The API version prefix.
+pub const PREFIX: &str = "/v1";
+/// `POST`: create (or adopt) the Jobs of one measurement on its destinations.
+pub const ENSURE: &str = "/v1/measurements/ensure";
+/// `POST`: the verdict of one measurement so far.
+pub const STATUS: &str = "/v1/measurements/status";
+/// `POST`: delete the Jobs of one measurement (foreground) on every destination.
+pub const TERMINATE: &str = "/v1/measurements/terminate";
+/// `POST`: keep only the newest Jobs of a run.
+pub const GC: &str = "/v1/gc";
+
+/// Which AnalysisRun a request is about.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunRef {
+    /// name, e.g. `uat.01jabc….abc1234`
+    pub name: String,
+    /// namespace: the Kargo project
+    pub namespace: String,
+    /// uid: part of every Job name
+    pub uid: String,
+    /// labels (`kargo.akuity.io/stage`, …)
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// annotations (`kargo.akuity.io/promotion`, …)
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// Identifies one measurement's Jobs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MeasurementRef {
+    /// the run
+    pub run: RunRef,
+    /// the metric name
+    pub metric: String,
+    /// 1-based index of the measurement (count + error + 1), as in Argo's built-in job provider
+    pub index: u32,
+    /// the plugin block as the controller resolved it (compact JSON object)
+    pub block: serde_json::Value,
+}
+
+/// Reply to [`ENSURE`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Ensured {
+    /// the Job name (the same on every destination)
+    pub job_name: String,
+    /// the namespace on the destinations
+    pub namespace: String,
+    /// the destinations the Job was created on or adopted from
+    pub destinations: Vec<String>,
+}
+
+/// Reply to [`STATUS`] (and [`TERMINATE`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Verdict {
+    /// `Running`, `Successful`, `Failed`, `Inconclusive` or `Error`
+    pub phase: String,
+    /// one line per destination; on failure the tail of the failed container's log
+    #[serde(default)]
+    pub message: String,
+    /// per-destination states and facts for the measurement's metadata
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// Body of [`GC`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GcRequest {
+    /// the run
+    pub run: RunRef,
+    /// the metric
+    pub metric: String,
+    /// how many measurements the controller keeps
+    pub limit: u32,
+    /// the plugin block, to find the destinations
+    pub block: serde_json::Value,
+}
+
+/// Every error reply: a stable code and a message meant for the person reading the AnalysisRun.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiError {
+    /// e.g. `unknown_destination`, `forbidden`, `invalid_block`, `unauthenticated`, `internal`
+    pub code: String,
+    /// what happened and what to do
+    pub message: String,
+}
