@@ -33,10 +33,11 @@ test-fast: ## unit, golden-vector and property tests (no Go, no clusters)
 	$(CARGO) test --workspace --locked
 
 .PHONY: test
-test: ## the whole suite: Rust tests, golden vectors, Go conformance (README, .ci/run)
+test: ## the whole suite: Rust tests, golden vectors, Go conformance, real clusters (README, .ci/run)
 	$(MAKE) test-fast
 	$(MAKE) golden-check
 	$(MAKE) conformance
+	$(MAKE) clusters-smoke
 
 .PHONY: bench
 bench: bench-plugin ## every benchmark, side by side with its baseline (ratios printed)

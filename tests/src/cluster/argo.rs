@@ -1,0 +1,293 @@
+//! The real Argo Rollouts controller on a test cluster.
+//!
+//! [`ArgoRollouts::install`] applies the CRDs from the Argo Rollouts module
+//! (`manifests/crds/*.yaml`, copied by `make k8s-bin`), creates the `argo-rollouts` namespace
+//! and its `argo-rollouts-config` ConfigMap (which registers metric-provider plugins, e.g.
+//! `rollouts-dispatch/job` from a `file://` path), and starts `rollouts-controller` against the
+//! cluster in the cluster's process group. The controller runs in its own working directory
+//! (it copies plugins to `plugin-bin/` there) and logs to `logs/rollouts-controller.log`.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ObjectMeta, Patch, PatchParams,
+};
+use kube::Client;
+
+use super::{ports, Cluster};
+
+/// Namespace of the controller and its ConfigMap.
+pub const NAMESPACE: &str = "argo-rollouts";
+/// Name of the controller's ConfigMap.
+pub const CONFIG_MAP: &str = "argo-rollouts-config";
+/// Name of the controller process in the cluster's process group (and of its log file).
+pub const PROCESS: &str = "rollouts-controller";
+/// Field manager for server-side apply.
+const MANAGER: &str = "dispatch-tests";
+
+/// A metric-provider plugin registered in `argo-rollouts-config`.
+#[derive(Debug, Clone)]
+pub struct MetricPlugin {
+    /// Plugin name, `<namespace>/<name>`, e.g. `rollouts-dispatch/job`.
+    pub name: String,
+    /// Where the controller gets it, e.g. `file:///abs/path/rollouts-dispatch-plugin`.
+    pub location: String,
+}
+
+impl MetricPlugin {
+    /// A plugin loaded from a local file (`file://` + the absolute path).
+    pub fn file(name: &str, path: &Path) -> Result<Self> {
+        let path = std::fs::canonicalize(path)
+            .with_context(|| format!("plugin binary {} not found", path.display()))?;
+        Ok(Self {
+            name: name.to_owned(),
+            location: format!("file://{}", path.display()),
+        })
+    }
+}
+
+/// The Argo Rollouts controller running on a test cluster.
+#[derive(Debug)]
+pub struct ArgoRollouts {
+    /// The controller's log (stdout and stderr, including go-plugin's and plugins' lines).
+    pub log: PathBuf,
+    /// The controller's working directory (plugins are copied to `plugin-bin/` in it).
+    pub work_dir: PathBuf,
+    /// Port of the controller's `/healthz`.
+    pub healthz_port: u16,
+    /// Port of the controller's `/metrics`.
+    pub metrics_port: u16,
+}
+
+impl ArgoRollouts {
+    /// Installs the CRDs and the ConfigMap and starts the controller; waits for `/healthz`.
+    pub async fn install(cluster: &mut Cluster, plugins: &[MetricPlugin]) -> Result<Self> {
+        let client = cluster.client().await?;
+        apply_crds(&client, &cluster.binaries.argo_rollouts_crds).await?;
+        apply_namespace(&client, NAMESPACE).await?;
+        apply_config_map(&client, plugins).await?;
+
+        let p = ports::allocate(2)?;
+        let (healthz_port, metrics_port) = (p[0], p[1]);
+        let work_dir = cluster.dir.join("argo-rollouts");
+        std::fs::create_dir_all(&work_dir)
+            .with_context(|| format!("creating {}", work_dir.display()))?;
+        let mut cmd = Command::new(&cluster.binaries.rollouts_controller);
+        cmd.current_dir(&work_dir)
+            .env("POD_NAMESPACE", NAMESPACE)
+            .args([
+                format!("--kubeconfig={}", cluster.kubeconfig.display()),
+                format!("--healthzPort={healthz_port}"),
+                format!("--metricsPort={metrics_port}"),
+                "--leader-elect=false".into(),
+                "--loglevel=debug".into(),
+            ]);
+        cluster.spawn_process(PROCESS, cmd)?;
+        let argo = Self {
+            log: cluster.log_path(PROCESS),
+            work_dir,
+            healthz_port,
+            metrics_port,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            cluster.check_alive()?;
+            if healthz_ok(healthz_port) {
+                return Ok(argo);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "rollouts-controller /healthz not ok after 60s; log tail:\n{}",
+                    super::process::tail(&argo.log, 30)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The controller's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read(&self.log)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    }
+}
+
+/// The `AnalysisRun` resource (argoproj.io/v1alpha1), for `Api<DynamicObject>`.
+pub fn analysis_run_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "AnalysisRun"),
+        "analysisruns",
+    )
+}
+
+/// `Api` for AnalysisRuns in `namespace`.
+pub fn analysis_runs(client: &Client, namespace: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), namespace, &analysis_run_resource())
+}
+
+/// Applies every CRD manifest in `dir` and waits until each is Established.
+pub async fn apply_crds(client: &Client, dir: &Path) -> Result<()> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .filter(|p| p.file_name().is_some_and(|n| n != "kustomization.yaml"))
+        .collect();
+    entries.sort();
+    if entries.is_empty() {
+        bail!("no CRD manifests in {}", dir.display());
+    }
+    let mut names = Vec::new();
+    for path in &entries {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let crd: CustomResourceDefinition =
+            serde_saphyr::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        let name = crd
+            .metadata
+            .name
+            .clone()
+            .with_context(|| format!("{} has no metadata.name", path.display()))?;
+        api.patch(
+            &name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .with_context(|| format!("applying crd {name}"))?;
+        names.push(name);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for name in names {
+        loop {
+            let crd = api
+                .get(&name)
+                .await
+                .with_context(|| format!("getting crd {name}"))?;
+            let established = crd
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True")
+                });
+            if established {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("crd {name} not Established after 30s");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(())
+}
+
+/// Creates (or keeps) a namespace.
+pub async fn apply_namespace(client: &Client, name: &str) -> Result<()> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    api.patch(
+        name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&ns),
+    )
+    .await
+    .with_context(|| format!("applying namespace {name}"))?;
+    Ok(())
+}
+
+/// The `metricProviderPlugins` value of `argo-rollouts-config`.
+pub fn metric_plugins_yaml(plugins: &[MetricPlugin]) -> String {
+    plugins
+        .iter()
+        .map(|p| {
+            format!(
+                "- name: {}\n  location: {}\n",
+                serde_json::Value::from(p.name.as_str()),
+                serde_json::Value::from(p.location.as_str())
+            )
+        })
+        .collect()
+}
+
+async fn apply_config_map(client: &Client, plugins: &[MetricPlugin]) -> Result<()> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), NAMESPACE);
+    let mut data = std::collections::BTreeMap::new();
+    if !plugins.is_empty() {
+        data.insert(
+            "metricProviderPlugins".to_owned(),
+            metric_plugins_yaml(plugins),
+        );
+    }
+    let cm = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(CONFIG_MAP.to_owned()),
+            namespace: Some(NAMESPACE.to_owned()),
+            ..ObjectMeta::default()
+        },
+        data: Some(data),
+        ..ConfigMap::default()
+    };
+    api.patch(
+        CONFIG_MAP,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&cm),
+    )
+    .await
+    .with_context(|| format!("applying configmap {NAMESPACE}/{CONFIG_MAP}"))?;
+    Ok(())
+}
+
+/// A plain HTTP/1.0 `GET /healthz` on loopback; true on a 200 answer.
+fn healthz_ok(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    if stream
+        .write_all(b"GET /healthz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer
+        .lines()
+        .next()
+        .is_some_and(|status| status.contains(" 200"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plugin_list_is_yaml_with_quoted_values() {
+        let yaml = metric_plugins_yaml(&[MetricPlugin {
+            name: "rollouts-dispatch/job".into(),
+            location: "file:///x/y".into(),
+        }]);
+        assert_eq!(
+            yaml,
+            "- name: \"rollouts-dispatch/job\"\n  location: \"file:///x/y\"\n"
+        );
+    }
+}

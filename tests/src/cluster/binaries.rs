@@ -1,0 +1,136 @@
+//! Locating the Go-built binaries that the test clusters run.
+//!
+//! `make k8s-bin` (tests/k8s/k8s.mk) builds them into version-keyed directories under
+//! `$CACHE_DIR/bin/` and writes `$CACHE_DIR/bin/k8s-bin.env`, one `KEY=/absolute/path` a line.
+//! [`Binaries::locate`] reads that file; an environment variable of the same `KEY` overrides a
+//! line, and `K8S_BIN_ENV` names another file.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+/// Name of the file that `make k8s-bin` writes under `$CACHE_DIR/bin/`.
+pub const ENV_FILE_NAME: &str = "k8s-bin.env";
+
+/// Absolute paths of everything a test cluster (and Argo Rollouts on it) needs.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    /// `kube-apiserver` (k8s.io/kubernetes).
+    pub kube_apiserver: PathBuf,
+    /// `kube-controller-manager` (k8s.io/kubernetes).
+    pub kube_controller_manager: PathBuf,
+    /// `kube-scheduler` (k8s.io/kubernetes).
+    pub kube_scheduler: PathBuf,
+    /// `kubectl` (k8s.io/kubernetes), for people and scripts; the launcher does not need it.
+    pub kubectl: PathBuf,
+    /// `etcd` (go.etcd.io/etcd/server/v3).
+    pub etcd: PathBuf,
+    /// `kwok` (sigs.k8s.io/kwok).
+    pub kwok: PathBuf,
+    /// `rollouts-controller` (github.com/argoproj/argo-rollouts).
+    pub rollouts_controller: PathBuf,
+    /// Directory with the Argo Rollouts CRD manifests (`manifests/crds/*.yaml` of the module).
+    pub argo_rollouts_crds: PathBuf,
+}
+
+/// The keys of `k8s-bin.env`, in the order of the fields of [`Binaries`].
+const KEYS: [&str; 8] = [
+    "KUBE_APISERVER",
+    "KUBE_CONTROLLER_MANAGER",
+    "KUBE_SCHEDULER",
+    "KUBECTL",
+    "ETCD",
+    "KWOK",
+    "ROLLOUTS_CONTROLLER",
+    "ARGO_ROLLOUTS_CRDS",
+];
+
+/// Where `make k8s-bin` writes its env file: `$K8S_BIN_ENV`, else `$CACHE_DIR/bin/k8s-bin.env`,
+/// else `$HOME/.cache/rollouts-dispatch/bin/k8s-bin.env`.
+pub fn env_file_path() -> PathBuf {
+    if let Some(path) = std::env::var_os("K8S_BIN_ENV") {
+        return PathBuf::from(path);
+    }
+    cache_dir().join("bin").join(ENV_FILE_NAME)
+}
+
+/// The cache directory shared with the Makefile (`CACHE_DIR`).
+pub fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("CACHE_DIR") {
+        return PathBuf::from(dir);
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
+    home.join(".cache").join("rollouts-dispatch")
+}
+
+impl Binaries {
+    /// Finds every binary, failing with one message that lists whatever is missing.
+    pub fn locate() -> Result<Self> {
+        let env_file = env_file_path();
+        let from_file = match std::fs::read_to_string(&env_file) {
+            Ok(text) => parse_env_file(&text),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => HashMap::new(),
+            Err(err) => return Err(err).with_context(|| format!("reading {}", env_file.display())),
+        };
+        let mut paths = Vec::with_capacity(KEYS.len());
+        let mut missing = Vec::new();
+        for key in KEYS {
+            let value = std::env::var(key)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .or_else(|| from_file.get(key).cloned());
+            match value {
+                Some(v) if Path::new(&v).exists() => paths.push(PathBuf::from(v)),
+                Some(v) => {
+                    missing.push(format!("{key}={v} (does not exist)"));
+                    paths.push(PathBuf::new());
+                }
+                None => {
+                    missing.push(format!("{key} (not in {})", env_file.display()));
+                    paths.push(PathBuf::new());
+                }
+            }
+        }
+        if !missing.is_empty() {
+            bail!(
+                "test cluster binaries are missing, run `make k8s-bin` first: {}",
+                missing.join(", ")
+            );
+        }
+        let mut it = paths.into_iter();
+        let mut next = || it.next().unwrap_or_default();
+        Ok(Self {
+            kube_apiserver: next(),
+            kube_controller_manager: next(),
+            kube_scheduler: next(),
+            kubectl: next(),
+            etcd: next(),
+            kwok: next(),
+            rollouts_controller: next(),
+            argo_rollouts_crds: next(),
+        })
+    }
+}
+
+fn parse_env_file(text: &str) -> HashMap<String, String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .filter_map(|line| line.split_once('='))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_env_lines_and_ignores_comments() {
+        let map = parse_env_file("# comment\nETCD=/a/etcd\n\n KWOK = /b/kwok \nbogus\n");
+        assert_eq!(map.get("ETCD").map(String::as_str), Some("/a/etcd"));
+        assert_eq!(map.get("KWOK").map(String::as_str), Some("/b/kwok"));
+        assert_eq!(map.len(), 2);
+    }
+}

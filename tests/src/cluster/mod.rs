@@ -1,0 +1,524 @@
+//! Real, isolated Kubernetes control planes for tests, on loopback ports.
+//!
+//! [`Cluster::start`] runs etcd, kube-apiserver (RBAC, service-account token signing, a
+//! bearer-token admin in `system:masters`), kube-controller-manager (the real Job controller and
+//! friends), kube-scheduler and kwok (one fake node and a pod lifecycle the test controls, see
+//! [`kwok`]) from the binaries that `make k8s-bin` builds, writes a kubeconfig and waits until
+//! `/readyz` is ok, the `default` ServiceAccount exists and the fake node is Ready. All state is
+//! in one temporary directory; every process is in one process group that dies with the
+//! [`Cluster`] (see [`process`]). [`start_many`] starts several clusters in parallel.
+//! [`argo::ArgoRollouts`] runs the real Argo Rollouts controller on a cluster.
+
+pub mod argo;
+pub mod binaries;
+pub mod kwok;
+mod pki;
+pub mod ports;
+pub mod process;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use k8s_openapi::api::core::v1::{Node, ServiceAccount};
+use kube::api::Api;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::Client;
+use rand::distr::{Alphanumeric, SampleString};
+
+pub use binaries::Binaries;
+pub use process::ProcessGroup;
+
+/// How long [`Cluster::start`] waits for readiness by default.
+pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Set to keep cluster directories (logs, kubeconfig, etcd data) after the cluster is dropped.
+pub const KEEP_ENV: &str = "ROLLOUTS_DISPATCH_KEEP_CLUSTERS";
+
+/// Options of [`Cluster::start_with`].
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    /// Cluster name: the kubeconfig context and cluster name, and part of the directory name.
+    pub name: String,
+    /// Parent of the cluster directory (default: `$TMPDIR/rollouts-dispatch-clusters`).
+    pub base_dir: Option<PathBuf>,
+    /// Keep the cluster directory after drop (default: `$ROLLOUTS_DISPATCH_KEEP_CLUSTERS` is set,
+    /// or the thread is panicking, so that logs survive a failed test).
+    pub keep_dir: bool,
+    /// How long to wait for readiness.
+    pub ready_timeout: Duration,
+}
+
+impl ClusterOptions {
+    /// Defaults for a cluster called `name`.
+    pub fn new(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            base_dir: None,
+            keep_dir: std::env::var_os(KEEP_ENV).is_some(),
+            ready_timeout: DEFAULT_READY_TIMEOUT,
+        }
+    }
+}
+
+/// Loopback ports of one cluster.
+#[derive(Debug, Clone, Copy)]
+pub struct ClusterPorts {
+    /// etcd client port.
+    pub etcd_client: u16,
+    /// etcd peer port.
+    pub etcd_peer: u16,
+    /// kube-apiserver secure port (the cluster's server URL).
+    pub apiserver: u16,
+    /// kube-controller-manager secure (health) port.
+    pub controller_manager: u16,
+    /// kube-scheduler secure (health) port.
+    pub scheduler: u16,
+}
+
+/// A running test cluster. Dropping it kills every process and removes its directory.
+#[derive(Debug)]
+pub struct Cluster {
+    /// Cluster name (kubeconfig context).
+    pub name: String,
+    /// Directory with all state: `kubeconfig`, `pki/`, `etcd/`, `logs/`.
+    pub dir: PathBuf,
+    /// Admin kubeconfig (bearer token, CA file).
+    pub kubeconfig: PathBuf,
+    /// API server URL, `https://127.0.0.1:<port>`.
+    pub server: String,
+    /// Admin bearer token (user `admin`, group `system:masters`).
+    pub token: String,
+    /// CA certificate (PEM) that signed the API server's serving certificate.
+    pub ca_pem: String,
+    /// Path of the CA certificate.
+    pub ca_file: PathBuf,
+    /// Ports in use.
+    pub ports: ClusterPorts,
+    /// Wall time from the first process spawn until ready.
+    pub start_time: Duration,
+    /// The binaries this cluster runs (and that add-ons such as Argo Rollouts use).
+    pub binaries: Binaries,
+    processes: ProcessGroup,
+    keep_dir: bool,
+}
+
+/// Name of the fake node that kwok manages in every cluster.
+pub const FAKE_NODE: &str = kwok::NODE_NAME;
+
+impl Cluster {
+    /// Starts a cluster called `name` with default options.
+    pub async fn start(name: &str) -> Result<Self> {
+        Self::start_with(ClusterOptions::new(name)).await
+    }
+
+    /// Starts a cluster and waits until it is ready. A failed start is retried once with fresh
+    /// ports (a port can be taken by another process between the check and the bind).
+    pub async fn start_with(options: ClusterOptions) -> Result<Self> {
+        let binaries = Binaries::locate()?;
+        match Self::start_once(&options, binaries.clone()).await {
+            Ok(cluster) => Ok(cluster),
+            Err(first) => {
+                eprintln!(
+                    "cluster {}: start failed, retrying once: {first:#}",
+                    options.name
+                );
+                Self::start_once(&options, binaries).await
+            }
+        }
+    }
+
+    async fn start_once(options: &ClusterOptions, binaries: Binaries) -> Result<Self> {
+        let started = Instant::now();
+        let mut cluster = Self::spawn(options, binaries)
+            .with_context(|| format!("starting cluster {}", options.name))?;
+        if let Err(err) = cluster.wait_ready(options.ready_timeout).await {
+            // Keep the directory: the error points at its logs.
+            cluster.keep_dir = true;
+            return Err(err.context(format!(
+                "cluster {} not ready (logs in {})",
+                options.name,
+                cluster.dir.join("logs").display()
+            )));
+        }
+        cluster.start_time = started.elapsed();
+        Ok(cluster)
+    }
+
+    fn spawn(options: &ClusterOptions, binaries: Binaries) -> Result<Self> {
+        let name = &options.name;
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+            bail!("cluster name {name:?} must be non-empty ASCII alphanumerics and '-'");
+        }
+        let base = options
+            .base_dir
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join("rollouts-dispatch-clusters"));
+        std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
+        remove_stale_dirs(&base);
+        let suffix = Alphanumeric
+            .sample_string(&mut rand::rng(), 6)
+            .to_lowercase();
+        let dir = base.join(format!("{name}-{}-{suffix}", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+
+        let pki = pki::write(&dir.join("pki"), name)?;
+        let token = Alphanumeric.sample_string(&mut rand::rng(), 32);
+        let token_file = dir.join("pki").join("tokens.csv");
+        std::fs::write(&token_file, format!("{token},admin,admin,system:masters\n"))
+            .with_context(|| format!("writing {}", token_file.display()))?;
+
+        let p = ports::allocate(5)?;
+        let ports = ClusterPorts {
+            etcd_client: p[0],
+            etcd_peer: p[1],
+            apiserver: p[2],
+            controller_manager: p[3],
+            scheduler: p[4],
+        };
+        let server = format!("https://127.0.0.1:{}", ports.apiserver);
+        let kubeconfig = dir.join("kubeconfig");
+        write_kubeconfig(&kubeconfig, name, &server, &pki.ca_cert, &token)?;
+        let kwok_config = dir.join("kwok.yaml");
+        std::fs::write(&kwok_config, kwok::STAGES_YAML)
+            .with_context(|| format!("writing {}", kwok_config.display()))?;
+
+        let mut processes = ProcessGroup::new(&dir.join("logs"))?;
+        let etcd_client = format!("http://127.0.0.1:{}", ports.etcd_client);
+        let etcd_peer = format!("http://127.0.0.1:{}", ports.etcd_peer);
+        let mut etcd = Command::new(&binaries.etcd);
+        etcd.args([
+            format!("--name={name}"),
+            format!("--data-dir={}", dir.join("etcd").display()),
+            format!("--listen-client-urls={etcd_client}"),
+            format!("--advertise-client-urls={etcd_client}"),
+            format!("--listen-peer-urls={etcd_peer}"),
+            format!("--initial-advertise-peer-urls={etcd_peer}"),
+            format!("--initial-cluster={name}={etcd_peer}"),
+            "--unsafe-no-fsync=true".into(),
+            "--log-level=warn".into(),
+        ]);
+        processes.spawn("etcd", etcd)?;
+
+        let mut apiserver = Command::new(&binaries.kube_apiserver);
+        apiserver.args([
+            format!("--etcd-servers={etcd_client}"),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--secure-port={}", ports.apiserver),
+            format!("--cert-dir={}", dir.join("apiserver-certs").display()),
+            format!("--tls-cert-file={}", pki.server_cert.display()),
+            format!("--tls-private-key-file={}", pki.server_key.display()),
+            format!("--client-ca-file={}", pki.ca_cert.display()),
+            format!("--token-auth-file={}", token_file.display()),
+            "--authorization-mode=Node,RBAC".into(),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            format!("--service-account-key-file={}", pki.sa_pub.display()),
+            format!(
+                "--service-account-signing-key-file={}",
+                pki.sa_key.display()
+            ),
+            "--service-cluster-ip-range=10.96.0.0/16".into(),
+            // 127.0.0.1 is not a valid endpoint of the `kubernetes` Service.
+            "--endpoint-reconciler-type=none".into(),
+            // No node-lifecycle controller runs to lift the not-ready taint from the fake node.
+            "--disable-admission-plugins=TaintNodesByCondition".into(),
+            "--enable-priority-and-fairness=false".into(),
+            "--profiling=false".into(),
+        ]);
+        processes.spawn("kube-apiserver", apiserver)?;
+
+        let kc = kubeconfig.display().to_string();
+        let mut controller_manager = Command::new(&binaries.kube_controller_manager);
+        controller_manager.args([
+            format!("--kubeconfig={kc}"),
+            format!("--authentication-kubeconfig={kc}"),
+            format!("--authorization-kubeconfig={kc}"),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={}", ports.controller_manager),
+            format!("--cert-dir={}", dir.join("kcm-certs").display()),
+            format!("--controllers={}", CONTROLLERS.join(",")),
+            format!(
+                "--service-account-private-key-file={}",
+                pki.sa_key.display()
+            ),
+            format!("--root-ca-file={}", pki.ca_cert.display()),
+            "--leader-elect=false".into(),
+            "--use-service-account-credentials=false".into(),
+            "--profiling=false".into(),
+        ]);
+        processes.spawn("kube-controller-manager", controller_manager)?;
+
+        let mut scheduler = Command::new(&binaries.kube_scheduler);
+        scheduler.args([
+            format!("--kubeconfig={kc}"),
+            format!("--authentication-kubeconfig={kc}"),
+            format!("--authorization-kubeconfig={kc}"),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={}", ports.scheduler),
+            format!("--cert-dir={}", dir.join("scheduler-certs").display()),
+            "--leader-elect=false".into(),
+            "--profiling=false".into(),
+        ]);
+        processes.spawn("kube-scheduler", scheduler)?;
+
+        let mut kwok = Command::new(&binaries.kwok);
+        kwok.args([
+            format!("--kubeconfig={kc}"),
+            format!("--config={}", kwok_config.display()),
+            "--manage-all-nodes=false".into(),
+            format!(
+                "--manage-nodes-with-annotation-selector={}={}",
+                kwok::NODE_ANNOTATION,
+                kwok::NODE_ANNOTATION_VALUE
+            ),
+            "--cidr=10.244.0.0/16".into(),
+            "--node-ip=10.240.0.1".into(),
+        ]);
+        processes.spawn("kwok", kwok)?;
+
+        Ok(Self {
+            name: name.clone(),
+            kubeconfig,
+            server,
+            token,
+            ca_file: pki.ca_cert.clone(),
+            ca_pem: pki.ca_pem,
+            ports,
+            start_time: Duration::ZERO,
+            binaries,
+            processes,
+            keep_dir: options.keep_dir,
+            dir,
+        })
+    }
+
+    async fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let client = self.client().await?;
+        // 1. The API server answers /readyz with "ok".
+        loop {
+            self.processes.check_alive()?;
+            let request = http::Request::get("/readyz").body(Vec::new())?;
+            let last = match client.request_text(request).await {
+                Ok(body) if body.trim() == "ok" => break,
+                Ok(body) => body,
+                Err(err) => err.to_string(),
+            };
+            if Instant::now() > deadline {
+                bail!("kube-apiserver /readyz not ok after {timeout:?}: {last}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // 2. The fake node exists (kwok then makes it Ready).
+        kwok::create_node(&client).await?;
+        // 3. The ServiceAccount controller made `default/default`, and the node is Ready.
+        let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
+        let nodes: Api<Node> = Api::all(client);
+        loop {
+            self.processes.check_alive()?;
+            let sa = accounts
+                .get_opt("default")
+                .await
+                .context("getting serviceaccount default/default")?;
+            let node = nodes
+                .get_opt(FAKE_NODE)
+                .await
+                .with_context(|| format!("getting node {FAKE_NODE}"))?;
+            let node_ready = node.as_ref().is_some_and(kwok::node_is_ready);
+            if sa.is_some() && node_ready {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "not ready after {timeout:?}: default serviceaccount {}, node {FAKE_NODE} {}",
+                    if sa.is_some() { "exists" } else { "missing" },
+                    if node_ready { "Ready" } else { "not Ready" }
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// A `kube` client for the admin user, built from the cluster's kubeconfig file.
+    pub async fn client(&self) -> Result<Client> {
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)
+            .with_context(|| format!("reading {}", self.kubeconfig.display()))?;
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("loading {}", self.kubeconfig.display()))?;
+        Client::try_from(config).context("building the kube client")
+    }
+
+    /// Spawns an extra process (e.g. a controller) into the cluster's process group; it dies
+    /// with the cluster. Its output goes to [`Cluster::log_path`]`(name)`.
+    pub fn spawn_process(&mut self, name: &str, cmd: Command) -> Result<()> {
+        self.processes.spawn(name, cmd)
+    }
+
+    /// Fails if any process of the cluster has exited.
+    pub fn check_alive(&mut self) -> Result<()> {
+        self.processes.check_alive()
+    }
+
+    /// Path of the combined stdout/stderr log of process `name` (`etcd`, `kube-apiserver`,
+    /// `kube-controller-manager`, `kube-scheduler`, `kwok`, `rollouts-controller`, ...).
+    pub fn log_path(&self, name: &str) -> PathBuf {
+        self.processes.log_path(name)
+    }
+
+    /// Directory with the cluster's state.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Kills every process now (also done on drop).
+    pub fn stop(&mut self) {
+        self.processes.shutdown();
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.processes.shutdown();
+        if self.keep_dir || std::thread::panicking() {
+            let _ = std::fs::write(self.dir.join(KEEP_MARKER), b"");
+            eprintln!("cluster {}: kept {}", self.name, self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// The kube-controller-manager controllers the test clusters run.
+pub const CONTROLLERS: [&str; 12] = [
+    "job-controller",
+    "cronjob-controller",
+    "ttl-after-finished-controller",
+    "garbage-collector-controller",
+    "pod-garbage-collector-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "root-ca-certificate-publisher-controller",
+    "clusterrole-aggregation-controller",
+    "replicaset-controller",
+    "deployment-controller",
+];
+
+/// Starts one cluster per name, in parallel; fails (stopping the others) if any fails.
+pub async fn start_many(names: &[&str]) -> Result<Vec<Cluster>> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for (index, name) in names.iter().enumerate() {
+        let name = (*name).to_owned();
+        tasks.spawn(async move { (index, Cluster::start(&name).await) });
+    }
+    let mut slots: Vec<Option<Cluster>> = names.iter().map(|_| None).collect();
+    let mut errors = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok((index, Ok(cluster))) => slots[index] = Some(cluster),
+            Ok((index, Err(err))) => errors.push(format!("{}: {err:#}", names[index])),
+            Err(err) => errors.push(format!("cluster start task failed: {err}")),
+        }
+    }
+    if !errors.is_empty() {
+        bail!("starting clusters failed: {}", errors.join("; "));
+    }
+    Ok(slots.into_iter().flatten().collect())
+}
+
+/// Marks a cluster directory that was kept on purpose (see [`remove_stale_dirs`]).
+const KEEP_MARKER: &str = ".kept";
+
+/// Removes directories `<name>-<pid>-<suffix>` under `base` whose process is gone and that were
+/// not kept on purpose: what a test process killed without unwinding leaves behind (its
+/// processes are gone too, see [`process`]).
+fn remove_stale_dirs(base: &Path) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Some(file_name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let Some(pid) = dir_pid(file_name) else {
+            continue;
+        };
+        if pid != std::process::id()
+            && !Path::new(&format!("/proc/{pid}")).exists()
+            && !path.join(KEEP_MARKER).exists()
+        {
+            let _ = std::fs::remove_dir_all(&path);
+        }
+    }
+}
+
+/// The pid in a cluster directory name `<name>-<pid>-<suffix>`.
+fn dir_pid(dir_name: &str) -> Option<u32> {
+    dir_name.rsplit('-').nth(1)?.parse().ok()
+}
+
+fn write_kubeconfig(path: &Path, name: &str, server: &str, ca: &Path, token: &str) -> Result<()> {
+    let text = format!(
+        "apiVersion: v1\n\
+         kind: Config\n\
+         clusters:\n\
+         - name: {name}\n  \
+           cluster:\n    \
+             server: {server}\n    \
+             certificate-authority: {ca}\n\
+         users:\n\
+         - name: {name}-admin\n  \
+           user:\n    \
+             token: {token}\n\
+         contexts:\n\
+         - name: {name}\n  \
+           context:\n    \
+             cluster: {name}\n    \
+             user: {name}-admin\n    \
+             namespace: default\n\
+         current-context: {name}\n",
+        ca = ca.display()
+    );
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dir_pid_reads_the_second_last_field() {
+        assert_eq!(dir_pid("control-plane-1234-abc123"), Some(1234));
+        assert_eq!(dir_pid("a-77-zz"), Some(77));
+        assert_eq!(dir_pid("a-zz"), None);
+        assert_eq!(dir_pid("nodash"), None);
+    }
+
+    #[test]
+    fn kubeconfig_is_loadable_by_kube() {
+        let dir = std::env::temp_dir().join(format!("kubeconfig-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("kubeconfig");
+        write_kubeconfig(
+            &path,
+            "x",
+            "https://127.0.0.1:1",
+            Path::new("/ca.crt"),
+            "tok",
+        )
+        .unwrap();
+        let kc = Kubeconfig::read_from(&path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(kc.current_context.as_deref(), Some("x"));
+        let cluster = kc.clusters[0].cluster.as_ref().unwrap();
+        assert_eq!(cluster.server.as_deref(), Some("https://127.0.0.1:1"));
+        assert_eq!(cluster.certificate_authority.as_deref(), Some("/ca.crt"));
+        let user = kc.auth_infos[0].auth_info.as_ref().unwrap();
+        assert!(user.token.is_some());
+    }
+}
