@@ -49,6 +49,10 @@ pub struct MeasurementRef {
     pub index: u32,
     /// the plugin block as the controller resolved it (compact JSON object)
     pub block: serde_json::Value,
+    /// the measurement's metadata so far (empty for `ensure`): where the server keeps the
+    /// reference to the Jobs, so that any replica can answer
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
 }
 
 /// Reply to [`ENSURE`].
@@ -61,6 +65,9 @@ pub struct Ensured {
     pub namespace: String,
     /// the destinations the Job was created on or adopted from
     pub destinations: Vec<String>,
+    /// to store in the measurement's metadata and send back with every later call
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
 }
 
 /// Reply to [`STATUS`] (and [`TERMINATE`]).

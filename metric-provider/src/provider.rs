@@ -165,12 +165,18 @@ impl DispatchProvider {
         run: &AnalysisRun,
         metric: &Metric,
         block: serde_json::Value,
+        metadata: &BTreeMap<String, String>,
     ) -> MeasurementRef {
+        let mut metadata = metadata.clone();
+        // Plugin-only bookkeeping is none of the server's business.
+        metadata.remove(keys::PENDING);
+        metadata.remove(keys::OUTAGE_SINCE);
         MeasurementRef {
             run: run_ref(run),
             metric: metric.name.clone(),
             index: measurement_index(run, &metric.name),
             block,
+            metadata,
         }
     }
 
@@ -229,13 +235,14 @@ impl DispatchProvider {
                 return Measurement::error(message);
             }
         };
-        let req = Self::measurement_ref(run, metric, block);
+        let req = Self::measurement_ref(run, metric, block, &BTreeMap::new());
         match self.call::<_, Ensured>(api::ENSURE, &req).await {
             Ok(e) => {
                 info!(run = %run.object_meta.name, metric = %metric.name, job = %e.job_name,
                       destinations = %e.destinations.join(","), "jobs dispatched");
                 m.metadata.remove(keys::PENDING);
                 m.metadata.remove(keys::OUTAGE_SINCE);
+                m.metadata.extend(e.metadata);
                 m.metadata.insert(keys::JOB_NAME.into(), e.job_name);
                 m.metadata.insert(keys::JOB_NAMESPACE.into(), e.namespace);
                 m.metadata
@@ -289,7 +296,7 @@ impl MetricProvider for DispatchProvider {
         let block = Self::job_config(&metric)
             .map(|(_, b)| b)
             .unwrap_or_default();
-        let req = Self::measurement_ref(&run, &metric, block);
+        let req = Self::measurement_ref(&run, &metric, block, &m.metadata);
         let secrets = secret_values(&run);
         match self.call::<_, Verdict>(api::STATUS, &req).await {
             Ok(v) => finish(m, v, now, &secrets),
@@ -314,7 +321,7 @@ impl MetricProvider for DispatchProvider {
             let block = Self::job_config(&metric)
                 .map(|(_, b)| b)
                 .unwrap_or_default();
-            let req = Self::measurement_ref(&run, &metric, block);
+            let req = Self::measurement_ref(&run, &metric, block, &m.metadata);
             match self.call::<_, Verdict>(api::TERMINATE, &req).await {
                 Ok(_) => {}
                 Err(CallError::Transient(reason)) => {
