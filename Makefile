@@ -38,9 +38,10 @@ test: ## the whole suite: Rust tests, golden vectors, Go conformance, real clust
 	$(MAKE) golden-check
 	$(MAKE) conformance
 	$(MAKE) clusters-smoke
+	$(MAKE) test-engine
 
 .PHONY: bench
-bench: bench-plugin ## every benchmark, side by side with its baseline (ratios printed)
+bench: bench-plugin bench-engine ## every benchmark, side by side with its baseline (ratios printed)
 
 .PHONY: lint
 lint: conformance-lint ## rustfmt check, clippy with warnings denied, gofmt + go vet
@@ -73,3 +74,4 @@ fmt: ## format Rust and Go code
 
 -include tests/conformance/conformance.mk
 -include tests/k8s/k8s.mk
+-include server/engine.mk

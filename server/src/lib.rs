@@ -1,8 +1,35 @@
 //! `dispatch-server`: the rollouts-dispatch companion server, agent and CLI.
 //!
-//! This crate is a skeleton today. The engine (destinations, policy, Job lifecycle), the HTTP API,
-//! the agent and the `token`/`run`/`doctor` commands land here in later issues; see
-//! `ARCHITECTURE.md` §2 and §4–§9 in the design folder.
+//! Today the crate is the **dispatch engine**, the library that the HTTP server and the agent
+//! share: it runs verification Jobs on destination clusters, with the Kargo context injected,
+//! and turns their state into Argo Rollouts measurement verdicts (`ARCHITECTURE.md` §4–§7).
+//!
+//! # Layout
+//!
+//! * [`config`]: the server configuration file, typed and validated once.
+//! * [`destinations`]: the destination registry and its sources (config file, kubeconfig
+//!   contexts, Argo CD cluster Secrets watched live), each destination with a kube client and a
+//!   label-selected watch cache of our Jobs and their Pods; [`destinations::stage`] resolves
+//!   `destination: stage` from Kargo and Argo CD objects.
+//! * [`job`]: the Job object (name, labels, annotations, injected context) — pure.
+//! * [`verdict`]: per-destination state → measurement phase, message, metadata — pure.
+//! * [`logs`]: the log tail of a failed container, bounded and redacted.
+//! * [`policy`]: which Kargo projects may use which destinations and namespaces.
+//! * [`engine`]: the entry point, [`engine::Engine`] (`ensure`, `status`, `terminate`, `gc`).
+
+pub mod config;
+pub mod destinations;
+pub mod engine;
+pub mod job;
+pub mod logs;
+pub mod policy;
+pub mod verdict;
+
+/// The plugin-side crate: [`provider::config::JobConfig`] (the validated plugin block) and
+/// [`provider::selector::Selector`] are inputs of the engine.
+pub use dispatch_metric_provider as provider;
+pub use engine::{Engine, EngineError, Ensured, JobRef, MeasureRequest};
+pub use verdict::{Phase, Verdict};
 
 /// The version of this build, as reported by `rollouts-dispatch --version`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

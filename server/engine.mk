@@ -1,0 +1,20 @@
+# The dispatch engine (server/, crate dispatch-server) against real clusters, and its benchmark.
+# Included by the root Makefile, which defines CARGO; K8S_BIN_ENV and k8s-bin come from
+# tests/k8s/k8s.mk. Both targets build in the test profile (the artifacts of `cargo test`).
+
+# The engine tests share 3 clusters; most of their time is waiting for Jobs, so run them wide.
+ENGINE_TEST_THREADS ?= 6
+
+.PHONY: test-engine
+test-engine: k8s-bin ## dispatch engine against 3 real clusters: Job lifecycle, verdicts, Argo CD, Kargo stage, policy
+	K8S_BIN_ENV=$(K8S_BIN_ENV) $(CARGO) test --locked -p dispatch-tests --test engine -- \
+	  --ignored --test-threads $(ENGINE_TEST_THREADS)
+
+.PHONY: bench-engine
+bench-engine: k8s-bin ## 10 000 in-flight Jobs on 5 real clusters: watch-cache vs GET-per-lookup status (last line: the ratios)
+	@set -euo pipefail; \
+	summary=$$(mktemp); trap 'rm -f "$$summary"' EXIT; \
+	K8S_BIN_ENV=$(K8S_BIN_ENV) BENCH_SUMMARY_FILE=$$summary \
+	  $(CARGO) test --locked -p dispatch-tests --test engine_bench -- --ignored --nocapture; \
+	tail -n 1 "$$summary"
+

@@ -1,0 +1,545 @@
+//! Argo CD cluster Secrets as destinations, watched live on the control plane.
+//!
+//! A Secret labelled `argocd.argoproj.io/secret-type: cluster` holds `name`, `server` and a
+//! `config` JSON (`bearerToken`, `username`/`password`, `tlsClientConfig`, `awsAuthConfig`,
+//! `execProviderConfig`), as Argo CD's `SecretToCluster` reads it. The server
+//! `https://kubernetes.default.svc` without credentials is the control plane itself, and without
+//! any Secret for it Argo CD's implicit `in-cluster` destination exists (unless disabled).
+//! Secret labels become destination labels; annotation `rollouts-dispatch.io/namespace` sets the
+//! default namespace.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use base64::Engine as _;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::client::{config_from_kubeconfig, single_kubeconfig};
+use super::{DestinationSpec, Registry, Source, IN_CLUSTER_NAME, IN_CLUSTER_SERVER};
+use crate::config::ArgoCdConfig;
+use crate::job::fnv1a;
+
+/// The label that marks Argo CD cluster Secrets.
+pub const SECRET_TYPE_LABEL: &str = "argocd.argoproj.io/secret-type";
+/// The selector of Argo CD cluster Secrets.
+pub const CLUSTER_SELECTOR: &str = "argocd.argoproj.io/secret-type=cluster";
+/// Annotation on a cluster Secret: default namespace of Jobs on that destination.
+pub const NAMESPACE_ANNOTATION: &str = "rollouts-dispatch.io/namespace";
+
+/// The `config` JSON of a cluster Secret (Argo CD's `ClusterConfig`); unknown fields ignored.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ClusterConfig {
+    username: Option<String>,
+    password: Option<String>,
+    bearer_token: Option<String>,
+    #[serde(default)]
+    tls_client_config: TlsClientConfig,
+    aws_auth_config: Option<AwsAuthConfig>,
+    exec_provider_config: Option<ExecProviderConfig>,
+    #[serde(default)]
+    disable_compression: bool,
+    proxy_url: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TlsClientConfig {
+    #[serde(default)]
+    insecure: bool,
+    server_name: Option<String>,
+    cert_data: Option<String>,
+    key_data: Option<String>,
+    ca_data: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AwsAuthConfig {
+    cluster_name: String,
+    #[serde(rename = "roleARN")]
+    role_arn: Option<String>,
+    profile: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ExecProviderConfig {
+    command: String,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    api_version: Option<String>,
+    install_hint: Option<String>,
+}
+
+/// The destination a cluster Secret defines; credentials that cannot be used give a spec whose
+/// `config` is the error. `control_plane` is the config of the cluster the Secret lives on.
+pub async fn spec_from_secret(
+    secret: &Secret,
+    settings: &ArgoCdConfig,
+    control_plane: &kube::Config,
+) -> DestinationSpec {
+    let meta = &secret.metadata;
+    let secret_name = meta.name.clone().unwrap_or_default();
+    let source = Source::ArgoCd {
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        secret: secret_name.clone(),
+    };
+    let data = secret.data.clone().unwrap_or_default();
+    let text = |key: &str| -> Result<Option<String>, String> {
+        match data.get(key) {
+            None => Ok(None),
+            Some(b) => String::from_utf8(b.0.clone())
+                .map(|s| Some(s.trim().to_string()))
+                .map_err(|_| format!("data.{key} is not UTF-8")),
+        }
+    };
+    let labels = meta.labels.clone().unwrap_or_default();
+    let namespace = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(NAMESPACE_ANNOTATION))
+        .cloned()
+        .unwrap_or_else(|| settings.default_namespace.clone());
+    let mut hashed = serde_json::to_vec(&(&data, &labels, &namespace)).unwrap_or_default();
+    hashed.extend_from_slice(secret_name.as_bytes());
+    let fingerprint = fnv1a(&hashed);
+
+    let name = text("name").ok().flatten().filter(|n| !n.is_empty());
+    let server = text("server")
+        .ok()
+        .flatten()
+        .map(|s| s.trim_end_matches('/').to_string())
+        .unwrap_or_default();
+    let config = async {
+        let name = name.clone().ok_or("data.name is missing")?;
+        if server.is_empty() {
+            return Err("data.server is missing".to_string());
+        }
+        let raw = text("config")?.unwrap_or_default();
+        let cfg: ClusterConfig = if raw.is_empty() {
+            ClusterConfig::default()
+        } else {
+            serde_json::from_str(&raw).map_err(|e| format!("data.config is not valid JSON: {e}"))?
+        };
+        let no_credentials = cfg.bearer_token.is_none()
+            && cfg.username.is_none()
+            && cfg.password.is_none()
+            && cfg.exec_provider_config.is_none()
+            && cfg.aws_auth_config.is_none();
+        if server == IN_CLUSTER_SERVER && no_credentials {
+            // Argo CD's rest.InClusterConfig(): the cluster this Secret lives on.
+            return Ok(control_plane.clone());
+        }
+        let (cluster, user) = kubeconfig_entries(&server, &cfg)?;
+        config_from_kubeconfig(single_kubeconfig(&name, cluster, user, None), Some(&name)).await
+    }
+    .await
+    .map_err(|e| format!("{e} (fix the Argo CD cluster Secret {source})"));
+    DestinationSpec {
+        name: name.unwrap_or(secret_name),
+        labels,
+        namespace,
+        server,
+        source,
+        fingerprint,
+        config,
+    }
+}
+
+fn kubeconfig_entries(server: &str, cfg: &ClusterConfig) -> Result<(Value, Value), String> {
+    if cfg.proxy_url.is_some() {
+        return Err("data.config.proxyUrl is not supported by this server".into());
+    }
+    let mut cluster = Map::new();
+    cluster.insert("server".into(), server.into());
+    let tls = &cfg.tls_client_config;
+    if tls.insecure {
+        cluster.insert("insecure-skip-tls-verify".into(), true.into());
+    }
+    if let Some(n) = &tls.server_name {
+        cluster.insert("tls-server-name".into(), n.clone().into());
+    }
+    if cfg.disable_compression {
+        cluster.insert("disable-compression".into(), true.into());
+    }
+    // The PEM blocks are base64 in Argo CD's JSON ([]byte), exactly like kubeconfig's *-data.
+    if let Some(ca) = &tls.ca_data {
+        check_pem("tlsClientConfig.caData", ca)?;
+        cluster.insert("certificate-authority-data".into(), ca.clone().into());
+    }
+    let mut user = Map::new();
+    if let Some(t) = &cfg.bearer_token {
+        user.insert("token".into(), t.clone().into());
+    }
+    if let Some(u) = &cfg.username {
+        user.insert("username".into(), u.clone().into());
+    }
+    if let Some(p) = &cfg.password {
+        user.insert("password".into(), p.clone().into());
+    }
+    match (&tls.cert_data, &tls.key_data) {
+        (Some(c), Some(k)) => {
+            check_pem("tlsClientConfig.certData", c)?;
+            check_pem("tlsClientConfig.keyData", k)?;
+            user.insert("client-certificate-data".into(), c.clone().into());
+            user.insert("client-key-data".into(), k.clone().into());
+        }
+        (None, None) => {}
+        _ => return Err("data.config.tlsClientConfig: certData and keyData go together".into()),
+    }
+    if let Some(aws) = &cfg.aws_auth_config {
+        // What Argo CD runs for EKS (argocd-k8s-auth must be installed on this server).
+        let mut args = vec![
+            "aws".to_string(),
+            "--cluster-name".into(),
+            aws.cluster_name.clone(),
+        ];
+        if let Some(r) = aws.role_arn.as_ref().filter(|r| !r.is_empty()) {
+            args.extend(["--role-arn".to_string(), r.clone()]);
+        }
+        if let Some(p) = aws.profile.as_ref().filter(|p| !p.is_empty()) {
+            args.extend(["--profile".to_string(), p.clone()]);
+        }
+        user.insert(
+            "exec".into(),
+            json!({
+                "apiVersion": "client.authentication.k8s.io/v1beta1",
+                "command": "argocd-k8s-auth",
+                "args": args,
+                "interactiveMode": "Never",
+                "installHint": "awsAuthConfig needs argocd-k8s-auth (from the Argo CD image) in PATH",
+            }),
+        );
+    } else if let Some(exec) = &cfg.exec_provider_config {
+        let env: Vec<Value> = exec
+            .env
+            .iter()
+            .map(|(k, v)| json!({"name": k, "value": v}))
+            .collect();
+        let mut e = json!({
+            "apiVersion": exec.api_version.clone()
+                .unwrap_or_else(|| "client.authentication.k8s.io/v1beta1".into()),
+            "command": exec.command,
+            "args": exec.args,
+            "env": env,
+            "interactiveMode": "Never",
+        });
+        if let Some(h) = &exec.install_hint {
+            e["installHint"] = h.clone().into();
+        }
+        user.insert("exec".into(), e);
+    }
+    Ok((Value::Object(cluster), Value::Object(user)))
+}
+
+fn check_pem(field: &str, b64: &str) -> Result<(), String> {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64.trim())
+        .map_err(|e| format!("data.config.{field} is not base64: {e}"))?;
+    let text = String::from_utf8_lossy(&bytes);
+    if !text.contains("-----BEGIN") {
+        return Err(format!(
+            "data.config.{field} is not a base64-encoded PEM block"
+        ));
+    }
+    Ok(())
+}
+
+/// The implicit `in-cluster` destination: the control plane.
+pub fn in_cluster_spec(settings: &ArgoCdConfig, control_plane: &kube::Config) -> DestinationSpec {
+    DestinationSpec {
+        name: IN_CLUSTER_NAME.into(),
+        labels: BTreeMap::new(),
+        namespace: settings.default_namespace.clone(),
+        server: IN_CLUSTER_SERVER.into(),
+        source: Source::ArgoCdInCluster,
+        fingerprint: 0,
+        config: Ok(control_plane.clone()),
+    }
+}
+
+/// Watches the cluster Secrets in `settings.namespace` of the control plane and keeps the
+/// registry in step, until aborted. Calls [`Registry::mark_synced`] after the first full list.
+pub async fn watch(
+    registry: std::sync::Arc<Registry>,
+    control_plane: kube::Client,
+    control_plane_config: kube::Config,
+    settings: ArgoCdConfig,
+) {
+    let api: Api<Secret> = Api::namespaced(control_plane, &settings.namespace);
+    let config = watcher::Config::default().labels(CLUSTER_SELECTOR);
+    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+    // Secret name → (destination name, server) of what each Secret registered.
+    let mut known: HashMap<String, (String, String)> = HashMap::new();
+    let mut relist: Option<HashSet<String>> = None;
+    let mut failing = false;
+    if settings.in_cluster {
+        registry.insert(in_cluster_spec(&settings, &control_plane_config));
+    }
+    while let Some(item) = stream.next().await {
+        let event = match item {
+            Ok(e) => {
+                failing = false;
+                e
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(namespace = %settings.namespace, error = %e,
+                                   "watch of Argo CD cluster Secrets failing; retrying with backoff");
+                    failing = true;
+                }
+                continue;
+            }
+        };
+        match event {
+            Event::Apply(secret) | Event::InitApply(secret) => {
+                let Some(secret_name) = secret.metadata.name.clone() else {
+                    continue;
+                };
+                if let Some(seen) = relist.as_mut() {
+                    seen.insert(secret_name.clone());
+                }
+                let spec = spec_from_secret(&secret, &settings, &control_plane_config).await;
+                let entry = (spec.name.clone(), spec.server.clone());
+                if let Some((old_name, _)) = known.get(&secret_name) {
+                    if *old_name != spec.name {
+                        registry.remove(old_name, &spec.source);
+                    }
+                }
+                known.insert(secret_name, entry);
+                registry.insert(spec);
+            }
+            Event::Delete(secret) => {
+                let Some(secret_name) = secret.metadata.name.clone() else {
+                    continue;
+                };
+                if let Some((name, _)) = known.remove(&secret_name) {
+                    registry.remove(&name, &secret_source(&settings, &secret_name));
+                }
+            }
+            Event::Init => relist = Some(HashSet::new()),
+            Event::InitDone => {
+                let seen = relist.take().unwrap_or_default();
+                let gone: Vec<String> = known
+                    .keys()
+                    .filter(|k| !seen.contains(*k))
+                    .cloned()
+                    .collect();
+                for secret_name in gone {
+                    if let Some((name, _)) = known.remove(&secret_name) {
+                        registry.remove(&name, &secret_source(&settings, &secret_name));
+                    }
+                }
+                registry.mark_synced();
+            }
+        }
+        // A Secret for the local server replaces the implicit in-cluster destination.
+        if settings.in_cluster {
+            let explicit = known.values().any(|(_, s)| s == IN_CLUSTER_SERVER);
+            if explicit {
+                registry.remove(IN_CLUSTER_NAME, &Source::ArgoCdInCluster);
+            } else if registry.get(IN_CLUSTER_NAME).is_none() {
+                registry.insert(in_cluster_spec(&settings, &control_plane_config));
+            }
+        }
+    }
+}
+
+fn secret_source(settings: &ArgoCdConfig, secret: &str) -> Source {
+    Source::ArgoCd {
+        namespace: settings.namespace.clone(),
+        secret: secret.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::ByteString;
+    use kube::api::ObjectMeta;
+
+    const CA: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+
+    fn settings() -> ArgoCdConfig {
+        ArgoCdConfig {
+            namespace: "argocd".into(),
+            in_cluster: true,
+            default_namespace: "default".into(),
+        }
+    }
+
+    fn cp() -> kube::Config {
+        kube::Config::new("https://127.0.0.1:6443".parse().unwrap())
+    }
+
+    fn secret(data: &[(&str, &str)]) -> Secret {
+        Secret {
+            metadata: ObjectMeta {
+                name: Some("cluster-prod".into()),
+                namespace: Some("argocd".into()),
+                labels: Some(BTreeMap::from([
+                    (SECRET_TYPE_LABEL.to_string(), "cluster".to_string()),
+                    ("env".to_string(), "prod".to_string()),
+                ])),
+                annotations: Some(BTreeMap::from([(
+                    NAMESPACE_ANNOTATION.to_string(),
+                    "verify".to_string(),
+                )])),
+                ..ObjectMeta::default()
+            },
+            data: Some(
+                data.iter()
+                    .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+                    .collect(),
+            ),
+            ..Secret::default()
+        }
+    }
+
+    fn b64(s: &str) -> String {
+        base64::engine::general_purpose::STANDARD.encode(s)
+    }
+
+    #[tokio::test]
+    async fn bearer_token_and_ca() {
+        let config = json!({"bearerToken": "tok", "tlsClientConfig": {"insecure": false, "caData": b64(CA)}});
+        let s = spec_from_secret(
+            &secret(&[
+                ("name", "prod"),
+                ("server", "https://10.0.0.1:6443/"),
+                ("config", &config.to_string()),
+            ]),
+            &settings(),
+            &cp(),
+        )
+        .await;
+        assert_eq!(s.name, "prod");
+        assert_eq!(s.server, "https://10.0.0.1:6443");
+        assert_eq!(s.namespace, "verify");
+        assert_eq!(s.labels["env"], "prod");
+        let c = s.config.unwrap();
+        assert_eq!(c.cluster_url.to_string(), "https://10.0.0.1:6443/");
+        assert!(c.root_cert.is_some());
+        assert!(!c.accept_invalid_certs);
+    }
+
+    #[tokio::test]
+    async fn in_cluster_without_credentials_is_the_control_plane() {
+        let s = spec_from_secret(
+            &secret(&[("name", "local"), ("server", IN_CLUSTER_SERVER)]),
+            &settings(),
+            &cp(),
+        )
+        .await;
+        assert_eq!(
+            s.config.unwrap().cluster_url.to_string(),
+            "https://127.0.0.1:6443/"
+        );
+        let implicit = in_cluster_spec(&settings(), &cp());
+        assert_eq!(implicit.name, IN_CLUSTER_NAME);
+        assert_eq!(implicit.source, Source::ArgoCdInCluster);
+    }
+
+    #[tokio::test]
+    async fn unusable_secrets_say_why() {
+        for (data, needle) in [
+            (vec![("server", "https://x")], "data.name is missing"),
+            (vec![("name", "x")], "data.server is missing"),
+            (
+                vec![("name", "x"), ("server", "https://x"), ("config", "{")],
+                "not valid JSON",
+            ),
+            (
+                vec![
+                    ("name", "x"),
+                    ("server", "https://x"),
+                    ("config", r#"{"tlsClientConfig":{"caData":"%%%"}}"#),
+                ],
+                "caData is not base64",
+            ),
+            (
+                vec![
+                    ("name", "x"),
+                    ("server", "https://x"),
+                    (
+                        "config",
+                        r#"{"awsAuthConfig":{"clusterName":"prod","roleARN":"arn:x"}}"#,
+                    ),
+                ],
+                "\"argocd-k8s-auth\" is not installed",
+            ),
+            (
+                vec![
+                    ("name", "x"),
+                    ("server", "https://x"),
+                    (
+                        "config",
+                        r#"{"execProviderConfig":{"command":"no-such-helper","installHint":"get it"}}"#,
+                    ),
+                ],
+                "get it",
+            ),
+            (
+                vec![
+                    ("name", "x"),
+                    ("server", "https://x"),
+                    ("config", r#"{"proxyUrl":"http://p"}"#),
+                ],
+                "proxyUrl",
+            ),
+        ] {
+            let s = spec_from_secret(&secret(&data), &settings(), &cp()).await;
+            let e = s.config.unwrap_err();
+            assert!(e.contains(needle), "{e}");
+            assert!(
+                e.contains("Argo CD cluster Secret argocd/cluster-prod"),
+                "{e}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn exec_with_a_present_command_works() {
+        let config =
+            r#"{"execProviderConfig":{"command":"sh","args":["-c","exit 1"],"env":{"A":"b"}}}"#;
+        let s = spec_from_secret(
+            &secret(&[("name", "x"), ("server", "https://x"), ("config", config)]),
+            &settings(),
+            &cp(),
+        )
+        .await;
+        assert!(s.config.is_ok(), "{:?}", s.config.err());
+    }
+
+    #[tokio::test]
+    async fn fingerprints_follow_the_data() {
+        let a = spec_from_secret(
+            &secret(&[("name", "x"), ("server", "https://x")]),
+            &settings(),
+            &cp(),
+        )
+        .await;
+        let b = spec_from_secret(
+            &secret(&[("name", "x"), ("server", "https://x")]),
+            &settings(),
+            &cp(),
+        )
+        .await;
+        let c = spec_from_secret(
+            &secret(&[("name", "x"), ("server", "https://y")]),
+            &settings(),
+            &cp(),
+        )
+        .await;
+        assert_eq!(a.fingerprint, b.fingerprint);
+        assert_ne!(a.fingerprint, c.fingerprint);
+    }
+}

@@ -1,0 +1,352 @@
+//! A label-selected watch cache of one resource kind on one destination, with a secondary index.
+//!
+//! It is a reflector store (kube-runtime's `watcher` feeds it) that also indexes objects by a
+//! group key — Jobs by run UID (for GC), Pods by their Job (for image-pull reasons and log
+//! tails) — so that every lookup is a hash-map read. It tracks whether the first list finished
+//! ([`Cache::is_ready`]) and whether the watch is failing ([`Cache::failing_for`]), so that the
+//! engine knows when the cache is authoritative and when it must ask the API server instead.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kube::api::Api;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::Resource;
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+
+/// `(namespace, name)`
+pub type Key = (String, String);
+
+/// Computes the group key of an object (`None`: in no group).
+pub type GroupFn<K> = fn(&K) -> Option<String>;
+
+struct State<K> {
+    objects: HashMap<Key, Arc<K>>,
+    groups: HashMap<String, HashSet<Key>>,
+    /// objects of a relist in progress; swapped in at `InitDone`
+    relist: Option<HashMap<Key, Arc<K>>>,
+}
+
+/// A watch whose last error is older than this is considered healthy again: a failing watch
+/// retries (and fails) at least every ~35 s (kube-runtime's backoff is capped at 30 s, plus the
+/// connect timeout), while a watch that recovered quietly emits no event until something changes.
+const FAILING_WINDOW: Duration = Duration::from_secs(60);
+
+#[derive(Default)]
+struct Health {
+    failing_since: Option<Instant>,
+    last_error_at: Option<Instant>,
+    last_error: Option<String>,
+}
+
+/// The cache. Cheap to share (`Arc`); the watch task holds one reference.
+pub struct Cache<K> {
+    kind: &'static str,
+    destination: String,
+    state: RwLock<State<K>>,
+    health: Mutex<Health>,
+    ready: watch::Sender<bool>,
+    group_of: GroupFn<K>,
+}
+
+impl<K> Debug for Cache<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cache")
+            .field("kind", &self.kind)
+            .field("destination", &self.destination)
+            .field("ready", &*self.ready.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K> Cache<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    /// An empty, not yet ready cache.
+    pub fn new(kind: &'static str, destination: &str, group_of: GroupFn<K>) -> Self {
+        Self {
+            kind,
+            destination: destination.to_string(),
+            state: RwLock::new(State {
+                objects: HashMap::new(),
+                groups: HashMap::new(),
+                relist: None,
+            }),
+            health: Mutex::new(Health::default()),
+            ready: watch::channel(false).0,
+            group_of,
+        }
+    }
+
+    /// The object `namespace/name`, if cached.
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<K>> {
+        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+        state
+            .objects
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    /// Every cached object of `group`.
+    pub fn group(&self, group: &str) -> Vec<Arc<K>> {
+        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+        state
+            .groups
+            .get(group)
+            .map(|keys| {
+                keys.iter()
+                    .filter_map(|k| state.objects.get(k).cloned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// How many objects are cached.
+    pub fn len(&self) -> usize {
+        self.state
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .objects
+            .len()
+    }
+
+    /// Whether nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether the first list finished.
+    pub fn is_ready(&self) -> bool {
+        *self.ready.borrow()
+    }
+
+    /// Waits up to `timeout` for the first list; returns whether it finished.
+    pub async fn wait_ready(&self, timeout: Duration) -> bool {
+        let mut rx = self.ready.subscribe();
+        let ok = matches!(
+            tokio::time::timeout(timeout, rx.wait_for(|r| *r)).await,
+            Ok(Ok(_))
+        );
+        ok
+    }
+
+    /// How long the watch has been failing, and the last error (`None`: healthy).
+    pub fn failing_for(&self) -> Option<(Duration, String)> {
+        let h = self.health.lock().unwrap_or_else(|e| e.into_inner());
+        match (h.failing_since, h.last_error_at) {
+            (Some(since), Some(last)) if last.elapsed() < FAILING_WINDOW => {
+                Some((since.elapsed(), h.last_error.clone().unwrap_or_default()))
+            }
+            _ => None,
+        }
+    }
+
+    /// Ready, and the watch is not failing: a miss means the object does not exist (or was
+    /// created so recently that its event is still on the way).
+    pub fn is_authoritative(&self) -> bool {
+        self.is_ready() && self.failing_for().is_none()
+    }
+
+    /// Feeds the cache from a label-selected watch until the task is aborted.
+    pub async fn run(self: Arc<Self>, api: Api<K>, selector: &str) {
+        let config = watcher::Config::default().labels(selector);
+        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(event) => {
+                    self.recovered();
+                    self.handle(event);
+                }
+                Err(e) => self.failed(e.to_string()),
+            }
+        }
+    }
+
+    fn recovered(&self) {
+        let mut h = self.health.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(since) = h.failing_since.take() {
+            tracing::info!(destination = %self.destination, kind = self.kind,
+                           failed_for = ?since.elapsed(), "watch recovered");
+        }
+        h.last_error = None;
+        h.last_error_at = None;
+    }
+
+    fn failed(&self, error: String) {
+        let mut h = self.health.lock().unwrap_or_else(|e| e.into_inner());
+        let stale = h
+            .last_error_at
+            .is_none_or(|t| t.elapsed() >= FAILING_WINDOW);
+        if h.failing_since.is_none() || stale {
+            tracing::warn!(destination = %self.destination, kind = self.kind, %error,
+                           "watch failing; retrying with backoff");
+            h.failing_since = Some(Instant::now());
+        }
+        h.last_error = Some(error);
+        h.last_error_at = Some(Instant::now());
+    }
+
+    /// Applies one watch event.
+    pub fn handle(&self, event: Event<K>) {
+        let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
+        match event {
+            Event::Apply(obj) => {
+                if let Some(key) = key_of(&obj) {
+                    let obj = Arc::new(slim(obj));
+                    insert(&mut state, self.group_of, key, obj);
+                }
+            }
+            Event::Delete(obj) => {
+                if let Some(key) = key_of(&obj) {
+                    remove(&mut state, self.group_of, &key);
+                }
+            }
+            Event::Init => state.relist = Some(HashMap::new()),
+            Event::InitApply(obj) => {
+                if let (Some(key), Some(relist)) = (key_of(&obj), state.relist.as_mut()) {
+                    relist.insert(key, Arc::new(slim(obj)));
+                }
+            }
+            Event::InitDone => {
+                let objects = state.relist.take().unwrap_or_default();
+                let mut groups: HashMap<String, HashSet<Key>> = HashMap::new();
+                for (key, obj) in &objects {
+                    if let Some(g) = (self.group_of)(obj) {
+                        groups.entry(g).or_default().insert(key.clone());
+                    }
+                }
+                state.objects = objects;
+                state.groups = groups;
+                drop(state);
+                self.ready.send_replace(true);
+            }
+        }
+    }
+}
+
+fn key_of<K: Resource>(obj: &K) -> Option<Key> {
+    let meta = obj.meta();
+    Some((
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone()?,
+    ))
+}
+
+/// Drops what the engine never reads, to keep 10 000s of objects small.
+fn slim<K: Resource>(mut obj: K) -> K {
+    obj.meta_mut().managed_fields = None;
+    obj
+}
+
+fn insert<K>(state: &mut State<K>, group_of: GroupFn<K>, key: Key, obj: Arc<K>) {
+    let group = group_of(&obj);
+    if let Some(old) = state.objects.insert(key.clone(), obj) {
+        let old_group = group_of(&old);
+        if old_group != group {
+            if let Some(g) = old_group {
+                unlink(state, &g, &key);
+            }
+        }
+    }
+    if let Some(g) = group {
+        state.groups.entry(g).or_default().insert(key);
+    }
+}
+
+fn remove<K>(state: &mut State<K>, group_of: GroupFn<K>, key: &Key) {
+    if let Some(old) = state.objects.remove(key) {
+        if let Some(g) = group_of(&old) {
+            unlink(state, &g, key);
+        }
+    }
+}
+
+fn unlink<K>(state: &mut State<K>, group: &str, key: &Key) {
+    if let Some(set) = state.groups.get_mut(group) {
+        set.remove(key);
+        if set.is_empty() {
+            state.groups.remove(group);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::ObjectMeta;
+    use std::collections::BTreeMap;
+
+    fn cm(ns: &str, name: &str, group: &str) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(ns.into()),
+                labels: Some(BTreeMap::from([("g".to_string(), group.to_string())])),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        }
+    }
+
+    fn group_of(c: &ConfigMap) -> Option<String> {
+        c.metadata.labels.as_ref()?.get("g").cloned()
+    }
+
+    #[tokio::test]
+    async fn events_maintain_objects_and_groups() {
+        let cache = Cache::new("ConfigMap", "d", group_of);
+        assert!(!cache.is_ready() && !cache.is_authoritative());
+        assert!(!cache.wait_ready(Duration::from_millis(10)).await);
+        cache.handle(Event::Init);
+        cache.handle(Event::InitApply(cm("a", "x", "g1")));
+        assert!(
+            cache.get("a", "x").is_none(),
+            "a relist is invisible until InitDone"
+        );
+        cache.handle(Event::InitDone);
+        assert!(cache.wait_ready(Duration::from_millis(10)).await);
+        assert!(cache.is_authoritative());
+        assert_eq!(cache.group("g1").len(), 1);
+
+        cache.handle(Event::Apply(cm("a", "y", "g1")));
+        cache.handle(Event::Apply(cm("b", "x", "g2")));
+        assert_eq!(cache.group("g1").len(), 2);
+        // An object that changes group moves.
+        cache.handle(Event::Apply(cm("a", "y", "g2")));
+        assert_eq!(cache.group("g1").len(), 1);
+        assert_eq!(cache.group("g2").len(), 2);
+        cache.handle(Event::Delete(cm("a", "y", "g2")));
+        assert_eq!(cache.group("g2").len(), 1);
+        assert_eq!(cache.len(), 2);
+
+        // A relist replaces everything at once.
+        cache.handle(Event::Init);
+        cache.handle(Event::InitApply(cm("c", "z", "g3")));
+        assert_eq!(cache.len(), 2);
+        cache.handle(Event::InitDone);
+        assert_eq!(cache.len(), 1);
+        assert!(cache.group("g1").is_empty() && cache.group("g3").len() == 1);
+        assert!(cache.get("c", "z").is_some());
+    }
+
+    #[test]
+    fn health_tracks_failures() {
+        let cache: Cache<ConfigMap> = Cache::new("ConfigMap", "d", group_of);
+        cache.handle(Event::Init);
+        cache.handle(Event::InitDone);
+        assert!(cache.is_authoritative());
+        cache.failed("connection refused".into());
+        let (_, e) = cache.failing_for().unwrap();
+        assert_eq!(e, "connection refused");
+        assert!(!cache.is_authoritative());
+        cache.recovered();
+        assert!(cache.is_authoritative());
+    }
+}

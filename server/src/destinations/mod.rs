@@ -1,0 +1,681 @@
+//! Destinations: the registry of clusters that Jobs run on, and the sources that fill it.
+//!
+//! A destination is a name, labels (for `destinationSelector`), a default namespace, a server
+//! URL and a kube client, plus two watch caches selected by `rollouts-dispatch.io/managed=true`:
+//! our Jobs (indexed by run UID) and their Pods (indexed by Job), so that a status lookup costs
+//! no API call. Sources, merged by name with this precedence:
+//!
+//! 1. the config file's `destinations` ([`Source::Config`]);
+//! 2. Argo CD cluster Secrets on the control plane, watched live ([`argocd`]);
+//! 3. the implicit Argo CD `in-cluster` destination, the control plane itself;
+//! 4. kubeconfig contexts ([`Source::Kubeconfig`], the embedded default on a laptop).
+//!
+//! A destination whose credentials cannot be used is registered as [`Broken`]: measurements
+//! that target it get its error instead of "unknown destination".
+
+pub mod argocd;
+pub mod cache;
+pub mod client;
+pub mod stage;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use dispatch_metric_provider::selector::Selector;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use tokio::sync::watch;
+
+use crate::config::{
+    check_destination_name, DestinationConfig, EngineSettings, KubeconfigContexts,
+};
+use crate::job::{LABEL_RUN_UID, MANAGED_SELECTOR};
+use crate::policy::glob_match;
+use cache::Cache;
+use client::RequestCounter;
+
+/// Name of Argo CD's implicit local cluster.
+pub const IN_CLUSTER_NAME: &str = "in-cluster";
+/// Server URL of Argo CD's implicit local cluster.
+pub const IN_CLUSTER_SERVER: &str = "https://kubernetes.default.svc";
+
+/// Where a destination comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// `destinations[index]` of the config file
+    Config {
+        /// position in the file
+        index: usize,
+    },
+    /// an Argo CD cluster Secret
+    ArgoCd {
+        /// its namespace
+        namespace: String,
+        /// its name
+        secret: String,
+    },
+    /// Argo CD's implicit `in-cluster` (the control plane)
+    ArgoCdInCluster,
+    /// a kubeconfig context
+    Kubeconfig {
+        /// the file
+        path: String,
+        /// the context
+        context: String,
+    },
+}
+
+impl Source {
+    /// Lower wins when two sources define the same name.
+    fn priority(&self) -> u8 {
+        match self {
+            Self::Config { .. } => 0,
+            Self::ArgoCd { .. } => 1,
+            Self::ArgoCdInCluster => 2,
+            Self::Kubeconfig { .. } => 3,
+        }
+    }
+
+    /// Whether Argo CD defines it.
+    pub fn is_argocd(&self) -> bool {
+        matches!(self, Self::ArgoCd { .. } | Self::ArgoCdInCluster)
+    }
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Config { index } => write!(f, "config destinations[{index}]"),
+            Self::ArgoCd { namespace, secret } => {
+                write!(f, "Argo CD cluster Secret {namespace}/{secret}")
+            }
+            Self::ArgoCdInCluster => f.write_str("Argo CD's implicit in-cluster destination"),
+            Self::Kubeconfig { path, context } => write!(f, "kubeconfig {path} context {context}"),
+        }
+    }
+}
+
+/// Everything needed to register a destination.
+#[derive(Debug, Clone)]
+pub struct DestinationSpec {
+    /// the name
+    pub name: String,
+    /// labels for `destinationSelector`
+    pub labels: BTreeMap<String, String>,
+    /// default namespace of Jobs
+    pub namespace: String,
+    /// API server URL (no trailing `/`), for messages and Argo CD matching
+    pub server: String,
+    /// where it comes from
+    pub source: Source,
+    /// changes when the source's data changes (an unchanged Secret is not reconnected)
+    pub fingerprint: u64,
+    /// the client config, or why there is none
+    pub config: Result<kube::Config, String>,
+}
+
+/// A usable destination.
+pub struct Destination {
+    /// the name
+    pub name: String,
+    /// labels
+    pub labels: BTreeMap<String, String>,
+    /// default namespace of Jobs
+    pub namespace: String,
+    /// API server URL
+    pub server: String,
+    /// where it comes from
+    pub source: Source,
+    client: kube::Client,
+    jobs: Arc<Cache<Job>>,
+    pods: Arc<Cache<Pod>>,
+    counter: RequestCounter,
+    tasks: Vec<tokio::task::AbortHandle>,
+}
+
+impl fmt::Debug for Destination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Destination")
+            .field("name", &self.name)
+            .field("server", &self.server)
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Destination {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+fn job_group(job: &Job) -> Option<String> {
+    job.metadata.labels.as_ref()?.get(LABEL_RUN_UID).cloned()
+}
+
+fn pod_group(pod: &Pod) -> Option<String> {
+    let owner = pod
+        .metadata
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|o| o.kind == "Job" && o.controller == Some(true))?;
+    Some(pod_group_key(
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        &owner.name,
+    ))
+}
+
+fn pod_group_key(namespace: &str, job: &str) -> String {
+    format!("{namespace}/{job}")
+}
+
+impl Destination {
+    /// Builds the client and starts the watch caches (without waiting for them).
+    fn start(
+        spec: DestinationSpec,
+        config: kube::Config,
+        settings: &EngineSettings,
+    ) -> Result<Self, String> {
+        let counter = RequestCounter::default();
+        let client = client::client(config, settings, &counter)?;
+        let jobs = Arc::new(Cache::new("Job", &spec.name, job_group));
+        let pods = Arc::new(Cache::new("Pod", &spec.name, pod_group));
+        let tasks = vec![
+            tokio::spawn(jobs.clone().run(Api::all(client.clone()), MANAGED_SELECTOR))
+                .abort_handle(),
+            tokio::spawn(pods.clone().run(Api::all(client.clone()), MANAGED_SELECTOR))
+                .abort_handle(),
+        ];
+        tracing::info!(destination = %spec.name, server = %spec.server, source = %spec.source,
+                       namespace = %spec.namespace, "destination registered");
+        Ok(Self {
+            name: spec.name,
+            labels: spec.labels,
+            namespace: spec.namespace,
+            server: spec.server,
+            source: spec.source,
+            client,
+            jobs,
+            pods,
+            counter,
+            tasks,
+        })
+    }
+
+    /// The kube client.
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    /// The Job cache.
+    pub fn jobs(&self) -> &Cache<Job> {
+        &self.jobs
+    }
+
+    /// The Pod cache.
+    pub fn pods(&self) -> &Cache<Pod> {
+        &self.pods
+    }
+
+    /// The cached Pods of Job `namespace/name`.
+    pub fn pods_of(&self, namespace: &str, job: &str) -> Vec<Arc<Pod>> {
+        self.pods.group(&pod_group_key(namespace, job))
+    }
+
+    /// HTTP requests this destination's client has sent (watches included).
+    pub fn api_requests(&self) -> u64 {
+        self.counter.get()
+    }
+
+    /// Both caches listed once and their watches are healthy.
+    pub fn is_authoritative(&self) -> bool {
+        self.jobs.is_authoritative() && self.pods.is_authoritative()
+    }
+
+    /// Waits up to `timeout` for both caches' first list.
+    pub async fn wait_synced(&self, timeout: Duration) -> bool {
+        let (a, b) = tokio::join!(self.jobs.wait_ready(timeout), self.pods.wait_ready(timeout));
+        a && b
+    }
+
+    /// Why the caches cannot be trusted right now, if they cannot.
+    pub fn cache_problem(&self) -> Option<String> {
+        for (kind, failing, ready) in [
+            ("jobs", self.jobs.failing_for(), self.jobs.is_ready()),
+            ("pods", self.pods.failing_for(), self.pods.is_ready()),
+        ] {
+            if let Some((d, e)) = failing {
+                return Some(format!("watch of {kind} failing for {}s: {e}", d.as_secs()));
+            }
+            if !ready {
+                return Some(format!("watch of {kind} not synced yet"));
+            }
+        }
+        None
+    }
+}
+
+/// A destination whose credentials cannot be used.
+#[derive(Debug, Clone)]
+pub struct Broken {
+    /// the name
+    pub name: String,
+    /// labels
+    pub labels: BTreeMap<String, String>,
+    /// default namespace of Jobs
+    pub namespace: String,
+    /// API server URL, if known
+    pub server: String,
+    /// where it comes from
+    pub source: Source,
+    /// why it cannot be used, and how to fix it
+    pub error: String,
+}
+
+/// A registry entry.
+#[derive(Debug, Clone)]
+pub enum Entry {
+    /// usable
+    Ready(Arc<Destination>),
+    /// known but unusable
+    Broken(Arc<Broken>),
+}
+
+impl Entry {
+    /// The name.
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Ready(d) => &d.name,
+            Self::Broken(b) => &b.name,
+        }
+    }
+    /// The labels.
+    pub fn labels(&self) -> &BTreeMap<String, String> {
+        match self {
+            Self::Ready(d) => &d.labels,
+            Self::Broken(b) => &b.labels,
+        }
+    }
+    /// The default namespace of Jobs.
+    pub fn namespace(&self) -> &str {
+        match self {
+            Self::Ready(d) => &d.namespace,
+            Self::Broken(b) => &b.namespace,
+        }
+    }
+    /// The server URL.
+    pub fn server(&self) -> &str {
+        match self {
+            Self::Ready(d) => &d.server,
+            Self::Broken(b) => &b.server,
+        }
+    }
+    /// The source.
+    pub fn source(&self) -> &Source {
+        match self {
+            Self::Ready(d) => &d.source,
+            Self::Broken(b) => &b.source,
+        }
+    }
+}
+
+struct Slot {
+    entry: Entry,
+    fingerprint: u64,
+}
+
+/// All known destinations, updated live by the sources.
+pub struct Registry {
+    slots: RwLock<BTreeMap<String, Slot>>,
+    settings: EngineSettings,
+    version: watch::Sender<u64>,
+    sources_synced: watch::Sender<bool>,
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registry")
+            .field("names", &self.names())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Registry {
+    /// An empty registry; `live_sources`: a live source (Argo CD) will call
+    /// [`Registry::mark_synced`] after its first sync.
+    pub fn new(settings: EngineSettings, live_sources: bool) -> Self {
+        Self {
+            slots: RwLock::new(BTreeMap::new()),
+            settings,
+            version: watch::channel(0).0,
+            sources_synced: watch::channel(!live_sources).0,
+        }
+    }
+
+    /// The entry called `name`.
+    pub fn get(&self, name: &str) -> Option<Entry> {
+        let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
+        slots.get(name).map(|s| s.entry.clone())
+    }
+
+    /// Every entry, by name.
+    pub fn entries(&self) -> Vec<Entry> {
+        let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
+        slots.values().map(|s| s.entry.clone()).collect()
+    }
+
+    /// Every name.
+    pub fn names(&self) -> Vec<String> {
+        let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
+        slots.keys().cloned().collect()
+    }
+
+    /// Entries whose labels match `selector`.
+    pub fn matching(&self, selector: &Selector) -> Vec<Entry> {
+        self.entries()
+            .into_iter()
+            .filter(|e| selector.matches(e.labels()))
+            .collect()
+    }
+
+    /// Entries with API server `server`, Argo CD's first.
+    pub fn by_server(&self, server: &str) -> Vec<Entry> {
+        let server = server.trim_end_matches('/');
+        let mut found: Vec<Entry> = self
+            .entries()
+            .into_iter()
+            .filter(|e| e.server() == server)
+            .collect();
+        found.sort_by_key(|e| (!e.source().is_argocd(), e.source().priority()));
+        found
+    }
+
+    /// Sum of all destinations' API requests (watches included).
+    pub fn api_requests(&self) -> u64 {
+        self.entries()
+            .iter()
+            .map(|e| match e {
+                Entry::Ready(d) => d.api_requests(),
+                Entry::Broken(_) => 0,
+            })
+            .sum()
+    }
+
+    /// Registers `spec` unless a source with precedence holds the name; replaces an entry of the
+    /// same source whose fingerprint changed. Returns whether the registry changed.
+    pub fn insert(&self, mut spec: DestinationSpec) -> bool {
+        spec.server = spec.server.trim_end_matches('/').to_string();
+        if let Err(e) = check_destination_name(&spec.name) {
+            tracing::warn!(source = %spec.source, error = %e, "destination ignored: bad name");
+            return false;
+        }
+        {
+            let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(slot) = slots.get(&spec.name) {
+                let existing = slot.entry.source();
+                if existing.priority() < spec.source.priority() {
+                    tracing::warn!(destination = %spec.name, kept = %existing, ignored = %spec.source,
+                                   "two sources define this destination; keeping the one with precedence");
+                    return false;
+                }
+                if *existing == spec.source && slot.fingerprint == spec.fingerprint {
+                    return false;
+                }
+                if *existing != spec.source {
+                    tracing::warn!(destination = %spec.name, replaced = %existing, by = %spec.source,
+                                   "two sources define this destination");
+                }
+            }
+        }
+        let name = spec.name.clone();
+        let fingerprint = spec.fingerprint;
+        let entry = match spec.config.clone() {
+            Ok(config) => match Destination::start(spec.clone(), config, &self.settings) {
+                Ok(d) => Entry::Ready(Arc::new(d)),
+                Err(e) => Entry::Broken(Arc::new(broken(spec, e))),
+            },
+            Err(e) => Entry::Broken(Arc::new(broken(spec, e))),
+        };
+        if let Entry::Broken(b) = &entry {
+            tracing::error!(destination = %b.name, source = %b.source, error = %b.error,
+                            "destination unusable");
+        }
+        let old = {
+            let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
+            slots.insert(name, Slot { entry, fingerprint })
+        };
+        // Dropping the old destination (outside the lock) stops its watches.
+        drop(old);
+        self.version.send_modify(|v| *v += 1);
+        true
+    }
+
+    /// Removes `name` if it still comes from `source`.
+    pub fn remove(&self, name: &str, source: &Source) -> bool {
+        let old = {
+            let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
+            match slots.get(name) {
+                Some(slot) if slot.entry.source() == source => slots.remove(name),
+                _ => None,
+            }
+        };
+        let removed = old.is_some();
+        if removed {
+            tracing::info!(destination = name, %source, "destination removed");
+            self.version.send_modify(|v| *v += 1);
+        }
+        removed
+    }
+
+    /// Called by a live source after its first full sync.
+    pub fn mark_synced(&self) {
+        self.sources_synced.send_replace(true);
+    }
+
+    /// Waits up to `timeout` until live sources did their first sync; returns whether they did.
+    pub async fn wait_sources(&self, timeout: Duration) -> bool {
+        let mut rx = self.sources_synced.subscribe();
+        let ok = matches!(
+            tokio::time::timeout(timeout, rx.wait_for(|s| *s)).await,
+            Ok(Ok(_))
+        );
+        ok
+    }
+
+    /// Waits up to `timeout` for an entry called `name` that `accept` accepts.
+    pub async fn wait_for(
+        &self,
+        name: &str,
+        timeout: Duration,
+        accept: impl Fn(&Entry) -> bool,
+    ) -> Option<Entry> {
+        let mut rx = self.version.subscribe();
+        let wait = async {
+            loop {
+                if let Some(e) = self.get(name).filter(|e| accept(e)) {
+                    return e;
+                }
+                if rx.changed().await.is_err() {
+                    // The registry is gone; nothing will change any more.
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait).await.ok()
+    }
+
+    /// Waits up to `timeout` for every usable destination's caches; returns the names that are
+    /// not synced.
+    pub async fn wait_synced(&self, timeout: Duration) -> Vec<String> {
+        let waits = self.entries().into_iter().filter_map(|e| match e {
+            Entry::Ready(d) => Some(async move {
+                let ok = d.wait_synced(timeout).await;
+                (!ok).then(|| d.name.clone())
+            }),
+            Entry::Broken(_) => None,
+        });
+        futures::future::join_all(waits)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+}
+
+fn broken(spec: DestinationSpec, error: String) -> Broken {
+    Broken {
+        name: spec.name,
+        labels: spec.labels,
+        namespace: spec.namespace,
+        server: spec.server,
+        source: spec.source,
+        error,
+    }
+}
+
+/// The spec of `destinations[index]` of the config file.
+pub async fn spec_from_config(index: usize, d: &DestinationConfig) -> DestinationSpec {
+    let config = client::config_for(&d.access, &d.name).await;
+    let server = config
+        .as_ref()
+        .map(|c| c.cluster_url.to_string().trim_end_matches('/').to_string())
+        .unwrap_or_default();
+    let namespace = d
+        .namespace
+        .clone()
+        .or_else(|| config.as_ref().ok().map(|c| c.default_namespace.clone()))
+        .unwrap_or_else(|| "default".into());
+    DestinationSpec {
+        name: d.name.clone(),
+        labels: d.labels.clone(),
+        namespace,
+        server,
+        source: Source::Config { index },
+        fingerprint: 0,
+        config,
+    }
+}
+
+/// One spec per (matching) context of a kubeconfig. `Err` when the file cannot be read.
+pub async fn specs_from_kubeconfig(k: &KubeconfigContexts) -> Result<Vec<DestinationSpec>, String> {
+    let (kubeconfig, shown) = client::read_kubeconfig(k.path.as_deref())?;
+    let mut specs = Vec::new();
+    for ctx in &kubeconfig.contexts {
+        let name = ctx.name.clone();
+        if !k.contexts.is_empty() && !k.contexts.iter().any(|g| glob_match(g, &name)) {
+            continue;
+        }
+        if let Err(e) = check_destination_name(&name) {
+            tracing::warn!(kubeconfig = %shown, context = %name, error = %e,
+                           "kubeconfig context skipped: not usable as a destination name");
+            continue;
+        }
+        let config = client::config_from_kubeconfig(kubeconfig.clone(), Some(&name))
+            .await
+            .map_err(|e| format!("kubeconfig {shown}: {e}"));
+        let server = config
+            .as_ref()
+            .map(|c| c.cluster_url.to_string().trim_end_matches('/').to_string())
+            .unwrap_or_default();
+        let namespace = ctx
+            .context
+            .as_ref()
+            .and_then(|c| c.namespace.clone())
+            .or_else(|| k.namespace.clone())
+            .unwrap_or_else(|| "default".into());
+        specs.push(DestinationSpec {
+            name: name.clone(),
+            labels: k.labels.clone(),
+            namespace,
+            server,
+            source: Source::Kubeconfig {
+                path: shown.clone(),
+                context: name,
+            },
+            fingerprint: 0,
+            config,
+        });
+    }
+    Ok(specs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Access, DirectAccess, SecretValue};
+
+    fn spec(name: &str, source: Source, server: &str, ok: bool) -> DestinationSpec {
+        DestinationSpec {
+            name: name.into(),
+            labels: BTreeMap::from([("env".to_string(), "prod".to_string())]),
+            namespace: "default".into(),
+            server: server.into(),
+            source,
+            fingerprint: 1,
+            config: if ok {
+                Ok(kube::Config::new("https://127.0.0.1:1".parse().unwrap()))
+            } else {
+                Err("no credentials".into())
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn precedence_and_replacement() {
+        let r = Registry::new(EngineSettings::default(), false);
+        assert!(r.wait_sources(Duration::from_millis(1)).await);
+        let argo = Source::ArgoCd {
+            namespace: "argocd".into(),
+            secret: "s".into(),
+        };
+        assert!(r.insert(spec("a", argo.clone(), "https://x", false)));
+        assert!(matches!(r.get("a"), Some(Entry::Broken(b)) if b.error == "no credentials"));
+        // Unchanged data from the same source is a no-op; config wins over Argo CD.
+        assert!(!r.insert(spec("a", argo.clone(), "https://x", false)));
+        assert!(r.insert(spec("a", Source::Config { index: 0 }, "https://y", true)));
+        assert!(matches!(r.get("a"), Some(Entry::Ready(_))));
+        assert!(!r.insert(spec("a", argo.clone(), "https://x", true)));
+        assert!(!r.remove("a", &argo), "only the owning source removes");
+        assert!(r.insert(spec("b", argo.clone(), "https://x/", true)));
+        assert_eq!(r.by_server("https://x/").len(), 1);
+        let sel = Selector::parse("env=prod").unwrap();
+        assert_eq!(r.matching(&sel).len(), 2);
+        assert!(r.remove("b", &argo));
+        assert_eq!(r.names(), vec!["a"]);
+        assert!(
+            !r.insert(spec("stage", argo, "https://x", true)),
+            "reserved name"
+        );
+        let waited = r
+            .wait_for("a", Duration::from_millis(10), |e| {
+                matches!(e, Entry::Ready(_))
+            })
+            .await;
+        assert!(waited.is_some());
+    }
+
+    #[tokio::test]
+    async fn config_specs_take_the_namespace() {
+        let d = DestinationConfig {
+            name: "edge".into(),
+            labels: BTreeMap::new(),
+            namespace: Some("verify".into()),
+            access: Access::Direct(Box::new(DirectAccess {
+                server: "https://10.0.0.1:6443".into(),
+                token: Some(SecretValue::new("t")),
+                ..DirectAccess::default()
+            })),
+        };
+        let s = spec_from_config(2, &d).await;
+        assert_eq!(s.namespace, "verify");
+        assert_eq!(s.server, "https://10.0.0.1:6443");
+        assert_eq!(s.source.to_string(), "config destinations[2]");
+        assert!(s.config.is_ok());
+    }
+}
