@@ -16,13 +16,22 @@
 //! * [`logs`]: the log tail of a failed container, bounded and redacted.
 //! * [`policy`]: which Kargo projects may use which destinations and namespaces.
 //! * [`engine`]: the entry point, [`engine::Engine`] (`ensure`, `status`, `terminate`, `gc`).
+//! * [`http`]: the authenticated `/v1` API and the admin endpoints; [`dispatch`] puts the
+//!   engine behind it; [`serve`] runs both (`rollouts-dispatch serve`).
+//! * [`cli`], [`token`], [`telemetry`]: the command line, `token issue`, logging.
 
+pub mod cli;
 pub mod config;
 pub mod destinations;
+pub mod dispatch;
 pub mod engine;
+pub mod http;
 pub mod job;
 pub mod logs;
 pub mod policy;
+pub mod serve;
+pub mod telemetry;
+pub mod token;
 pub mod verdict;
 
 /// The plugin-side crate: [`provider::config::JobConfig`] (the validated plugin block) and

@@ -1,10 +1,11 @@
-//! `rollouts-dispatch`: companion server and agent (not implemented yet; see the README).
+//! `rollouts-dispatch`: the companion server of the rollouts-dispatch Argo Rollouts plugin.
 
-fn main() {
-    eprintln!(
-        "rollouts-dispatch {}: the server and agent are not implemented yet; \
-         only the Argo Rollouts plugin (rollouts-dispatch-plugin) is usable in this version",
-        dispatch_server::VERSION
-    );
-    std::process::exit(2);
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = dispatch_server::cli::Cli::parse();
+    dispatch_server::telemetry::init(&cli.log_level, cli.log_format);
+    dispatch_server::cli::run(cli)
 }

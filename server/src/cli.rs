@@ -1,0 +1,193 @@
+//! The `rollouts-dispatch` command line: `serve`, `token issue`, and the commands still to come.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// rollouts-dispatch: runs Argo Rollouts / Kargo verification Jobs on the clusters they verify.
+#[derive(Debug, Parser)]
+#[command(name = "rollouts-dispatch", version)]
+pub struct Cli {
+    /// Log filter, e.g. `info` or `dispatch_server=debug,info`.
+    #[arg(
+        long,
+        global = true,
+        env = "ROLLOUTS_DISPATCH_LOG",
+        default_value = "info"
+    )]
+    pub log_level: String,
+    /// `plain` or `json`.
+    #[arg(
+        long,
+        global = true,
+        env = "ROLLOUTS_DISPATCH_LOG_FORMAT",
+        default_value = "plain"
+    )]
+    pub log_format: LogFormat,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// human-readable lines
+    Plain,
+    /// one JSON object per line
+    Json,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the server: the /v1 API for the plugin, the admin port, the dispatch engine.
+    Serve(ServeArgs),
+    /// Tokens for agents and plugins.
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Run the agent in a cluster that can only dial out (not available in this version).
+    Agent,
+    /// Evaluate one metric of an AnalysisTemplate against a destination (not available in this version).
+    Run,
+    /// Check configuration, destinations and tokens (not available in this version).
+    Doctor,
+}
+
+/// `rollouts-dispatch serve`
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Server configuration file (destinations, policy, …); without it every context of the
+    /// kubeconfig is a destination.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address of the API.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_LISTEN", default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+    /// Address of /live, /ready and /metrics.
+    #[arg(
+        long,
+        env = "ROLLOUTS_DISPATCH_ADMIN_LISTEN",
+        default_value = "0.0.0.0:9090"
+    )]
+    pub admin_listen: SocketAddr,
+    /// PEM certificate chain of the API (with --tls-key); without both the API is plain HTTP.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of the API.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// HS256 key file(s) whose JWTs are accepted; give two during a key rotation.
+    #[arg(
+        long = "jwt-key-file",
+        env = "ROLLOUTS_DISPATCH_JWT_KEY_FILES",
+        value_delimiter = ','
+    )]
+    pub jwt_key_files: Vec<PathBuf>,
+    /// Token ids (`jti`) that are refused.
+    #[arg(
+        long = "revoked-token",
+        env = "ROLLOUTS_DISPATCH_REVOKED_TOKENS",
+        value_delimiter = ','
+    )]
+    pub revoked_tokens: Vec<String>,
+    /// Kubernetes users whose ServiceAccount tokens are accepted (checked by TokenReview), e.g.
+    /// `system:serviceaccount:argo-rollouts:argo-rollouts`.
+    #[arg(
+        long = "token-review-allow",
+        env = "ROLLOUTS_DISPATCH_TOKEN_REVIEW_ALLOW",
+        value_delimiter = ','
+    )]
+    pub token_review_allow: Vec<String>,
+    /// How long to wait for destinations to sync before reporting ready anyway.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub sync_timeout: Duration,
+}
+
+/// `rollouts-dispatch token …`
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Print a signed JWT: for an agent with --destination, else for a plugin.
+    Issue {
+        /// Bind the token to this destination (agent tokens).
+        #[arg(long)]
+        destination: Option<String>,
+        /// The subject; default `agent:<destination>` or `plugin`.
+        #[arg(long)]
+        subject: Option<String>,
+        /// Validity (Go duration).
+        #[arg(long, default_value = "720h", value_parser = parse_duration)]
+        ttl: Duration,
+        /// The server's HS256 key file.
+        #[arg(long, env = "ROLLOUTS_DISPATCH_JWT_KEY_FILE")]
+        key_file: PathBuf,
+    },
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    dispatch_metric_provider::config::parse_go_duration(s)
+}
+
+/// Runs the parsed command line.
+pub fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Serve(args) => {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start the async runtime");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(crate::serve::run(args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!(error = format!("{e:#}"), "server stopped");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Token(TokenCommand::Issue {
+            destination,
+            subject,
+            ttl,
+            key_file,
+        }) => {
+            let subject = subject.unwrap_or_else(|| {
+                destination
+                    .as_ref()
+                    .map_or("plugin".into(), |d| format!("agent:{d}"))
+            });
+            let issued = crate::token::read_key(&key_file).and_then(|key| {
+                crate::token::issue_token(&key, &subject, destination.as_deref(), ttl)
+            });
+            match issued {
+                Ok((token, claims)) => {
+                    eprintln!(
+                        "token id {} for {} expires at Unix time {}",
+                        claims.jti, claims.sub, claims.exp
+                    );
+                    println!("{token}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("rollouts-dispatch token issue: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Agent | Command::Run | Command::Doctor => {
+            eprintln!(
+                "rollouts-dispatch {}: this command is not available in this version yet",
+                crate::VERSION
+            );
+            ExitCode::from(2)
+        }
+    }
+}

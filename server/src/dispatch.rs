@@ -1,0 +1,231 @@
+//! The API's [`Dispatcher`] over the engine: wire requests in, engine calls, verdicts out.
+//!
+//! Secret values never reach the server (the plugin redacts them from messages itself), so the
+//! engine's redactor is empty here. A verdict that is `Error` only because a destination is
+//! unreachable becomes `503 unavailable`, which the plugin turns into a retry, not an error.
+
+use dispatch_metric_provider::api::{self, GcRequest, MeasurementRef};
+use dispatch_metric_provider::config::JobConfig;
+
+use crate::engine::{Engine, EngineError, JobRef, MeasureRequest, REF_KEY};
+use crate::http::{BoxFuture, DestinationInfo, DispatchError, Dispatcher, Principal};
+use crate::job::RunContext;
+use crate::logs::Redactor;
+use crate::verdict::{Phase, Verdict};
+
+/// The engine behind the API.
+pub struct EngineDispatcher {
+    engine: Engine,
+}
+
+impl EngineDispatcher {
+    /// Serves `engine`.
+    pub fn new(engine: Engine) -> Self {
+        Self { engine }
+    }
+
+    fn request(caller: &Principal, req: &MeasurementRef) -> Result<MeasureRequest, DispatchError> {
+        if let Some(dest) = &caller.destination {
+            return Err(DispatchError::Forbidden(format!(
+                "{} holds an agent token for destination {dest}; agent tokens cannot start or read measurements",
+                caller.subject
+            )));
+        }
+        let block = serde_json::to_vec(&req.block)
+            .map_err(|e| DispatchError::InvalidBlock(e.to_string()))?;
+        let config = JobConfig::parse(&block).map_err(|reason| {
+            DispatchError::InvalidBlock(format!(
+                "invalid rollouts-dispatch/job block in metric {:?}: {reason}",
+                req.metric
+            ))
+        })?;
+        Ok(MeasureRequest {
+            run: RunContext {
+                name: req.run.name.clone(),
+                namespace: req.run.namespace.clone(),
+                uid: req.run.uid.clone(),
+                labels: req.run.labels.clone(),
+                annotations: req.run.annotations.clone(),
+            },
+            metric: req.metric.clone(),
+            measurement: req.index.max(1),
+            config,
+            secrets: Vec::new(),
+        })
+    }
+
+    /// The Jobs of a measurement: from the reference the server stored in its metadata, else
+    /// recomputed from the request (no API call).
+    async fn job_ref(
+        &self,
+        caller: &Principal,
+        req: &MeasurementRef,
+    ) -> Result<JobRef, DispatchError> {
+        if req.metadata.contains_key(REF_KEY) {
+            return JobRef::from_metadata(&req.metadata).map_err(DispatchError::InvalidBlock);
+        }
+        let mr = Self::request(caller, req)?;
+        self.engine.locate(&mr).await.map_err(engine_error)
+    }
+}
+
+fn engine_error(e: EngineError) -> DispatchError {
+    let message = e.to_string();
+    match e {
+        EngineError::UnknownDestination { .. } | EngineError::NoMatch { .. } => {
+            DispatchError::UnknownDestination(message)
+        }
+        EngineError::Denied(_) => DispatchError::Forbidden(message),
+        EngineError::Stage(_) => DispatchError::NotFound(message),
+        EngineError::InvalidJob { .. } => DispatchError::InvalidBlock(message),
+        EngineError::Start(_) => DispatchError::Internal(message),
+    }
+}
+
+fn wire(v: Verdict) -> Result<api::Verdict, DispatchError> {
+    if v.retryable {
+        return Err(DispatchError::Unavailable(v.message));
+    }
+    Ok(api::Verdict {
+        phase: v.phase.as_str().to_string(),
+        message: v.message,
+        metadata: v.metadata,
+    })
+}
+
+impl Dispatcher for EngineDispatcher {
+    fn ensure<'a>(
+        &'a self,
+        caller: &'a Principal,
+        req: MeasurementRef,
+    ) -> BoxFuture<'a, Result<api::Ensured, DispatchError>> {
+        Box::pin(async move {
+            let mr = Self::request(caller, &req)?;
+            let ensured = self.engine.ensure(&mr).await.map_err(engine_error)?;
+            if ensured.verdict.retryable {
+                // Some destination could not be reached: ensure is idempotent, let the plugin retry.
+                return Err(DispatchError::Unavailable(ensured.verdict.message));
+            }
+            let job = ensured.job;
+            let mut metadata = ensured.verdict.metadata;
+            metadata.extend(job.metadata());
+            Ok(api::Ensured {
+                job_name: job.name.clone(),
+                namespace: job
+                    .placements
+                    .first()
+                    .map(|p| p.namespace.clone())
+                    .unwrap_or_default(),
+                destinations: job
+                    .placements
+                    .iter()
+                    .map(|p| p.destination.clone())
+                    .collect(),
+                metadata,
+            })
+        })
+    }
+
+    fn status<'a>(
+        &'a self,
+        caller: &'a Principal,
+        req: MeasurementRef,
+    ) -> BoxFuture<'a, Result<api::Verdict, DispatchError>> {
+        Box::pin(async move {
+            let job = self.job_ref(caller, &req).await?;
+            wire(
+                self.engine
+                    .status(&job, &Redactor::new(Vec::<String>::new()))
+                    .await,
+            )
+        })
+    }
+
+    fn terminate<'a>(
+        &'a self,
+        caller: &'a Principal,
+        req: MeasurementRef,
+    ) -> BoxFuture<'a, Result<api::Verdict, DispatchError>> {
+        Box::pin(async move {
+            let job = self.job_ref(caller, &req).await?;
+            let report = self.engine.terminate(&job).await;
+            if !report.failed.is_empty() {
+                let failed: Vec<String> = report
+                    .failed
+                    .iter()
+                    .map(|(d, e)| format!("{d}: {e}"))
+                    .collect();
+                return Err(DispatchError::Unavailable(format!(
+                    "deleting the Jobs failed on {}",
+                    failed.join("; ")
+                )));
+            }
+            let mut lines: Vec<String> = report
+                .deleted
+                .iter()
+                .map(|d| format!("{d}: Job deleted"))
+                .collect();
+            lines.extend(report.absent.iter().map(|d| format!("{d}: no Job left")));
+            Ok(api::Verdict {
+                phase: Phase::Inconclusive.as_str().into(),
+                message: lines.join("\n"),
+                metadata: Default::default(),
+            })
+        })
+    }
+
+    fn gc<'a>(
+        &'a self,
+        caller: &'a Principal,
+        req: GcRequest,
+    ) -> BoxFuture<'a, Result<u32, DispatchError>> {
+        Box::pin(async move {
+            if caller.destination.is_some() {
+                return Err(DispatchError::Forbidden(
+                    "agent tokens cannot garbage-collect Jobs".into(),
+                ));
+            }
+            let report = self
+                .engine
+                .gc(&req.run.uid, Some(&req.metric), req.limit as usize)
+                .await;
+            if !report.failed.is_empty() {
+                let failed: Vec<String> = report
+                    .failed
+                    .iter()
+                    .map(|(d, e)| format!("{d}: {e}"))
+                    .collect();
+                return Err(DispatchError::Unavailable(format!(
+                    "garbage collection failed on {}",
+                    failed.join("; ")
+                )));
+            }
+            Ok(report.deleted.len() as u32)
+        })
+    }
+
+    fn destinations(&self) -> Vec<DestinationInfo> {
+        use crate::destinations::{Entry, Source};
+        let mut rows: Vec<DestinationInfo> = self
+            .engine
+            .registry()
+            .entries()
+            .into_iter()
+            .map(|e| DestinationInfo {
+                name: e.name().to_string(),
+                source: match e.source() {
+                    Source::Config { .. } => "config",
+                    Source::ArgoCd { .. } | Source::ArgoCdInCluster => "argocd-secret",
+                    Source::Kubeconfig { .. } => "kubeconfig",
+                }
+                .to_string(),
+                labels: e.labels().clone(),
+                default_namespace: e.namespace().to_string(),
+                connected: matches!(&e, Entry::Ready(d) if d.cache_problem().is_none()),
+                last_contact: None,
+            })
+            .collect();
+        rows.sort_by(|a, b| a.name.cmp(&b.name));
+        rows
+    }
+}

@@ -1,0 +1,472 @@
+//! API tests over the real router (tower `oneshot`) and a real TLS listener, with a scripted
+//! dispatcher standing in for the engine (the engine has its own real-cluster tests).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use dispatch_metric_provider::api::{ApiError, Ensured, GcRequest, MeasurementRef, Verdict};
+use tower::ServiceExt;
+
+use super::admin::{self, Readiness};
+use super::auth::{issue, Chain, Claims, JwtAuthenticator};
+use super::*;
+
+struct Scripted {
+    calls: Mutex<Vec<(String, Principal, String)>>,
+}
+
+impl Dispatcher for Scripted {
+    fn ensure<'a>(
+        &'a self,
+        caller: &'a Principal,
+        req: MeasurementRef,
+    ) -> BoxFuture<'a, Result<Ensured, DispatchError>> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(("ensure".into(), caller.clone(), req.metric.clone()));
+        let dest = req.block["destination"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        Box::pin(async move {
+            match dest.as_str() {
+                "a" => Ok(Ensured {
+                    job_name: format!("{}.{}.{}", req.run.uid, req.metric, req.index),
+                    namespace: "v".into(),
+                    destinations: vec!["a".into()],
+                    metadata: BTreeMap::new(),
+                }),
+                "boom" => Err(DispatchError::Internal(
+                    "kube client panicked at secret-detail".into(),
+                )),
+                other => Err(DispatchError::UnknownDestination(format!(
+                    "unknown destination {other:?}; known destinations: a, b"
+                ))),
+            }
+        })
+    }
+    fn status<'a>(
+        &'a self,
+        _: &'a Principal,
+        _: MeasurementRef,
+    ) -> BoxFuture<'a, Result<Verdict, DispatchError>> {
+        Box::pin(async {
+            Ok(Verdict {
+                phase: "Successful".into(),
+                message: "a: Complete".into(),
+                metadata: BTreeMap::new(),
+            })
+        })
+    }
+    fn terminate<'a>(
+        &'a self,
+        _: &'a Principal,
+        _: MeasurementRef,
+    ) -> BoxFuture<'a, Result<Verdict, DispatchError>> {
+        Box::pin(async {
+            Err(DispatchError::Forbidden(
+                "project p may not use destination b (policy.rules)".into(),
+            ))
+        })
+    }
+    fn gc<'a>(
+        &'a self,
+        _: &'a Principal,
+        req: GcRequest,
+    ) -> BoxFuture<'a, Result<u32, DispatchError>> {
+        Box::pin(async move { Ok(req.limit) })
+    }
+    fn destinations(&self) -> Vec<DestinationInfo> {
+        vec![DestinationInfo {
+            name: "a".into(),
+            source: "config".into(),
+            default_namespace: "v".into(),
+            connected: true,
+            ..Default::default()
+        }]
+    }
+}
+
+const KEY: &[u8] = b"test-signing-key-0123456789abcdef";
+const OLD_KEY: &[u8] = b"old-signing-key-0123456789abcdef";
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+fn token(key: &[u8], exp: u64, aud: &str, jti: &str) -> String {
+    issue(
+        key,
+        &Claims {
+            sub: "plugin".into(),
+            aud: aud.into(),
+            exp,
+            iat: now(),
+            jti: jti.into(),
+            destination: None,
+        },
+    )
+    .unwrap()
+}
+
+fn valid() -> String {
+    token(KEY, now() + 600, auth::AUDIENCE, "t1")
+}
+
+fn state() -> (AppState, Arc<Scripted>) {
+    let d = Arc::new(Scripted {
+        calls: Mutex::new(Vec::new()),
+    });
+    let jwt: Arc<dyn Authenticator> = Arc::new(JwtAuthenticator::new(
+        &[KEY.to_vec(), OLD_KEY.to_vec()],
+        ["revoked-id".to_string()],
+    ));
+    let auth = Arc::new(Chain(vec![jwt]));
+    (
+        AppState {
+            dispatcher: d.clone(),
+            auth,
+            metrics: Arc::new(Metrics::new()),
+        },
+        d,
+    )
+}
+
+fn measurement(dest: &str) -> serde_json::Value {
+    serde_json::json!({"run": {"name": "r", "namespace": "p", "uid": "u"}, "metric": "m", "index": 1,
+                       "block": {"destination": dest, "spec": {"template": {}}}})
+}
+
+async fn call(
+    app: &Router,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<Vec<u8>>,
+) -> (StatusCode, Vec<u8>, axum::http::HeaderMap) {
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(header::CONTENT_TYPE, "application/json");
+    if let Some(t) = token {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    let resp = app
+        .clone()
+        .oneshot(req.body(body.map_or_else(Body::empty, Body::from)).unwrap())
+        .await
+        .unwrap();
+    let (parts, body) = resp.into_parts();
+    (
+        parts.status,
+        axum::body::to_bytes(body, usize::MAX)
+            .await
+            .unwrap()
+            .to_vec(),
+        parts.headers,
+    )
+}
+
+fn api_error(body: &[u8]) -> ApiError {
+    serde_json::from_slice(body)
+        .unwrap_or_else(|e| panic!("not a JSON error ({e}): {}", String::from_utf8_lossy(body)))
+}
+
+#[tokio::test]
+async fn every_endpoint_needs_a_valid_token() {
+    let (s, d) = state();
+    let app = router(s);
+    let body = serde_json::to_vec(&measurement("a")).unwrap();
+    let expired = token(KEY, now() - 3600, auth::AUDIENCE, "t2");
+    let other_aud = token(KEY, now() + 600, "someone-else", "t3");
+    let revoked = token(KEY, now() + 600, auth::AUDIENCE, "revoked-id");
+    let forged = token(
+        b"not-our-key-at-all-0123456789abcd",
+        now() + 600,
+        auth::AUDIENCE,
+        "t4",
+    );
+    for (tok, want) in [
+        (None, "missing bearer token"),
+        (Some(expired.as_str()), "expired"),
+        (Some(other_aud.as_str()), "audience"),
+        (Some(revoked.as_str()), "revoked"),
+        (Some(forged.as_str()), "signature"),
+        (Some("garbage"), "invalid token"),
+    ] {
+        for (method, path) in [
+            ("POST", api::ENSURE),
+            ("GET", "/v1/destinations"),
+            ("GET", "/v1/openapi.json"),
+            ("GET", "/v1/nope"),
+        ] {
+            let (status, body, headers) = call(&app, method, path, tok, Some(body.clone())).await;
+            assert_eq!(
+                status,
+                StatusCode::UNAUTHORIZED,
+                "{method} {path} with {tok:?}"
+            );
+            assert_eq!(headers[header::WWW_AUTHENTICATE], "Bearer");
+            let e = api_error(&body);
+            assert!(
+                e.code == "unauthenticated" && e.message.contains(want),
+                "{want}: {e:?}"
+            );
+        }
+    }
+    assert!(
+        d.calls.lock().unwrap().is_empty(),
+        "nothing reached the engine"
+    );
+}
+
+#[tokio::test]
+async fn a_valid_token_reaches_the_engine_with_its_principal() {
+    let (s, d) = state();
+    let app = router(s);
+    let (status, body, _) = call(
+        &app,
+        "POST",
+        api::ENSURE,
+        Some(&valid()),
+        Some(serde_json::to_vec(&measurement("a")).unwrap()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let e: Ensured = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        (e.job_name.as_str(), e.destinations),
+        ("u.m.1", vec!["a".to_string()])
+    );
+    assert_eq!(d.calls.lock().unwrap()[0].1.subject, "plugin");
+    // A token signed with the previous key is still accepted during rotation.
+    let old = token(OLD_KEY, now() + 600, auth::AUDIENCE, "t5");
+    let (status, _, _) = call(
+        &app,
+        "POST",
+        api::STATUS,
+        Some(&old),
+        Some(serde_json::to_vec(&measurement("a")).unwrap()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn engine_errors_are_stable_json_without_internals() {
+    let (s, _) = state();
+    let app = router(s);
+    let t = valid();
+    let (status, body, _) = call(
+        &app,
+        "POST",
+        api::ENSURE,
+        Some(&t),
+        Some(serde_json::to_vec(&measurement("zz")).unwrap()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let e = api_error(&body);
+    assert_eq!(e.code, "unknown_destination");
+    assert!(
+        e.message.contains("\"zz\"") && e.message.contains("a, b"),
+        "{}",
+        e.message
+    );
+    let (status, body, _) = call(
+        &app,
+        "POST",
+        api::ENSURE,
+        Some(&t),
+        Some(serde_json::to_vec(&measurement("boom")).unwrap()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    let e = api_error(&body);
+    assert!(
+        e.code == "internal" && !e.message.contains("secret-detail"),
+        "{e:?}"
+    );
+    let (status, body, _) = call(
+        &app,
+        "POST",
+        api::TERMINATE,
+        Some(&t),
+        Some(serde_json::to_vec(&measurement("a")).unwrap()),
+    )
+    .await;
+    assert_eq!(
+        (status, api_error(&body).code.as_str()),
+        (StatusCode::FORBIDDEN, "forbidden")
+    );
+}
+
+#[tokio::test]
+async fn bad_requests_get_json_errors() {
+    let (s, _) = state();
+    let app = router(s);
+    let t = valid();
+    let (status, body, _) = call(
+        &app,
+        "POST",
+        api::ENSURE,
+        Some(&t),
+        Some(b"{not json".to_vec()),
+    )
+    .await;
+    assert_eq!(
+        (status, api_error(&body).code.as_str()),
+        (StatusCode::BAD_REQUEST, "invalid_request")
+    );
+    let (status, body, _) = call(
+        &app,
+        "POST",
+        api::ENSURE,
+        Some(&t),
+        Some(br#"{"run":{}}"#.to_vec()),
+    )
+    .await;
+    assert_eq!(
+        (status, api_error(&body).code.as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request")
+    );
+    let big = vec![b' '; MAX_BODY + 1];
+    let (status, body, _) = call(&app, "POST", api::ENSURE, Some(&t), Some(big)).await;
+    assert_eq!(
+        (status, api_error(&body).code.as_str()),
+        (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request")
+    );
+    let (status, body, _) = call(&app, "GET", "/v1/nope", Some(&t), None).await;
+    assert_eq!(
+        (status, api_error(&body).code.as_str()),
+        (StatusCode::NOT_FOUND, "not_found")
+    );
+}
+
+#[tokio::test]
+async fn the_openapi_document_lists_exactly_the_routes() {
+    let (s, _) = state();
+    let app = router(s);
+    let (status, body, _) = call(&app, "GET", "/v1/openapi.json", Some(&valid()), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let mut documented: Vec<String> = doc["paths"].as_object().unwrap().keys().cloned().collect();
+    documented.sort();
+    let mut served = vec![
+        api::ENSURE,
+        api::STATUS,
+        api::TERMINATE,
+        api::GC,
+        "/v1/destinations",
+        "/v1/openapi.json",
+    ];
+    served.sort();
+    assert_eq!(documented, served);
+    // And every served route answers (not 404) with a token.
+    for path in served {
+        let method = if doc["paths"][path].get("post").is_some() {
+            "POST"
+        } else {
+            "GET"
+        };
+        let (status, _, _) = call(
+            &app,
+            method,
+            path,
+            Some(&valid()),
+            Some(serde_json::to_vec(&measurement("a")).unwrap()),
+        )
+        .await;
+        assert_ne!(status, StatusCode::NOT_FOUND, "{path}");
+    }
+}
+
+#[tokio::test]
+async fn admin_readiness_and_metrics() {
+    let (s, _) = state();
+    let metrics = s.metrics.clone();
+    let api_app = router(s);
+    let readiness = Readiness::new("destinations not synced yet");
+    let app = admin::router(readiness.clone(), metrics);
+    let (status, body, _) = call(&app, "GET", "/ready", None, None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(String::from_utf8_lossy(&body).contains("destinations not synced yet"));
+    readiness.set_ready();
+    assert_eq!(
+        call(&app, "GET", "/ready", None, None).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(&app, "GET", "/live", None, None).await.0,
+        StatusCode::OK
+    );
+    call(
+        &api_app,
+        "POST",
+        api::STATUS,
+        Some(&valid()),
+        Some(serde_json::to_vec(&measurement("a")).unwrap()),
+    )
+    .await;
+    call(&api_app, "POST", api::STATUS, None, None).await;
+    let (_, body, _) = call(&app, "GET", "/metrics", None, None).await;
+    let text = String::from_utf8(body).unwrap();
+    assert!(text.contains(r#"rollouts_dispatch_http_requests_total{route="/v1/measurements/status",method="POST",code="200"} 1"#), "{text}");
+    assert!(text.contains(r#"code="401"} 1"#), "{text}");
+    assert!(
+        text.contains(r#"rollouts_dispatch_verdicts_total{phase="Successful"} 1"#),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn serves_tls_and_drains_on_shutdown() {
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let dir = std::env::temp_dir().join(format!("rd-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert_file, key_file) = (dir.join("tls.crt"), dir.join("tls.key"));
+    std::fs::write(&cert_file, cert.cert.pem()).unwrap();
+    std::fs::write(&key_file, cert.signing_key.serialize_pem()).unwrap();
+    let tls = tls_config(&cert_file, &key_file).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (s, _) = state();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve(listener, router(s), Some(tls), async move {
+        let _ = stop_rx.await;
+    }));
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(cert.cert.pem().as_bytes()).unwrap())
+        .build()
+        .unwrap();
+    let resp = client
+        .get(format!("https://localhost:{port}/v1/destinations"))
+        .bearer_auth(valid())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let rows: Vec<DestinationInfo> = resp.json().await.unwrap();
+    assert_eq!(rows[0].name, "a");
+    // Plain HTTP on the TLS port is refused, not served.
+    assert!(
+        reqwest::get(format!("http://127.0.0.1:{port}/v1/destinations"))
+            .await
+            .is_err()
+    );
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(30), server)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    std::fs::remove_dir_all(dir).ok();
+}

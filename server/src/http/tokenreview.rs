@@ -1,0 +1,107 @@
+//! Authenticates Kubernetes ServiceAccount tokens (e.g. the Rollouts controller's projected token
+//! with audience `rollouts-dispatch`) with a TokenReview against the control-plane apiserver.
+//!
+//! Results are cached for a minute by token hash, so a burst of plugin calls costs one review.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use kube::api::PostParams;
+use kube::Api;
+
+use super::auth::{AuthError, Authenticator, Principal, AUDIENCE};
+use super::BoxFuture;
+
+const CACHE_TTL: Duration = Duration::from_secs(60);
+const CACHE_MAX: usize = 4096;
+
+/// A review result and when it was made, by token hash.
+type ReviewCache = HashMap<u64, (Instant, Result<Principal, AuthError>)>;
+
+/// TokenReview-backed authenticator with an allow-list of usernames.
+pub struct TokenReviewAuthenticator {
+    client: kube::Client,
+    audiences: Vec<String>,
+    allowed: Vec<String>,
+    hasher: RandomState,
+    cache: Mutex<ReviewCache>,
+}
+
+impl TokenReviewAuthenticator {
+    /// Accepts tokens the apiserver of `client` validates for `audiences` (default
+    /// `rollouts-dispatch`) whose user is in `allowed` (e.g.
+    /// `system:serviceaccount:argo-rollouts:argo-rollouts`).
+    pub fn new(client: kube::Client, audiences: Vec<String>, allowed: Vec<String>) -> Self {
+        let audiences = if audiences.is_empty() {
+            vec![AUDIENCE.to_string()]
+        } else {
+            audiences
+        };
+        Self {
+            client,
+            audiences,
+            allowed,
+            hasher: RandomState::new(),
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    async fn review(&self, token: &str) -> Result<Principal, AuthError> {
+        let review = TokenReview {
+            spec: TokenReviewSpec {
+                token: token.to_string(),
+                audiences: Some(self.audiences.clone()),
+            },
+            ..Default::default()
+        };
+        let api: Api<TokenReview> = Api::all(self.client.clone());
+        let reviewed = tokio::time::timeout(
+            Duration::from_secs(10),
+            api.create(&PostParams::default(), &review),
+        )
+        .await
+        .map_err(|_| AuthError::Unavailable("the TokenReview did not answer within 10s".into()))?
+        .map_err(|e| AuthError::Unavailable(format!("TokenReview failed: {e}")))?;
+        let status = reviewed.status.unwrap_or_default();
+        if status.authenticated != Some(true) {
+            let why = status.error.unwrap_or_else(|| "not authenticated".into());
+            return Err(AuthError::Invalid(format!(
+                "the apiserver rejected the token: {why}"
+            )));
+        }
+        let user = status.user.and_then(|u| u.username).unwrap_or_default();
+        if !self.allowed.iter().any(|a| a == &user) {
+            return Err(AuthError::NotAllowed(user));
+        }
+        Ok(Principal {
+            subject: user,
+            destination: None,
+        })
+    }
+}
+
+impl Authenticator for TokenReviewAuthenticator {
+    fn authenticate<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Principal, AuthError>> {
+        Box::pin(async move {
+            // A JWT from `token issue` is not a Kubernetes token: let the next authenticator try.
+            let key = self.hasher.hash_one(token);
+            if let Some((at, result)) = self.cache.lock().expect("cache lock").get(&key) {
+                if at.elapsed() < CACHE_TTL {
+                    return result.clone();
+                }
+            }
+            let result = self.review(token).await;
+            if !matches!(result, Err(AuthError::Unavailable(_))) {
+                let mut cache = self.cache.lock().expect("cache lock");
+                if cache.len() >= CACHE_MAX {
+                    cache.retain(|_, (at, _)| at.elapsed() < CACHE_TTL);
+                }
+                cache.insert(key, (Instant::now(), result.clone()));
+            }
+            result
+        })
+    }
+}

@@ -1,0 +1,127 @@
+//! `rollouts-dispatch token issue`: signs a JWT for an agent (bound to one destination) or for a
+//! plugin, with the server's HS256 key.
+
+use std::hash::{BuildHasher, RandomState};
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::http::auth::{issue, Claims, AUDIENCE};
+
+/// Why a token could not be issued.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// The key file could not be read or is too short.
+    #[error("signing key {path}: {reason}")]
+    Key {
+        /// the file
+        path: String,
+        /// what is wrong
+        reason: String,
+    },
+    /// Signing failed.
+    #[error("signing the token: {0}")]
+    Sign(String),
+}
+
+/// The shortest key accepted: HS256 with less than 256 bits of key is guessable.
+pub const MIN_KEY_BYTES: usize = 32;
+
+/// Reads an HS256 key file (raw bytes; surrounding white space is ignored).
+pub fn read_key(path: &Path) -> Result<Vec<u8>, TokenError> {
+    let err = |reason: String| TokenError::Key {
+        path: path.display().to_string(),
+        reason,
+    };
+    let raw = std::fs::read(path).map_err(|e| err(e.to_string()))?;
+    let key = raw.trim_ascii().to_vec();
+    if key.len() < MIN_KEY_BYTES {
+        return Err(err(format!(
+            "{} bytes; use at least {MIN_KEY_BYTES} random bytes (e.g. `head -c 48 /dev/urandom | base64 > key`)",
+            key.len()
+        )));
+    }
+    Ok(key)
+}
+
+/// A token id unlikely to repeat: 128 bits from two independently seeded hashers.
+fn token_id() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let a = RandomState::new().hash_one((nanos, std::process::id()));
+    let b = RandomState::new().hash_one((a, nanos));
+    format!("{a:016x}{b:016x}")
+}
+
+/// Issues a token for `subject`, bound to `destination` when set, valid for `ttl`.
+pub fn issue_token(
+    key: &[u8],
+    subject: &str,
+    destination: Option<&str>,
+    ttl: Duration,
+) -> Result<(String, Claims), TokenError> {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let claims = Claims {
+        sub: subject.to_string(),
+        aud: AUDIENCE.to_string(),
+        exp: now + ttl.as_secs(),
+        iat: now,
+        jti: token_id(),
+        destination: destination.map(str::to_string),
+    };
+    let token = issue(key, &claims).map_err(|e| TokenError::Sign(e.to_string()))?;
+    Ok((token, claims))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::auth::{Authenticator, JwtAuthenticator};
+
+    #[tokio::test]
+    async fn issued_agent_tokens_carry_their_destination_and_expire() {
+        let key = b"0123456789abcdef0123456789abcdef".to_vec();
+        let (token, claims) = issue_token(
+            &key,
+            "agent:edge-1",
+            Some("edge-1"),
+            Duration::from_secs(3600),
+        )
+        .unwrap();
+        assert_eq!(claims.exp - claims.iat, 3600);
+        let auth = JwtAuthenticator::new(std::slice::from_ref(&key), []);
+        let p = auth.authenticate(&token).await.unwrap();
+        assert_eq!(
+            (p.subject.as_str(), p.destination.as_deref()),
+            ("agent:edge-1", Some("edge-1"))
+        );
+        let revoked = JwtAuthenticator::new(&[key], [claims.jti.clone()]);
+        assert!(revoked
+            .authenticate(&token)
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("revoked"));
+        let (_, other) = issue_token(
+            b"0123456789abcdef0123456789abcdef",
+            "x",
+            None,
+            Duration::from_secs(1),
+        )
+        .unwrap();
+        assert_ne!(other.jti, claims.jti);
+    }
+
+    #[test]
+    fn short_keys_are_refused() {
+        let dir = std::env::temp_dir().join(format!("rd-key-{}", std::process::id()));
+        std::fs::write(&dir, "short\n").unwrap();
+        assert!(read_key(&dir)
+            .unwrap_err()
+            .to_string()
+            .contains("at least 32"));
+        std::fs::remove_file(dir).ok();
+    }
+}
