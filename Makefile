@@ -39,6 +39,7 @@ test: ## the whole suite: Rust tests, golden vectors, Go conformance, real clust
 	$(MAKE) conformance
 	$(MAKE) clusters-smoke
 	$(MAKE) test-engine
+	$(MAKE) e2e
 
 .PHONY: bench
 bench: bench-plugin bench-engine ## every benchmark, side by side with its baseline (ratios printed)

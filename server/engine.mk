@@ -18,3 +18,8 @@ bench-engine: k8s-bin ## 10 000 in-flight Jobs on 5 real clusters: watch-cache v
 	  $(CARGO) test --locked -p dispatch-tests --test engine_bench -- --ignored --nocapture; \
 	tail -n 1 "$$summary"
 
+
+.PHONY: e2e
+e2e: k8s-bin plugin-release ## the real Rollouts controller + plugin + server + 3 clusters: Kargo-shaped verifications
+	K8S_BIN_ENV=$(K8S_BIN_ENV) PLUGIN_BINARY=$(abspath $(PLUGIN_BIN)) $(CARGO) test --locked -p dispatch-tests --test e2e -- \
+	  --ignored --nocapture

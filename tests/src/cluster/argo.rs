@@ -39,6 +39,8 @@ pub struct MetricPlugin {
     pub name: String,
     /// Where the controller gets it, e.g. `file:///abs/path/rollouts-dispatch-plugin`.
     pub location: String,
+    /// The plugin's argv (`args` in `argo-rollouts-config`, Argo >= 1.7).
+    pub args: Vec<String>,
 }
 
 impl MetricPlugin {
@@ -49,7 +51,14 @@ impl MetricPlugin {
         Ok(Self {
             name: name.to_owned(),
             location: format!("file://{}", path.display()),
+            args: Vec::new(),
         })
+    }
+
+    /// The same plugin started with `args`.
+    pub fn with_args(mut self, args: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.args = args.into_iter().map(Into::into).collect();
+        self
     }
 }
 
@@ -218,11 +227,18 @@ pub fn metric_plugins_yaml(plugins: &[MetricPlugin]) -> String {
     plugins
         .iter()
         .map(|p| {
-            format!(
+            let mut item = format!(
                 "- name: {}\n  location: {}\n",
                 serde_json::Value::from(p.name.as_str()),
                 serde_json::Value::from(p.location.as_str())
-            )
+            );
+            if !p.args.is_empty() {
+                item.push_str(&format!(
+                    "  args: {}\n",
+                    serde_json::Value::from(p.args.clone())
+                ));
+            }
+            item
         })
         .collect()
 }
@@ -284,10 +300,20 @@ mod tests {
         let yaml = metric_plugins_yaml(&[MetricPlugin {
             name: "rollouts-dispatch/job".into(),
             location: "file:///x/y".into(),
+            args: Vec::new(),
         }]);
         assert_eq!(
             yaml,
             "- name: \"rollouts-dispatch/job\"\n  location: \"file:///x/y\"\n"
+        );
+        let with_args = MetricPlugin {
+            name: "a/b".into(),
+            location: "file:///p".into(),
+            args: vec!["--server".into(), "http://x:1".into()],
+        };
+        assert_eq!(
+            metric_plugins_yaml(&[with_args]),
+            "- name: \"a/b\"\n  location: \"file:///p\"\n  args: [\"--server\",\"http://x:1\"]\n"
         );
     }
 }

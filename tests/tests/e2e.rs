@@ -1,0 +1,366 @@
+//! End to end, nothing mocked: the real Argo Rollouts controller loads `rollouts-dispatch-plugin`
+//! (configured through `argo-rollouts-config` args), the plugin forwards to a real
+//! `rollouts-dispatch serve` (in this process), whose engine runs the Job on the destination
+//! cluster; the verdict lands in the AnalysisRun exactly where Kargo reads it.
+//!
+//! AnalysisRuns are shaped as Kargo creates them: name `<stage>.<ulid>.<freight7>`, the Kargo
+//! labels and promotion annotation, a Freight owner reference, and the `destination` arg that a
+//! Stage's `verification.args` provides.
+//!
+//! `#[ignore]`d for plain `cargo test`; `make e2e` runs it.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use dispatch_tests::cluster::argo::{self, ArgoRollouts, MetricPlugin};
+use dispatch_tests::cluster::kwok::lifecycle_annotations;
+use dispatch_tests::cluster::{start_many, Cluster};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
+use kube::core::GroupVersionKind;
+use serde_json::{json, Value};
+
+const PLUGIN_NAME: &str = "rollouts-dispatch/job";
+const PROJECT: &str = "kargo-demo";
+
+fn plugin_binary() -> Result<PathBuf> {
+    let path = std::env::var_os("PLUGIN_BINARY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../target/x86_64-unknown-linux-gnu/release/rollouts-dispatch-plugin")
+        });
+    if !path.is_file() {
+        bail!(
+            "plugin binary {} is missing: run `make plugin-release` or set PLUGIN_BINARY",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// GET `path` on 127.0.0.1:`port`; the HTTP status, or `None` if nothing answers yet.
+async fn http_status(port: u16, path: &str) -> Option<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.ok()?;
+    String::from_utf8_lossy(&buf)
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// Starts `rollouts-dispatch serve` in this process with destinations `a` and `b`; returns the
+/// API URL and the plugin's token file.
+async fn start_server(dir: &Path, a: &Cluster, b: &Cluster) -> Result<(String, PathBuf)> {
+    std::fs::create_dir_all(dir)?;
+    let key = dir.join("jwt.key");
+    std::fs::write(&key, "e2e-signing-key-0123456789abcdef0123456789")?;
+    let config = dir.join("server.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "destinations:\n- name: cluster-a\n  kubeconfig: {}\n  labels: {{env: e2e}}\n- name: cluster-b\n  kubeconfig: {}\n  labels: {{env: e2e}}\n",
+            a.kubeconfig.display(),
+            b.kubeconfig.display()
+        ),
+    )?;
+    let (token, _) = dispatch_server::token::issue_token(
+        &dispatch_server::token::read_key(&key)?,
+        "argo-rollouts-controller",
+        None,
+        Duration::from_secs(3600),
+    )?;
+    let token_file = dir.join("plugin.token");
+    std::fs::write(&token_file, token)?;
+    let (port, admin) = (free_port()?, free_port()?);
+    let args = dispatch_server::cli::ServeArgs {
+        config: Some(config),
+        listen: ([127, 0, 0, 1], port).into(),
+        admin_listen: ([127, 0, 0, 1], admin).into(),
+        tls_cert: None,
+        tls_key: None,
+        jwt_key_files: vec![key],
+        revoked_tokens: Vec::new(),
+        token_review_allow: Vec::new(),
+        sync_timeout: Duration::from_secs(30),
+    };
+    tokio::spawn(async move {
+        if let Err(e) = dispatch_server::serve::run(args).await {
+            eprintln!("rollouts-dispatch serve stopped: {e:#}");
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while http_status(admin, "/ready").await != Some(200) {
+        if Instant::now() > deadline {
+            bail!("rollouts-dispatch serve did not become ready within 60s");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok((format!("http://127.0.0.1:{port}"), token_file))
+}
+
+/// A minimal Freight CRD and one Freight, so AnalysisRuns can carry Kargo's owner reference.
+async fn freight(client: &kube::Client) -> Result<(String, String)> {
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "freights.kargo.akuity.io"},
+        "spec": {"group": "kargo.akuity.io", "scope": "Namespaced",
+                 "names": {"kind": "Freight", "plural": "freights", "singular": "freight", "listKind": "FreightList"},
+                 "versions": [{"name": "v1alpha1", "served": true, "storage": true,
+                               "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
+    }))?;
+    Api::<CustomResourceDefinition>::all(client.clone())
+        .create(&PostParams::default(), &crd)
+        .await
+        .context("creating the Freight CRD")?;
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("kargo.akuity.io", "v1alpha1", "Freight"),
+        "freights",
+    );
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), PROJECT, &ar);
+    let name = "abc1234f9e8d7c6b5a4938271605f4e3d2c1b0a9";
+    let obj: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "kargo.akuity.io/v1alpha1", "kind": "Freight",
+        "metadata": {"name": name, "namespace": PROJECT}, "origin": {"kind": "Warehouse", "name": "w"}
+    }))?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match api.create(&PostParams::default(), &obj).await {
+            Ok(f) => return Ok((name.to_string(), f.metadata.uid.unwrap_or_default())),
+            // The CRD takes a moment to be served.
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            Err(e) => return Err(e).context("creating a Freight"),
+        }
+    }
+}
+
+/// An AnalysisRun as Kargo creates it for Stage `stage` verifying on `destination`.
+fn kargo_run(
+    stage: &str,
+    ulid: &str,
+    freight: &(String, String),
+    destination: &str,
+    exit_code: i32,
+) -> Result<DynamicObject> {
+    let name = format!("{stage}.{ulid}.{}", &freight.0[..7]);
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "AnalysisRun",
+        "metadata": {
+            "name": name, "namespace": PROJECT,
+            "labels": {"kargo.akuity.io/stage": stage, "kargo.akuity.io/freight-collection": "9f8e7d6c5b4a39281706f5e4d3c2b1a098765432"},
+            "annotations": {"kargo.akuity.io/promotion": format!("{stage}.{ulid}.promo")},
+            "ownerReferences": [{"apiVersion": "kargo.akuity.io/v1alpha1", "kind": "Freight", "name": freight.0, "uid": freight.1, "blockOwnerDeletion": false}]
+        },
+        "spec": {
+            "args": [{"name": "destination", "value": destination}],
+            "metrics": [{
+                "name": "smoke",
+                "provider": {"plugin": {PLUGIN_NAME: {
+                    "destination": "{{args.destination}}",
+                    "logTail": 5,
+                    "spec": {"backoffLimit": 0, "template": {
+                        "metadata": {"annotations": lifecycle_annotations(exit_code, "2s")},
+                        "spec": {"restartPolicy": "Never",
+                                 "containers": [{"name": "check", "image": "example.invalid/check:1", "command": ["sh", "-c", "curl -f http://svc"]}]}
+                    }}
+                }}}
+            }]
+        }
+    }))?)
+}
+
+fn phase(ar: &DynamicObject) -> String {
+    ar.data
+        .pointer("/status/phase")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}
+
+async fn wait_done(runs: &Api<DynamicObject>, name: &str) -> Result<DynamicObject> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let ar = runs
+            .get(name)
+            .await
+            .with_context(|| format!("getting analysisrun {name}"))?;
+        if matches!(
+            phase(&ar).as_str(),
+            "Successful" | "Failed" | "Error" | "Inconclusive"
+        ) {
+            return Ok(ar);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "analysisrun {name} not finished after 120s; status {}",
+                ar.data["status"]
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Our Jobs on `cluster` for the run with `uid`.
+async fn jobs_of(cluster: &Cluster, uid: &str) -> Result<Vec<Job>> {
+    let api: Api<Job> = Api::all(cluster.client().await?);
+    Ok(api
+        .list(&ListParams::default().labels(&format!("analysisrun.argoproj.io/uid={uid}")))
+        .await?
+        .items)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the Go-built cluster binaries and the release plugin: run `make e2e`"]
+async fn kargo_verification_runs_on_the_destination_cluster() -> Result<()> {
+    let plugin = plugin_binary()?;
+    let mut clusters = start_many(&["control", "a", "b"]).await?;
+    let b = clusters.pop().context("cluster b")?;
+    let a = clusters.pop().context("cluster a")?;
+    let mut control = clusters.pop().context("cluster control")?;
+    let (url, token_file) = start_server(&control.dir.join("dispatch"), &a, &b).await?;
+    let rollouts = ArgoRollouts::install(
+        &mut control,
+        &[MetricPlugin::file(PLUGIN_NAME, &plugin)?.with_args([
+            "--server",
+            url.as_str(),
+            "--token-file",
+            &token_file.display().to_string(),
+        ])],
+    )
+    .await?;
+    let client = control.client().await?;
+    argo::apply_namespace(&client, PROJECT).await?;
+    let freight = freight(&client).await?;
+    let runs = argo::analysis_runs(&client, PROJECT);
+    let post = PostParams::default();
+    let ok = runs
+        .create(
+            &post,
+            &kargo_run(
+                "uat",
+                "01jabcdefghjkmnpqrstvwxyz0",
+                &freight,
+                "cluster-a",
+                0,
+            )?,
+        )
+        .await?;
+    let bad = runs
+        .create(
+            &post,
+            &kargo_run(
+                "prod",
+                "01jabcdefghjkmnpqrstvwxyz1",
+                &freight,
+                "cluster-b",
+                1,
+            )?,
+        )
+        .await?;
+    let lost = runs
+        .create(
+            &post,
+            &kargo_run("edge", "01jabcdefghjkmnpqrstvwxyz2", &freight, "nowhere", 0)?,
+        )
+        .await?;
+
+    let ok = wait_done(&runs, ok.metadata.name.as_deref().unwrap_or_default()).await?;
+    let bad = wait_done(&runs, bad.metadata.name.as_deref().unwrap_or_default()).await?;
+    let lost = wait_done(&runs, lost.metadata.name.as_deref().unwrap_or_default()).await?;
+    let message = |ar: &DynamicObject| {
+        ar.data
+            .pointer("/status/metricResults/0/measurements")
+            .and_then(Value::as_array)
+            .and_then(|m| m.last())
+            .and_then(|m| m.get("message"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let report = format!(
+        "ok={} {:?} | bad={} {:?} | lost={} {:?}\ncontroller log tail:\n{}",
+        phase(&ok),
+        message(&ok),
+        phase(&bad),
+        message(&bad),
+        phase(&lost),
+        message(&lost),
+        rollouts
+            .log_text()
+            .lines()
+            .rev()
+            .take(30)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    println!("{report}");
+    if phase(&ok) != "Successful" || phase(&bad) != "Failed" {
+        bail!("want uat Successful and prod Failed: {report}");
+    }
+    if !message(&bad).contains("cluster-b") {
+        bail!("the failure message does not name the destination: {report}");
+    }
+    // `nowhere` is not a destination: Error naming it and listing the known ones.
+    let lost_msg = lost
+        .data
+        .pointer("/status/message")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+        + &message(&lost);
+    if phase(&lost) != "Error" || !lost_msg.contains("nowhere") || !lost_msg.contains("cluster-a") {
+        bail!("want an Error naming `nowhere` and the known destinations: {report}");
+    }
+    // The Job ran on the destination the Stage asked for, and only there.
+    let uid = ok.metadata.uid.clone().unwrap_or_default();
+    let (on_a, on_b, on_control) = (
+        jobs_of(&a, &uid).await?,
+        jobs_of(&b, &uid).await?,
+        jobs_of(&control, &uid).await?,
+    );
+    if on_a.len() != 1 || !on_b.is_empty() || !on_control.is_empty() {
+        bail!(
+            "jobs of run {uid}: {} on a, {} on b, {} on control; want 1/0/0",
+            on_a.len(),
+            on_b.len(),
+            on_control.len()
+        );
+    }
+    let env = on_a[0]
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .map(|p| p.containers[0].env.clone().unwrap_or_default())
+        .unwrap_or_default();
+    let stage = env
+        .iter()
+        .find(|e| e.name == "KARGO_STAGE")
+        .and_then(|e| e.value.clone());
+    if stage.as_deref() != Some("uat") {
+        bail!("the Job lacks KARGO_STAGE=uat: {env:?}");
+    }
+    println!("e2e: uat=Successful (Job on cluster-a only), prod=Failed on cluster-b, unknown destination=Error");
+    Ok(())
+}
