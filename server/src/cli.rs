@@ -58,7 +58,7 @@ pub enum Command {
 }
 
 /// `rollouts-dispatch serve`
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// Server configuration file (destinations, policy, …); without it every context of the
     /// kubeconfig is a destination.

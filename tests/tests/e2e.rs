@@ -65,9 +65,44 @@ async fn http_status(port: u16, path: &str) -> Option<u16> {
         .ok()
 }
 
+/// `rollouts-dispatch serve` running in this process.
+struct Server {
+    args: dispatch_server::cli::ServeArgs,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Server {
+    async fn start(args: dispatch_server::cli::ServeArgs) -> Result<Self> {
+        let admin = args.admin_listen.port();
+        let run = args.clone();
+        let task = tokio::spawn(async move {
+            if let Err(e) = dispatch_server::serve::run(run).await {
+                eprintln!("rollouts-dispatch serve stopped: {e:#}");
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while http_status(admin, "/ready").await != Some(200) {
+            if Instant::now() > deadline {
+                bail!("rollouts-dispatch serve did not become ready within 60s");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(Self { args, task })
+    }
+
+    /// Kills the server abruptly (its engine, watches and listeners go with it) and starts a
+    /// fresh one on the same ports and config.
+    async fn restart(self, down_for: Duration) -> Result<Self> {
+        self.task.abort();
+        let _ = self.task.await;
+        tokio::time::sleep(down_for).await;
+        Self::start(self.args).await
+    }
+}
+
 /// Starts `rollouts-dispatch serve` in this process with destinations `a` and `b`; returns the
-/// API URL and the plugin's token file.
-async fn start_server(dir: &Path, a: &Cluster, b: &Cluster) -> Result<(String, PathBuf)> {
+/// API URL, the plugin's token file and the server.
+async fn start_server(dir: &Path, a: &Cluster, b: &Cluster) -> Result<(String, PathBuf, Server)> {
     std::fs::create_dir_all(dir)?;
     let key = dir.join("jwt.key");
     std::fs::write(&key, "e2e-signing-key-0123456789abcdef0123456789")?;
@@ -100,19 +135,8 @@ async fn start_server(dir: &Path, a: &Cluster, b: &Cluster) -> Result<(String, P
         token_review_allow: Vec::new(),
         sync_timeout: Duration::from_secs(30),
     };
-    tokio::spawn(async move {
-        if let Err(e) = dispatch_server::serve::run(args).await {
-            eprintln!("rollouts-dispatch serve stopped: {e:#}");
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while http_status(admin, "/ready").await != Some(200) {
-        if Instant::now() > deadline {
-            bail!("rollouts-dispatch serve did not become ready within 60s");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    Ok((format!("http://127.0.0.1:{port}"), token_file))
+    let server = Server::start(args).await?;
+    Ok((format!("http://127.0.0.1:{port}"), token_file, server))
 }
 
 /// A minimal Freight CRD and one Freight, so AnalysisRuns can carry Kargo's owner reference.
@@ -161,6 +185,27 @@ fn kargo_run(
     destination: &str,
     exit_code: i32,
 ) -> Result<DynamicObject> {
+    kargo_run_with(
+        stage,
+        ulid,
+        freight,
+        destination,
+        json!({"destination": "{{args.destination}}"}),
+        exit_code,
+        "2s",
+    )
+}
+
+/// [`kargo_run`] with its own routing fields and Job duration.
+fn kargo_run_with(
+    stage: &str,
+    ulid: &str,
+    freight: &(String, String),
+    destination: &str,
+    routing: Value,
+    exit_code: i32,
+    duration: &str,
+) -> Result<DynamicObject> {
     let name = format!("{stage}.{ulid}.{}", &freight.0[..7]);
     Ok(serde_json::from_value(json!({
         "apiVersion": "argoproj.io/v1alpha1", "kind": "AnalysisRun",
@@ -174,18 +219,26 @@ fn kargo_run(
             "args": [{"name": "destination", "value": destination}],
             "metrics": [{
                 "name": "smoke",
-                "provider": {"plugin": {PLUGIN_NAME: {
-                    "destination": "{{args.destination}}",
+                "provider": {"plugin": {PLUGIN_NAME: block(routing, json!({
                     "logTail": 5,
                     "spec": {"backoffLimit": 0, "template": {
-                        "metadata": {"annotations": lifecycle_annotations(exit_code, "2s")},
+                        "metadata": {"annotations": lifecycle_annotations(exit_code, duration)},
                         "spec": {"restartPolicy": "Never",
                                  "containers": [{"name": "check", "image": "example.invalid/check:1", "command": ["sh", "-c", "curl -f http://svc"]}]}
                     }}
-                }}}
+                }))}}
             }]
         }
     }))?)
+}
+
+/// The plugin block: routing fields merged into the rest.
+fn block(routing: Value, rest: Value) -> Value {
+    let mut b = rest;
+    if let (Some(b), Some(r)) = (b.as_object_mut(), routing.as_object()) {
+        b.extend(r.clone());
+    }
+    b
 }
 
 fn phase(ar: &DynamicObject) -> String {
@@ -236,7 +289,7 @@ async fn kargo_verification_runs_on_the_destination_cluster() -> Result<()> {
     let b = clusters.pop().context("cluster b")?;
     let a = clusters.pop().context("cluster a")?;
     let mut control = clusters.pop().context("cluster control")?;
-    let (url, token_file) = start_server(&control.dir.join("dispatch"), &a, &b).await?;
+    let (url, token_file, server) = start_server(&control.dir.join("dispatch"), &a, &b).await?;
     let rollouts = ArgoRollouts::install(
         &mut control,
         &[MetricPlugin::file(PLUGIN_NAME, &plugin)?.with_args([
@@ -362,5 +415,114 @@ async fn kargo_verification_runs_on_the_destination_cluster() -> Result<()> {
         bail!("the Job lacks KARGO_STAGE=uat: {env:?}");
     }
     println!("e2e: uat=Successful (Job on cluster-a only), prod=Failed on cluster-b, unknown destination=Error");
+
+    // Two destinations by selector, `require: all`: a Job on each, Successful.
+    let multi = runs
+        .create(
+            &post,
+            &kargo_run_with(
+                "multi",
+                "01jabcdefghjkmnpqrstvwxyz3",
+                &freight,
+                "unused",
+                json!({"destinationSelector": "env=e2e", "require": "all"}),
+                0,
+                "2s",
+            )?,
+        )
+        .await?;
+    // Kargo's abort: `spec.terminate: true` while the Job runs.
+    let abort = runs
+        .create(
+            &post,
+            &kargo_run_with(
+                "abort",
+                "01jabcdefghjkmnpqrstvwxyz4",
+                &freight,
+                "cluster-a",
+                json!({"destination": "{{args.destination}}"}),
+                0,
+                "10m",
+            )?,
+        )
+        .await?;
+    // The server killed and restarted while the Job runs.
+    let restart = runs
+        .create(
+            &post,
+            &kargo_run_with(
+                "restart",
+                "01jabcdefghjkmnpqrstvwxyz5",
+                &freight,
+                "cluster-b",
+                json!({"destination": "{{args.destination}}"}),
+                0,
+                "20s",
+            )?,
+        )
+        .await?;
+    let (abort_uid, restart_uid) = (
+        abort.metadata.uid.clone().unwrap_or_default(),
+        restart.metadata.uid.clone().unwrap_or_default(),
+    );
+    eventually("the abort Job on cluster-a", || async {
+        Ok(!jobs_of(&a, &abort_uid).await?.is_empty())
+    })
+    .await?;
+    eventually("the restart Job on cluster-b", || async {
+        Ok(!jobs_of(&b, &restart_uid).await?.is_empty())
+    })
+    .await?;
+    let server = server.restart(Duration::from_secs(3)).await?;
+    runs.patch(
+        abort.metadata.name.as_deref().unwrap_or_default(),
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"spec": {"terminate": true}})),
+    )
+    .await
+    .context("aborting the verification")?;
+
+    let multi = wait_done(&runs, multi.metadata.name.as_deref().unwrap_or_default()).await?;
+    let multi_uid = multi.metadata.uid.clone().unwrap_or_default();
+    let (multi_a, multi_b) = (
+        jobs_of(&a, &multi_uid).await?.len(),
+        jobs_of(&b, &multi_uid).await?.len(),
+    );
+    if phase(&multi) != "Successful" || multi_a != 1 || multi_b != 1 {
+        bail!("selector env=e2e, require all: phase {} with {multi_a} Job(s) on a and {multi_b} on b; want Successful, 1 and 1 ({})", phase(&multi), message(&multi));
+    }
+    let abort = wait_done(&runs, abort.metadata.name.as_deref().unwrap_or_default()).await?;
+    eventually("the aborted Job deleted from cluster-a", || async {
+        Ok(jobs_of(&a, &abort_uid).await?.is_empty())
+    })
+    .await?;
+    let restart = wait_done(&runs, restart.metadata.name.as_deref().unwrap_or_default()).await?;
+    let restart_jobs = jobs_of(&b, &restart_uid).await?.len();
+    if phase(&restart) != "Successful" || restart_jobs != 1 {
+        bail!("after a server restart mid-Job: phase {} ({}), {restart_jobs} Job(s) on b; want Successful and exactly 1", phase(&restart), message(&restart));
+    }
+    drop(server);
+    println!(
+        "e2e: selector+require all=Successful (1 Job on each), abort={} (Job deleted), server restart mid-Job=Successful (1 Job)",
+        phase(&abort)
+    );
     Ok(())
+}
+
+/// Polls `check` every 500 ms for up to 90 s.
+async fn eventually<F, Fut>(what: &str, mut check: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        if check().await? {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("timed out waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
