@@ -23,3 +23,11 @@ bench-engine: k8s-bin ## 10 000 in-flight Jobs on 5 real clusters: watch-cache v
 e2e: k8s-bin plugin-release ## the real Rollouts controller + plugin + server + 3 clusters: Kargo-shaped verifications
 	K8S_BIN_ENV=$(K8S_BIN_ENV) PLUGIN_BINARY=$(abspath $(PLUGIN_BIN)) $(CARGO) test --locked -p dispatch-tests --test e2e -- \
 	  --ignored --nocapture
+
+.PHONY: bench-verdict
+bench-verdict: k8s-bin plugin-release ## Job completion → AnalysisRun phase change: our plugin vs Argo's built-in job provider (last line: both p50s)
+	@set -euo pipefail; \
+	summary=$$(mktemp); trap 'rm -f "$$summary"' EXIT; \
+	K8S_BIN_ENV=$(K8S_BIN_ENV) PLUGIN_BINARY=$(abspath $(PLUGIN_BIN)) BENCH_SUMMARY_FILE=$$summary \
+	  $(CARGO) test --locked -p dispatch-tests --test bench_verdict -- --ignored --nocapture 2>&1 | grep -vE '^time=|^[0-9-]+T[0-9:.]+Z \['; \
+	tail -n 1 "$$summary"

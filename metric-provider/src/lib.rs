@@ -53,6 +53,10 @@ pub struct Args {
     /// How long a server outage may last before measurements turn `Error` (Go duration).
     #[arg(long, env = "ROLLOUTS_DISPATCH_OUTAGE_DEADLINE", default_value = "10m", value_parser = parse_duration)]
     pub outage_deadline: std::time::Duration,
+    /// The longest wait between two checks of a running measurement (Go duration): how late a
+    /// finished Job can be noticed.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_MAX_RESUME_INTERVAL", default_value = "3s", value_parser = parse_duration)]
+    pub max_resume_interval: std::time::Duration,
     /// Timeout of one request to the server (Go duration).
     #[arg(long, env = "ROLLOUTS_DISPATCH_REQUEST_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub request_timeout: std::time::Duration,
@@ -85,6 +89,7 @@ pub fn run(args: Args) -> ExitCode {
         ca_file,
         outage_deadline,
         request_timeout,
+        max_resume_interval,
         log_level: _,
     } = args;
     let client = match server {
@@ -106,6 +111,7 @@ pub fn run(args: Args) -> ExitCode {
     let provider = Arc::new(DispatchProvider::new(ProviderConfig {
         client,
         outage_deadline,
+        max_resume_interval,
     }));
     // One thread is plenty: every call is I/O-bound, and a small footprint matters inside the controller.
     let runtime = match tokio::runtime::Builder::new_current_thread()

@@ -46,6 +46,9 @@ pub struct ProviderConfig {
     pub client: Option<ServerClient>,
     /// How long a server outage may last before a measurement becomes `Error`.
     pub outage_deadline: Duration,
+    /// The longest wait between two `Resume` calls of a running measurement: how late a verdict
+    /// may be noticed (a status lookup costs the server no Kubernetes API call).
+    pub max_resume_interval: Duration,
 }
 
 impl Default for ProviderConfig {
@@ -53,6 +56,7 @@ impl Default for ProviderConfig {
         Self {
             client: None,
             outage_deadline: Duration::from_secs(600),
+            max_resume_interval: DEFAULT_MAX_RESUME,
         }
     }
 }
@@ -63,10 +67,21 @@ pub struct DispatchProvider {
     config: ProviderConfig,
 }
 
+/// The default of [`ProviderConfig::max_resume_interval`].
+pub const DEFAULT_MAX_RESUME: Duration = Duration::from_secs(3);
+
 /// How long to wait before asking again about a measurement that has run for `elapsed`:
-/// √(2·elapsed) like Argo's job provider, kept between 1 s and 60 s.
-pub fn resume_delay(elapsed: Duration) -> Duration {
-    Duration::from_secs_f64((2.0 * elapsed.as_secs_f64()).sqrt().clamp(1.0, 60.0))
+/// √(2·elapsed) like Argo's job provider, at least 1 s and at most `max`.
+///
+/// Why a cap and not an event: the controller skips `Resume` while `ResumeAt` is in the future,
+/// whatever wakes it (argo-rollouts `analysis/analysis.go`), so `ResumeAt` bounds how late a
+/// finished Job is noticed.
+pub fn resume_delay(elapsed: Duration, max: Duration) -> Duration {
+    Duration::from_secs_f64(
+        (2.0 * elapsed.as_secs_f64())
+            .sqrt()
+            .clamp(1.0, max.as_secs_f64().max(1.0)),
+    )
 }
 
 /// The retry interval while the server is unreachable.
@@ -299,7 +314,7 @@ impl MetricProvider for DispatchProvider {
         let req = Self::measurement_ref(&run, &metric, block, &m.metadata);
         let secrets = secret_values(&run);
         match self.call::<_, Verdict>(api::STATUS, &req).await {
-            Ok(v) => finish(m, v, now, &secrets),
+            Ok(v) => finish(m, v, now, &secrets, self.config.max_resume_interval),
             Err(CallError::Transient(reason)) => self.outage(m, &reason, now),
             Err(CallError::Rejected(e)) => {
                 let mut err = Measurement::error(redact(&e.message, &secrets));
@@ -390,7 +405,13 @@ impl MetricProvider for DispatchProvider {
 }
 
 /// Folds a server verdict into the measurement.
-fn finish(mut m: Measurement, v: Verdict, now: GoTime, secrets: &[String]) -> Measurement {
+fn finish(
+    mut m: Measurement,
+    v: Verdict,
+    now: GoTime,
+    secrets: &[String],
+    max_resume: Duration,
+) -> Measurement {
     m.metadata.remove(keys::OUTAGE_SINCE);
     m.metadata.extend(v.metadata);
     m.message = redact(&v.message, secrets);
@@ -402,7 +423,7 @@ fn finish(mut m: Measurement, v: Verdict, now: GoTime, secrets: &[String]) -> Me
         }
         _ => {
             m.phase = phase::RUNNING.into();
-            m.resume_at = Some(at(now, resume_delay(since(m.started_at, now))));
+            m.resume_at = Some(at(now, resume_delay(since(m.started_at, now), max_resume)));
         }
     }
     m
@@ -415,14 +436,19 @@ mod tests {
 
     #[test]
     fn resume_delay_grows_like_argos_and_is_bounded() {
-        assert_eq!(resume_delay(Duration::ZERO), Duration::from_secs(1));
+        let cap = Duration::from_secs(60);
+        assert_eq!(resume_delay(Duration::ZERO, cap), Duration::from_secs(1));
         assert_eq!(
-            resume_delay(Duration::from_secs(50)),
+            resume_delay(Duration::from_secs(50), cap),
             Duration::from_secs(10)
         );
         assert_eq!(
-            resume_delay(Duration::from_secs(86_400)),
+            resume_delay(Duration::from_secs(86_400), cap),
             Duration::from_secs(60)
+        );
+        assert_eq!(
+            resume_delay(Duration::from_secs(86_400), DEFAULT_MAX_RESUME),
+            DEFAULT_MAX_RESUME
         );
     }
 
@@ -466,7 +492,7 @@ mod tests {
             message: "a: running".into(),
             metadata: [("a".to_string(), "Running".to_string())].into(),
         };
-        let m = finish(m, v, now, &[]);
+        let m = finish(m, v, now, &[], Duration::from_secs(60));
         assert_eq!(m.phase, "Running");
         assert_eq!(m.resume_at, Some(GoTime::from_unix(1_010, 0)));
         assert_eq!(m.finished_at, None);
@@ -479,6 +505,7 @@ mod tests {
             },
             now,
             &[],
+            Duration::from_secs(60),
         );
         assert_eq!(
             (done.phase.as_str(), done.finished_at, done.resume_at),
@@ -491,6 +518,7 @@ mod tests {
         let p = DispatchProvider::new(ProviderConfig {
             client: None,
             outage_deadline: Duration::from_secs(60),
+            max_resume_interval: DEFAULT_MAX_RESUME,
         });
         let t0 = GoTime::from_unix(10_000, 0);
         let m = p.outage(Measurement::default(), "connection refused", t0);

@@ -1,0 +1,195 @@
+//! `make bench-verdict`: how long after a verification Job completes does its AnalysisRun change
+//! phase? Ours (plugin → server → Job on cluster a) against Argo Rollouts' built-in `job`
+//! provider (Job on the control-plane cluster), with the same Job duration, the same controller
+//! and the same observer (one list of Jobs per cluster and one of AnalysisRuns every 100 ms).
+//!
+//! Last line: `verdict_p50_ms=X builtin_job_p50_ms=Y`.
+
+mod e2e_support;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use dispatch_tests::cluster::argo::{self, ArgoRollouts, MetricPlugin};
+use dispatch_tests::cluster::kwok::lifecycle_annotations;
+use dispatch_tests::cluster::start_many;
+use e2e_support::*;
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
+use serde_json::{json, Value};
+
+/// Verifications of each kind, started together.
+const RUNS: usize = 6;
+/// How long each verification Job runs.
+const JOB_DURATION: &str = "6s";
+
+fn builtin_run(i: usize) -> Result<DynamicObject> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "AnalysisRun",
+        "metadata": {"name": format!("builtin-{i}"), "namespace": PROJECT},
+        "spec": {"metrics": [{"name": "smoke", "provider": {"job": {"spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"annotations": lifecycle_annotations(0, JOB_DURATION)},
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "check", "image": "example.invalid/check:1"}]}
+            }
+        }}}}]}
+    }))?)
+}
+
+fn completed(job: &Job) -> bool {
+    job.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.type_ == "Complete" && c.status == "True")
+        })
+}
+
+fn p50(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let mid = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[mid]
+    } else {
+        (v[mid - 1] + v[mid]) / 2.0
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the Go-built cluster binaries and the release plugin: run `make bench-verdict`"]
+async fn verdict_latency_against_the_builtin_job_provider() -> Result<()> {
+    let plugin = plugin_binary()?;
+    let mut clusters = start_many(&["control", "a", "b"]).await?;
+    let b = clusters.pop().context("cluster b")?;
+    let a = clusters.pop().context("cluster a")?;
+    let mut control = clusters.pop().context("cluster control")?;
+    let (url, token_file, _server) = start_server(&control.dir.join("dispatch"), &a, &b).await?;
+    let _rollouts = ArgoRollouts::install(
+        &mut control,
+        &[MetricPlugin::file(PLUGIN_NAME, &plugin)?.with_args([
+            "--server",
+            url.as_str(),
+            "--token-file",
+            &token_file.display().to_string(),
+        ])],
+    )
+    .await?;
+    let client = control.client().await?;
+    argo::apply_namespace(&client, PROJECT).await?;
+    let freight = freight(&client).await?;
+    let runs = argo::analysis_runs(&client, PROJECT);
+    let post = PostParams::default();
+    // run name → (ours?, uid)
+    let mut kinds: HashMap<String, (bool, String)> = HashMap::new();
+    for i in 0..RUNS {
+        let ulid = format!("01jbench{i:018}");
+        let ours = runs
+            .create(
+                &post,
+                &kargo_run_with(
+                    &format!("v{i}"),
+                    &ulid,
+                    &freight,
+                    "cluster-a",
+                    json!({"destination": "{{args.destination}}"}),
+                    0,
+                    JOB_DURATION,
+                )?,
+            )
+            .await?;
+        let builtin = runs.create(&post, &builtin_run(i)?).await?;
+        for (o, is_ours) in [(ours, true), (builtin, false)] {
+            kinds.insert(
+                o.metadata.name.clone().unwrap_or_default(),
+                (is_ours, o.metadata.uid.clone().unwrap_or_default()),
+            );
+        }
+    }
+    let jobs_a: Api<Job> = Api::all(a.client().await?);
+    let jobs_control: Api<Job> = Api::all(client.clone());
+    let by_uid = ListParams::default().labels("analysisrun.argoproj.io/uid");
+    let mut job_done: HashMap<String, Instant> = HashMap::new(); // run uid → first seen Complete
+    let mut run_done: HashMap<String, (Instant, String)> = HashMap::new(); // run name → when, phase
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while run_done.len() < kinds.len() {
+        if Instant::now() > deadline {
+            bail!(
+                "only {} of {} runs finished in 240s",
+                run_done.len(),
+                kinds.len()
+            );
+        }
+        let now = Instant::now();
+        for api in [&jobs_a, &jobs_control] {
+            for j in api
+                .list(&by_uid)
+                .await?
+                .items
+                .iter()
+                .filter(|j| completed(j))
+            {
+                if let Some(uid) = j
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get("analysisrun.argoproj.io/uid"))
+                {
+                    job_done.entry(uid.clone()).or_insert(now);
+                }
+            }
+        }
+        for r in runs.list(&ListParams::default()).await?.items {
+            let p = r
+                .data
+                .pointer("/status/phase")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            if matches!(
+                p.as_str(),
+                "Successful" | "Failed" | "Error" | "Inconclusive"
+            ) {
+                run_done
+                    .entry(r.metadata.name.clone().unwrap_or_default())
+                    .or_insert((now, p));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (mut ours, mut builtin) = (Vec::new(), Vec::new());
+    for (name, (is_ours, uid)) in &kinds {
+        let (at, phase) = &run_done[name];
+        let Some(job_at) = job_done.get(uid) else {
+            bail!("run {name} finished {phase} but its Job was never seen Complete");
+        };
+        if phase != "Successful" {
+            bail!("run {name} finished {phase}, want Successful");
+        }
+        let ms = at.saturating_duration_since(*job_at).as_secs_f64() * 1000.0;
+        println!(
+            "{name:<40} {:<8} job complete → run {phase}: {ms:>7.0} ms",
+            if *is_ours { "plugin" } else { "builtin" }
+        );
+        if *is_ours {
+            ours.push(ms)
+        } else {
+            builtin.push(ms)
+        }
+    }
+    let line = format!(
+        "verdict_p50_ms={:.0} builtin_job_p50_ms={:.0}",
+        p50(ours),
+        p50(builtin)
+    );
+    println!("{line}");
+    if let Some(path) = std::env::var_os("BENCH_SUMMARY_FILE") {
+        std::fs::write(path, format!("{line}\n"))?;
+    }
+    Ok(())
+}

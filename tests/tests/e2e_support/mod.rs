@@ -1,0 +1,296 @@
+//! Shared by the end-to-end tests and the verdict benchmark: an in-process `rollouts-dispatch
+//! serve`, Kargo-shaped AnalysisRuns with a Freight owner, and polling helpers.
+#![allow(dead_code, unreachable_pub)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use dispatch_tests::cluster::kwok::lifecycle_annotations;
+use dispatch_tests::cluster::Cluster;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
+use kube::core::GroupVersionKind;
+use serde_json::{json, Value};
+
+pub const PLUGIN_NAME: &str = "rollouts-dispatch/job";
+pub const PROJECT: &str = "kargo-demo";
+
+pub fn plugin_binary() -> Result<PathBuf> {
+    let path = std::env::var_os("PLUGIN_BINARY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../target/x86_64-unknown-linux-gnu/release/rollouts-dispatch-plugin")
+        });
+    if !path.is_file() {
+        bail!(
+            "plugin binary {} is missing: run `make plugin-release` or set PLUGIN_BINARY",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+pub fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// GET `path` on 127.0.0.1:`port`; the HTTP status, or `None` if nothing answers yet.
+pub async fn http_status(port: u16, path: &str) -> Option<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.ok()?;
+    String::from_utf8_lossy(&buf)
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// `rollouts-dispatch serve` running in this process.
+pub struct Server {
+    args: dispatch_server::cli::ServeArgs,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Server {
+    pub async fn start(args: dispatch_server::cli::ServeArgs) -> Result<Self> {
+        let admin = args.admin_listen.port();
+        let run = args.clone();
+        let task = tokio::spawn(async move {
+            if let Err(e) = dispatch_server::serve::run(run).await {
+                eprintln!("rollouts-dispatch serve stopped: {e:#}");
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while http_status(admin, "/ready").await != Some(200) {
+            if Instant::now() > deadline {
+                bail!("rollouts-dispatch serve did not become ready within 60s");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(Self { args, task })
+    }
+
+    /// Kills the server abruptly (its engine, watches and listeners go with it) and starts a
+    /// fresh one on the same ports and config.
+    pub async fn restart(self, down_for: Duration) -> Result<Self> {
+        self.task.abort();
+        let _ = self.task.await;
+        tokio::time::sleep(down_for).await;
+        Self::start(self.args).await
+    }
+}
+
+/// Starts `rollouts-dispatch serve` in this process with destinations `a` and `b`; returns the
+/// API URL, the plugin's token file and the server.
+pub async fn start_server(
+    dir: &Path,
+    a: &Cluster,
+    b: &Cluster,
+) -> Result<(String, PathBuf, Server)> {
+    std::fs::create_dir_all(dir)?;
+    let key = dir.join("jwt.key");
+    std::fs::write(&key, "e2e-signing-key-0123456789abcdef0123456789")?;
+    let config = dir.join("server.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "destinations:\n- name: cluster-a\n  kubeconfig: {}\n  labels: {{env: e2e}}\n- name: cluster-b\n  kubeconfig: {}\n  labels: {{env: e2e}}\n",
+            a.kubeconfig.display(),
+            b.kubeconfig.display()
+        ),
+    )?;
+    let (token, _) = dispatch_server::token::issue_token(
+        &dispatch_server::token::read_key(&key)?,
+        "argo-rollouts-controller",
+        None,
+        Duration::from_secs(3600),
+    )?;
+    let token_file = dir.join("plugin.token");
+    std::fs::write(&token_file, token)?;
+    let (port, admin) = (free_port()?, free_port()?);
+    let args = dispatch_server::cli::ServeArgs {
+        config: Some(config),
+        listen: ([127, 0, 0, 1], port).into(),
+        admin_listen: ([127, 0, 0, 1], admin).into(),
+        tls_cert: None,
+        tls_key: None,
+        jwt_key_files: vec![key],
+        revoked_tokens: Vec::new(),
+        token_review_allow: Vec::new(),
+        sync_timeout: Duration::from_secs(30),
+    };
+    let server = Server::start(args).await?;
+    Ok((format!("http://127.0.0.1:{port}"), token_file, server))
+}
+
+/// A minimal Freight CRD and one Freight, so AnalysisRuns can carry Kargo's owner reference.
+pub async fn freight(client: &kube::Client) -> Result<(String, String)> {
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "freights.kargo.akuity.io"},
+        "spec": {"group": "kargo.akuity.io", "scope": "Namespaced",
+                 "names": {"kind": "Freight", "plural": "freights", "singular": "freight", "listKind": "FreightList"},
+                 "versions": [{"name": "v1alpha1", "served": true, "storage": true,
+                               "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
+    }))?;
+    Api::<CustomResourceDefinition>::all(client.clone())
+        .create(&PostParams::default(), &crd)
+        .await
+        .context("creating the Freight CRD")?;
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("kargo.akuity.io", "v1alpha1", "Freight"),
+        "freights",
+    );
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), PROJECT, &ar);
+    let name = "abc1234f9e8d7c6b5a4938271605f4e3d2c1b0a9";
+    let obj: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "kargo.akuity.io/v1alpha1", "kind": "Freight",
+        "metadata": {"name": name, "namespace": PROJECT}, "origin": {"kind": "Warehouse", "name": "w"}
+    }))?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match api.create(&PostParams::default(), &obj).await {
+            Ok(f) => return Ok((name.to_string(), f.metadata.uid.unwrap_or_default())),
+            // The CRD takes a moment to be served.
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            Err(e) => return Err(e).context("creating a Freight"),
+        }
+    }
+}
+
+/// An AnalysisRun as Kargo creates it for Stage `stage` verifying on `destination`.
+pub fn kargo_run(
+    stage: &str,
+    ulid: &str,
+    freight: &(String, String),
+    destination: &str,
+    exit_code: i32,
+) -> Result<DynamicObject> {
+    kargo_run_with(
+        stage,
+        ulid,
+        freight,
+        destination,
+        json!({"destination": "{{args.destination}}"}),
+        exit_code,
+        "2s",
+    )
+}
+
+/// [`kargo_run`] with its own routing fields and Job duration.
+pub fn kargo_run_with(
+    stage: &str,
+    ulid: &str,
+    freight: &(String, String),
+    destination: &str,
+    routing: Value,
+    exit_code: i32,
+    duration: &str,
+) -> Result<DynamicObject> {
+    let name = format!("{stage}.{ulid}.{}", &freight.0[..7]);
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "AnalysisRun",
+        "metadata": {
+            "name": name, "namespace": PROJECT,
+            "labels": {"kargo.akuity.io/stage": stage, "kargo.akuity.io/freight-collection": "9f8e7d6c5b4a39281706f5e4d3c2b1a098765432"},
+            "annotations": {"kargo.akuity.io/promotion": format!("{stage}.{ulid}.promo")},
+            "ownerReferences": [{"apiVersion": "kargo.akuity.io/v1alpha1", "kind": "Freight", "name": freight.0, "uid": freight.1, "blockOwnerDeletion": false}]
+        },
+        "spec": {
+            "args": [{"name": "destination", "value": destination}],
+            "metrics": [{
+                "name": "smoke",
+                "provider": {"plugin": {PLUGIN_NAME: block(routing, json!({
+                    "logTail": 5,
+                    "spec": {"backoffLimit": 0, "template": {
+                        "metadata": {"annotations": lifecycle_annotations(exit_code, duration)},
+                        "spec": {"restartPolicy": "Never",
+                                 "containers": [{"name": "check", "image": "example.invalid/check:1", "command": ["sh", "-c", "curl -f http://svc"]}]}
+                    }}
+                }))}}
+            }]
+        }
+    }))?)
+}
+
+/// The plugin block: routing fields merged into the rest.
+pub fn block(routing: Value, rest: Value) -> Value {
+    let mut b = rest;
+    if let (Some(b), Some(r)) = (b.as_object_mut(), routing.as_object()) {
+        b.extend(r.clone());
+    }
+    b
+}
+
+pub fn phase(ar: &DynamicObject) -> String {
+    ar.data
+        .pointer("/status/phase")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}
+
+pub async fn wait_done(runs: &Api<DynamicObject>, name: &str) -> Result<DynamicObject> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let ar = runs
+            .get(name)
+            .await
+            .with_context(|| format!("getting analysisrun {name}"))?;
+        if matches!(
+            phase(&ar).as_str(),
+            "Successful" | "Failed" | "Error" | "Inconclusive"
+        ) {
+            return Ok(ar);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "analysisrun {name} not finished after 120s; status {}",
+                ar.data["status"]
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Our Jobs on `cluster` for the run with `uid`.
+pub async fn jobs_of(cluster: &Cluster, uid: &str) -> Result<Vec<Job>> {
+    let api: Api<Job> = Api::all(cluster.client().await?);
+    Ok(api
+        .list(&ListParams::default().labels(&format!("analysisrun.argoproj.io/uid={uid}")))
+        .await?
+        .items)
+}
+
+/// Polls `check` every 500 ms for up to 90 s.
+pub async fn eventually<F, Fut>(what: &str, mut check: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        if check().await? {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("timed out waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
