@@ -247,3 +247,68 @@ async fn kargo_verification_runs_on_the_destination_cluster() -> Result<()> {
     );
     Ok(())
 }
+
+/// The Rollouts controller's projected ServiceAccount token (audience `rollouts-dispatch`) is
+/// accepted through a real TokenReview; other audiences, other users and garbage are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the Go-built cluster binaries: run `make e2e`"]
+async fn service_account_tokens_are_checked_by_token_review() -> Result<()> {
+    use dispatch_server::http::auth::Authenticator;
+    use dispatch_server::http::tokenreview::TokenReviewAuthenticator;
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use kube::api::Api;
+
+    let cluster = dispatch_tests::cluster::Cluster::start("auth").await?;
+    let client = cluster.client().await?;
+    argo::apply_namespace(&client, "argo-rollouts").await?;
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), "argo-rollouts");
+    for name in ["argo-rollouts", "someone-else"] {
+        let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+        sas.create(&PostParams::default(), &sa).await?;
+    }
+    let token = |sa: &'static str, audience: &'static str| {
+        let sas = sas.clone();
+        async move {
+            let req = TokenRequest {
+                spec: Some(TokenRequestSpec {
+                    audiences: Some(vec![audience.to_string()]),
+                    expiration_seconds: Some(600),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            let created = sas
+                .create_token_request(sa, &PostParams::default(), &req)
+                .await?;
+            anyhow::Ok(created.status.and_then(|s| s.token).unwrap_or_default())
+        }
+    };
+    let auth = TokenReviewAuthenticator::new(
+        client.clone(),
+        Vec::new(),
+        vec!["system:serviceaccount:argo-rollouts:argo-rollouts".into()],
+    );
+    let ok = auth
+        .authenticate(&token("argo-rollouts", "rollouts-dispatch").await?)
+        .await;
+    if ok.as_ref().map(|p| p.subject.as_str())
+        != Ok("system:serviceaccount:argo-rollouts:argo-rollouts")
+    {
+        bail!("the controller's token was not accepted: {ok:?}");
+    }
+    let wrong_audience = auth
+        .authenticate(&token("argo-rollouts", "kubernetes").await?)
+        .await;
+    let other_user = auth
+        .authenticate(&token("someone-else", "rollouts-dispatch").await?)
+        .await;
+    let garbage = auth.authenticate("not-a-token").await;
+    match (&wrong_audience, &other_user, &garbage) {
+        (Err(a), Err(b), Err(c))
+            if a.to_string().contains("rejected") && b.to_string().contains("not allowed") && c.to_string().contains("rejected") => {}
+        _ => bail!("want refusals: audience {wrong_audience:?}, other user {other_user:?}, garbage {garbage:?}"),
+    }
+    println!("e2e: TokenReview accepts the controller's projected token, refuses other audiences/users/garbage");
+    Ok(())
+}
