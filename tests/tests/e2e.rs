@@ -155,6 +155,43 @@ async fn kargo_verification_runs_on_the_destination_cluster() -> Result<()> {
     }
     println!("e2e: uat=Successful (Job on cluster-a only), prod=Failed on cluster-b, unknown destination=Error");
 
+    // Policy: only project kargo-demo may use cluster-*; another project is denied, by name.
+    argo::apply_namespace(&client, "intruder").await?;
+    let intruder_runs = argo::analysis_runs(&client, "intruder");
+    let mut denied = kargo_run(
+        "intruder",
+        "01jabcdefghjkmnpqrstvwxyz6",
+        &freight,
+        "cluster-a",
+        0,
+    )?;
+    denied.metadata.namespace = Some("intruder".into());
+    denied.metadata.owner_references = None;
+    let denied = intruder_runs.create(&post, &denied).await?;
+    let denied = wait_done(
+        &intruder_runs,
+        denied.metadata.name.as_deref().unwrap_or_default(),
+    )
+    .await?;
+    let denied_msg = message(&denied);
+    if phase(&denied) != "Error"
+        || !denied_msg.contains("intruder")
+        || !denied_msg.contains("cluster-a")
+        || !denied_msg.contains("policy")
+    {
+        bail!(
+            "want a policy Error naming project intruder and cluster-a: {} {denied_msg:?}",
+            phase(&denied)
+        );
+    }
+    if !jobs_of(&a, denied.metadata.uid.as_deref().unwrap_or_default())
+        .await?
+        .is_empty()
+    {
+        bail!("a denied verification created a Job");
+    }
+    println!("e2e: policy denies project intruder on cluster-a: {denied_msg}");
+
     // Two destinations by selector, `require: all`: a Job on each, Successful.
     let multi = runs
         .create(

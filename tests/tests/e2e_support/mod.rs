@@ -106,7 +106,8 @@ pub async fn start_server(
     std::fs::write(
         &config,
         format!(
-            "destinations:\n- name: cluster-a\n  kubeconfig: {}\n  labels: {{env: e2e}}\n- name: cluster-b\n  kubeconfig: {}\n  labels: {{env: e2e}}\n",
+            "destinations:\n- name: cluster-a\n  kubeconfig: {}\n  labels: {{env: e2e}}\n- name: cluster-b\n  kubeconfig: {}\n  labels: {{env: e2e}}\n\
+             policy:\n  rules:\n  - projects: [\"{PROJECT}\"]\n    destinations: [\"cluster-*\"]\n",
             a.kubeconfig.display(),
             b.kubeconfig.display()
         ),
