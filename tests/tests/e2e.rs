@@ -237,6 +237,22 @@ async fn kargo_verification_runs_on_the_destination_cluster() -> Result<()> {
             )?,
         )
         .await?;
+    // The Rollouts controller killed and restarted while the Job runs: the plugin is relaunched.
+    let ctrl = runs
+        .create(
+            &post,
+            &kargo_run_with(
+                "ctrl",
+                "01jabcdefghjkmnpqrstvwxyz7",
+                &freight,
+                "cluster-a",
+                json!({"destination": "{{args.destination}}"}),
+                0,
+                "20s",
+            )?,
+        )
+        .await?;
+    let ctrl_uid = ctrl.metadata.uid.clone().unwrap_or_default();
     let (abort_uid, restart_uid) = (
         abort.metadata.uid.clone().unwrap_or_default(),
         restart.metadata.uid.clone().unwrap_or_default(),
@@ -249,6 +265,11 @@ async fn kargo_verification_runs_on_the_destination_cluster() -> Result<()> {
         Ok(!jobs_of(&b, &restart_uid).await?.is_empty())
     })
     .await?;
+    eventually("the ctrl Job on cluster-a", || async {
+        Ok(!jobs_of(&a, &ctrl_uid).await?.is_empty())
+    })
+    .await?;
+    rollouts.restart(&mut control).await?;
     let server = server.restart(Duration::from_secs(3)).await?;
     runs.patch(
         abort.metadata.name.as_deref().unwrap_or_default(),
@@ -277,6 +298,21 @@ async fn kargo_verification_runs_on_the_destination_cluster() -> Result<()> {
     if phase(&restart) != "Successful" || restart_jobs != 1 {
         bail!("after a server restart mid-Job: phase {} ({}), {restart_jobs} Job(s) on b; want Successful and exactly 1", phase(&restart), message(&restart));
     }
+    let ctrl = wait_done(&runs, ctrl.metadata.name.as_deref().unwrap_or_default()).await?;
+    let ctrl_jobs = jobs_of(&a, &ctrl_uid).await?.len();
+    let launches = rollouts
+        .log_text()
+        .matches("rollouts-dispatch-plugin started")
+        .count();
+    if phase(&ctrl) != "Successful" || ctrl_jobs != 1 || launches < 2 {
+        bail!(
+            "after a controller restart mid-Job: phase {} ({}), {ctrl_jobs} Job(s) on a, plugin launched {launches} time(s); \
+             want Successful, exactly 1 Job, at least 2 launches",
+            phase(&ctrl),
+            message(&ctrl)
+        );
+    }
+    println!("e2e: controller killed mid-Job -> plugin relaunched ({launches} launches), verdict Successful, 1 Job");
     drop(server);
     println!(
         "e2e: selector+require all=Successful (1 Job on each), abort={} (Job deleted), server restart mid-Job=Successful (1 Job)",

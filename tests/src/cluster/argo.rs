@@ -88,8 +88,27 @@ impl ArgoRollouts {
         let work_dir = cluster.dir.join("argo-rollouts");
         std::fs::create_dir_all(&work_dir)
             .with_context(|| format!("creating {}", work_dir.display()))?;
+        let argo = Self {
+            log: cluster.log_path(PROCESS),
+            work_dir,
+            healthz_port,
+            metrics_port,
+        };
+        argo.spawn(cluster).await?;
+        Ok(argo)
+    }
+
+    /// Kills the controller with SIGKILL (its plugin processes lose their connection) and starts
+    /// it again with the same configuration; waits for `/healthz`.
+    pub async fn restart(&self, cluster: &mut Cluster) -> Result<()> {
+        cluster.kill_process(PROCESS)?;
+        self.spawn(cluster).await
+    }
+
+    async fn spawn(&self, cluster: &mut Cluster) -> Result<()> {
+        let (healthz_port, metrics_port) = (self.healthz_port, self.metrics_port);
         let mut cmd = Command::new(&cluster.binaries.rollouts_controller);
-        cmd.current_dir(&work_dir)
+        cmd.current_dir(&self.work_dir)
             .env("POD_NAMESPACE", NAMESPACE)
             .args([
                 format!("--kubeconfig={}", cluster.kubeconfig.display()),
@@ -99,17 +118,12 @@ impl ArgoRollouts {
                 "--loglevel=debug".into(),
             ]);
         cluster.spawn_process(PROCESS, cmd)?;
-        let argo = Self {
-            log: cluster.log_path(PROCESS),
-            work_dir,
-            healthz_port,
-            metrics_port,
-        };
+        let argo = self;
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             cluster.check_alive()?;
             if healthz_ok(healthz_port) {
-                return Ok(argo);
+                return Ok(());
             }
             if Instant::now() > deadline {
                 bail!(

@@ -358,6 +358,11 @@ impl Cluster {
         self.processes.spawn(name, cmd)
     }
 
+    /// Kills one component (e.g. the Argo Rollouts controller) with SIGKILL.
+    pub fn kill_process(&mut self, name: &str) -> Result<()> {
+        self.processes.kill(name)
+    }
+
     /// Fails if any process of the cluster has exited.
     pub fn check_alive(&mut self) -> Result<()> {
         self.processes.check_alive()

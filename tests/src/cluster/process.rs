@@ -106,6 +106,26 @@ impl ProcessGroup {
         Ok(())
     }
 
+    /// Kills component `name` with SIGKILL (a crash, as far as it can tell) and forgets it, so
+    /// that it can be started again under the same name.
+    pub fn kill(&mut self, name: &str) -> Result<()> {
+        let i = self
+            .members
+            .iter()
+            .position(|m| m.name == name)
+            .with_context(|| format!("no process named {name} in this cluster"))?;
+        let mut member = self.members.remove(i);
+        member
+            .child
+            .kill()
+            .with_context(|| format!("killing {name}"))?;
+        member
+            .child
+            .wait()
+            .with_context(|| format!("reaping {name}"))?;
+        Ok(())
+    }
+
     /// Fails if a component has exited, quoting the end of its log.
     pub fn check_alive(&mut self) -> Result<()> {
         for member in &mut self.members {
