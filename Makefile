@@ -40,6 +40,7 @@ test: ## the whole suite: Rust tests, golden vectors, Go conformance, real clust
 	$(MAKE) clusters-smoke
 	$(MAKE) test-engine
 	$(MAKE) e2e
+	$(MAKE) chart
 
 .PHONY: bench
 bench: bench-plugin bench-engine bench-verdict ## every benchmark, side by side with its baseline (ratios printed)
@@ -76,3 +77,4 @@ fmt: ## format Rust and Go code
 -include tests/conformance/conformance.mk
 -include tests/k8s/k8s.mk
 -include server/engine.mk
+-include charts/chart.mk
