@@ -39,6 +39,7 @@ test: ## the whole suite: Rust tests, golden vectors, Go conformance, real clust
 	$(MAKE) conformance
 	$(MAKE) clusters-smoke
 	$(MAKE) test-engine
+	$(MAKE) test-cli
 	$(MAKE) e2e
 	$(MAKE) chart
 

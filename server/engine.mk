@@ -31,3 +31,9 @@ bench-verdict: k8s-bin plugin-release ## Job completion → AnalysisRun phase ch
 	K8S_BIN_ENV=$(K8S_BIN_ENV) PLUGIN_BINARY=$(abspath $(PLUGIN_BIN)) BENCH_SUMMARY_FILE=$$summary \
 	  $(CARGO) test --locked -p dispatch-tests --test bench_verdict -- --ignored --nocapture 2>&1 | grep -vE '^time=|^[0-9-]+T[0-9:.]+Z \['; \
 	tail -n 1 "$$summary"
+
+.PHONY: test-cli
+test-cli: k8s-bin ## `rollouts-dispatch run` and `doctor`, the real binary against a real cluster
+	$(CARGO) build --locked -p dispatch-server --bin rollouts-dispatch
+	K8S_BIN_ENV=$(K8S_BIN_ENV) $(CARGO) test --locked -p dispatch-tests --test cli -- \
+	  --ignored --test-threads 4

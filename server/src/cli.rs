@@ -1,4 +1,4 @@
-//! The `rollouts-dispatch` command line: `serve`, `token issue`, and the commands still to come.
+//! The `rollouts-dispatch` command line: `serve`, `token issue`, `run`, `doctor` (and `agent`, still to come).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -51,10 +51,55 @@ pub enum Command {
     Token(TokenCommand),
     /// Run the agent in a cluster that can only dial out (not available in this version).
     Agent,
-    /// Evaluate one metric of an AnalysisTemplate against a destination (not available in this version).
-    Run,
-    /// Check configuration, destinations and tokens (not available in this version).
-    Doctor,
+    /// Evaluate one metric of an AnalysisTemplate against a destination, without Argo: create
+    /// the Job, follow it, print the verdict (exit 0 Successful, 1 otherwise, 2 usage/config).
+    Run(RunArgs),
+    /// Check the configuration and every destination: reachable, caches synced, RBAC.
+    Doctor(DoctorArgs),
+}
+
+/// `rollouts-dispatch run`
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// The AnalysisTemplate or ClusterAnalysisTemplate YAML file.
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    /// A template argument, `NAME=VALUE`; overrides the template's default. Repeatable.
+    #[arg(long = "arg", value_name = "NAME=VALUE", value_parser = parse_arg)]
+    pub args: Vec<(String, String)>,
+    /// The metric to evaluate; needed when the template has several rollouts-dispatch/job metrics.
+    #[arg(long)]
+    pub metric: Option<String>,
+    /// Server configuration file (destinations, policy, …); without it every context of the
+    /// kubeconfig is a destination.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Namespace of the synthetic AnalysisRun (the Kargo project the policy checks).
+    #[arg(long, default_value = "default")]
+    pub namespace_of_run: String,
+    /// Give up (and delete the Jobs) after this long (Go duration).
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+/// `rollouts-dispatch doctor`
+#[derive(Debug, Clone, Args)]
+pub struct DoctorArgs {
+    /// Server configuration file; without it every context of the kubeconfig is a destination.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Bound on waiting for destinations (Go duration).
+    #[arg(long, default_value = "20s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+fn parse_arg(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((name, value)) if !name.trim().is_empty() => {
+            Ok((name.trim().to_string(), value.to_string()))
+        }
+        _ => Err(format!("expected NAME=VALUE, got {s:?}")),
+    }
 }
 
 /// `rollouts-dispatch serve`
@@ -131,6 +176,20 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     dispatch_metric_provider::config::parse_go_duration(s)
 }
 
+/// Runs `fut` (which returns the exit code) on a fresh multi-threaded runtime.
+fn with_runtime(fut: impl std::future::Future<Output = ExitCode>) -> ExitCode {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt.block_on(fut),
+        Err(e) => {
+            eprintln!("rollouts-dispatch: cannot start the async runtime: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 /// Runs the parsed command line.
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
@@ -182,7 +241,9 @@ pub fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
-        Command::Agent | Command::Run | Command::Doctor => {
+        Command::Run(args) => with_runtime(crate::cmd_run::run(args)),
+        Command::Doctor(args) => with_runtime(crate::cmd_doctor::run(args)),
+        Command::Agent => {
             eprintln!(
                 "rollouts-dispatch {}: this command is not available in this version yet",
                 crate::VERSION

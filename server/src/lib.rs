@@ -21,6 +21,8 @@
 //! * [`cli`], [`token`], [`telemetry`]: the command line, `token issue`, logging.
 
 pub mod cli;
+pub mod cmd_doctor;
+pub mod cmd_run;
 pub mod config;
 pub mod destinations;
 pub mod dispatch;

@@ -1,0 +1,322 @@
+//! `rollouts-dispatch doctor`: validates the configuration, starts the engine and checks every
+//! destination: API server reachable, watch caches synced, and the RBAC the engine needs
+//! (SelfSubjectAccessReview). Prints a table; exit 0 when every row is fine, 1 otherwise.
+//!
+//! Nothing secret is printed: rows show names, sources, server URLs and error messages only.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
+use kube::api::{Api, PostParams};
+
+use crate::cli::DoctorArgs;
+use crate::config::ServerConfig;
+use crate::destinations::{Destination, Entry, Source};
+use crate::engine::Engine;
+
+/// One access the engine needs: verb, API group, resource, subresource, namespaced.
+const CHECKS: [(&str, &str, &str, &str, bool); 7] = [
+    ("create", "batch", "jobs", "", true),
+    ("delete", "batch", "jobs", "", true),
+    ("get", "", "pods", "log", true),
+    // The watch caches list and watch across all namespaces.
+    ("list", "batch", "jobs", "", false),
+    ("watch", "batch", "jobs", "", false),
+    ("list", "", "pods", "", false),
+    ("watch", "", "pods", "", false),
+];
+
+/// One row of the table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    /// destination name
+    pub name: String,
+    /// where it comes from, short
+    pub source: String,
+    /// API server URL
+    pub server: String,
+    /// `yes` / `no`
+    pub reachable: String,
+    /// `ok`, `-` or the missing permissions
+    pub rbac: String,
+    /// version, cache state or the error
+    pub detail: String,
+    /// whether the row is fine
+    pub ok: bool,
+}
+
+fn short_source(s: &Source) -> String {
+    match s {
+        Source::Config { index } => format!("config[{index}]"),
+        Source::ArgoCd { namespace, secret } => format!("argocd:{namespace}/{secret}"),
+        Source::ArgoCdInCluster => "argocd:in-cluster".into(),
+        Source::Kubeconfig { context, .. } => format!("kubeconfig:{context}"),
+    }
+}
+
+/// Runs `rollouts-dispatch doctor`; returns the exit code.
+pub async fn run(args: DoctorArgs) -> ExitCode {
+    let config = match &args.config {
+        Some(path) => ServerConfig::load(path),
+        None => Ok(ServerConfig::embedded_default()),
+    };
+    let config = match config {
+        Ok(c) => {
+            println!("config: OK ({})", c.origin);
+            c
+        }
+        Err(e) => {
+            println!("config: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let settings = config.engine;
+    let engine = match Engine::start(config).await {
+        Ok(e) => e,
+        Err(e) => {
+            println!("engine: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let deadline = Instant::now() + args.timeout;
+    // Argo CD cluster Secrets (a live source) must be listed before the registry is complete.
+    let _ = engine.registry().wait_sources(args.timeout).await;
+    let entries = engine.registry().entries();
+    if entries.is_empty() {
+        println!("destinations: none (add `destinations` to the config, or kubeconfig contexts)");
+        return ExitCode::from(1);
+    }
+    let call_timeout = settings.request_timeout.min(args.timeout);
+    let rows =
+        futures::future::join_all(entries.iter().map(|e| check(e, deadline, call_timeout))).await;
+    print_table(&rows);
+    if rows.iter().all(|r| r.ok) {
+        println!("all {} destination(s) OK", rows.len());
+        ExitCode::SUCCESS
+    } else {
+        println!(
+            "{} of {} destination(s) have problems",
+            rows.iter().filter(|r| !r.ok).count(),
+            rows.len()
+        );
+        ExitCode::from(1)
+    }
+}
+
+async fn check(entry: &Entry, deadline: Instant, call_timeout: Duration) -> Row {
+    let mut row = Row {
+        name: entry.name().to_string(),
+        source: short_source(entry.source()),
+        server: if entry.server().is_empty() {
+            "-".into()
+        } else {
+            entry.server().to_string()
+        },
+        reachable: "no".into(),
+        rbac: "-".into(),
+        detail: String::new(),
+        ok: false,
+    };
+    let d: &Arc<Destination> = match entry {
+        Entry::Ready(d) => d,
+        Entry::Broken(b) => {
+            row.detail = one_line(&b.error);
+            return row;
+        }
+    };
+    let client = d.client().clone();
+    let version = match tokio::time::timeout(call_timeout, client.apiserver_version()).await {
+        Ok(Ok(v)) => v.git_version,
+        Ok(Err(e)) => {
+            row.detail = one_line(&format!("API server did not answer: {}", chain(&e)));
+            return row;
+        }
+        Err(_) => {
+            row.detail = format!("API server did not answer within {call_timeout:?}");
+            return row;
+        }
+    };
+    row.reachable = "yes".into();
+    let (missing, synced) = tokio::join!(
+        rbac(&client, &d.namespace, call_timeout),
+        d.wait_synced(deadline.saturating_duration_since(Instant::now()))
+    );
+    let mut problems = Vec::new();
+    match missing {
+        Ok(m) if m.is_empty() => row.rbac = "ok".into(),
+        Ok(m) => {
+            row.rbac = format!("missing: {}", m.join(", "));
+            problems.push(format!(
+                "grant the missing permissions to the destination's identity (namespace {})",
+                d.namespace
+            ));
+        }
+        Err(e) => {
+            row.rbac = "unknown".into();
+            problems.push(one_line(&format!("SelfSubjectAccessReview failed: {e}")));
+        }
+    }
+    let cache = if synced {
+        d.cache_problem()
+    } else {
+        Some(
+            d.cache_problem()
+                .unwrap_or_else(|| "watch caches not synced".into()),
+        )
+    };
+    if let Some(p) = cache {
+        problems.push(one_line(&p));
+    }
+    row.ok = problems.is_empty();
+    row.detail = if problems.is_empty() {
+        format!("{version}, caches synced, namespace {}", d.namespace)
+    } else {
+        format!("{version}: {}", problems.join("; "))
+    };
+    row
+}
+
+/// The checks of [`CHECKS`] that are denied, as `verb resource` strings.
+async fn rbac(
+    client: &kube::Client,
+    namespace: &str,
+    timeout: Duration,
+) -> Result<Vec<String>, String> {
+    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    let reviews = CHECKS
+        .iter()
+        .map(|(verb, group, resource, sub, namespaced)| {
+            let api = api.clone();
+            let review = SelfSubjectAccessReview {
+                spec: SelfSubjectAccessReviewSpec {
+                    resource_attributes: Some(ResourceAttributes {
+                        verb: Some((*verb).to_string()),
+                        group: Some((*group).to_string()),
+                        resource: Some((*resource).to_string()),
+                        subresource: (!sub.is_empty()).then(|| (*sub).to_string()),
+                        namespace: namespaced.then(|| namespace.to_string()),
+                        ..ResourceAttributes::default()
+                    }),
+                    ..SelfSubjectAccessReviewSpec::default()
+                },
+                ..SelfSubjectAccessReview::default()
+            };
+            let what = format!(
+                "{verb} {resource}{}{}",
+                if sub.is_empty() {
+                    String::new()
+                } else {
+                    format!("/{sub}")
+                },
+                if *namespaced { "" } else { " (all namespaces)" }
+            );
+            async move {
+                match tokio::time::timeout(timeout, api.create(&PostParams::default(), &review))
+                    .await
+                {
+                    Ok(Ok(r)) => Ok((what, r.status.is_some_and(|s| s.allowed))),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err(format!("no answer within {timeout:?}")),
+                }
+            }
+        });
+    let results = futures::future::join_all(reviews).await;
+    let mut missing = Vec::new();
+    for r in results {
+        let (what, allowed) = r?;
+        if !allowed {
+            missing.push(what);
+        }
+    }
+    Ok(missing)
+}
+
+/// An error and its sources, `: `-separated (repeated texts dropped).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+fn one_line(s: &str) -> String {
+    s.replace('\n', " ")
+}
+
+/// Prints `rows` as an aligned table.
+pub fn print_table(rows: &[Row]) {
+    print!("{}", render_table(rows));
+}
+
+/// `rows` as an aligned table with a header line.
+pub fn render_table(rows: &[Row]) -> String {
+    let header = ["NAME", "SOURCE", "SERVER", "REACHABLE", "RBAC", "DETAIL"];
+    let cells: Vec<[&str; 6]> = rows
+        .iter()
+        .map(|r| {
+            [
+                r.name.as_str(),
+                r.source.as_str(),
+                r.server.as_str(),
+                r.reachable.as_str(),
+                r.rbac.as_str(),
+                r.detail.as_str(),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(str::len);
+    for c in &cells {
+        for (w, s) in widths.iter_mut().zip(c) {
+            *w = (*w).max(s.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for line in std::iter::once(header).chain(cells) {
+        let mut l = String::new();
+        for (i, (s, w)) in line.iter().zip(widths).enumerate() {
+            if i == line.len() - 1 {
+                l.push_str(s);
+            } else {
+                l.push_str(&format!("{s:<w$}  "));
+            }
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_is_aligned() {
+        let row = |n: &str, ok: bool| Row {
+            name: n.into(),
+            source: "config[0]".into(),
+            server: "https://127.0.0.1:1".into(),
+            reachable: if ok { "yes" } else { "no" }.into(),
+            rbac: if ok { "ok" } else { "-" }.into(),
+            detail: "d".into(),
+            ok,
+        };
+        let t = render_table(&[row("a", true), row("longer-name", false)]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 3);
+        let col = lines[0].find("SOURCE").unwrap();
+        assert_eq!(lines[1].find("config").unwrap(), col);
+        assert_eq!(lines[2].find("config").unwrap(), col);
+    }
+}
