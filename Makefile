@@ -79,3 +79,17 @@ fmt: ## format Rust and Go code
 -include tests/k8s/k8s.mk
 -include server/engine.mk
 -include charts/chart.mk
+
+.PHONY: demo
+demo: k8s-bin plugin-release ## the main job locally: 3 clusters, Argo Rollouts, the server, a passing and a failing verification; last line `demo: cluster-a=… cluster-b=…`
+	@set -euo pipefail; \
+	summary=$$(mktemp); trap 'rm -f "$$summary"' EXIT; \
+	K8S_BIN_ENV=$(K8S_BIN_ENV) PLUGIN_BINARY=$(abspath $(PLUGIN_BIN)) DEMO_SUMMARY_FILE=$$summary \
+	  $(CARGO) test --locked -q -p dispatch-tests --test demo -- --ignored --nocapture 2>&1 \
+	  | grep -E '^(demo:|ANALYSISRUN|[a-z0-9-]+\.[0-9a-z]+\.[0-9a-f]{7} |$$)' | grep -v '^demo: cluster-a=' || true; \
+	test -s "$$summary" || { echo "demo: failed (run the test for details: make demo-debug)"; exit 1; }; \
+	tail -n 1 "$$summary"
+
+.PHONY: demo-debug
+demo-debug: k8s-bin plugin-release ## make demo with every log line
+	K8S_BIN_ENV=$(K8S_BIN_ENV) PLUGIN_BINARY=$(abspath $(PLUGIN_BIN)) $(CARGO) test --locked -p dispatch-tests --test demo -- --ignored --nocapture

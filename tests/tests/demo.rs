@@ -1,0 +1,103 @@
+//! `make demo`: the main job, start to finish, on this machine. Two destination clusters and a
+//! control plane with the real Argo Rollouts controller; `rollouts-dispatch serve`; the plugin
+//! registered in `argo-rollouts-config`; one Kargo-shaped verification per destination (the one
+//! on cluster-b runs a check that fails). Prints the AnalysisRuns as a table and, last,
+//! `demo: cluster-a=<phase> cluster-b=<phase>`. Everything is torn down at the end.
+
+mod e2e_support;
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use dispatch_tests::cluster::argo::{self, ArgoRollouts, MetricPlugin};
+use dispatch_tests::cluster::start_many;
+use e2e_support::*;
+use kube::api::{DynamicObject, PostParams};
+use serde_json::Value;
+
+fn last_message(ar: &DynamicObject) -> String {
+    ar.data
+        .pointer("/status/metricResults/0/measurements")
+        .and_then(Value::as_array)
+        .and_then(|m| m.last())
+        .and_then(|m| m.get("message"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "starts real clusters: run `make demo`"]
+async fn demo() -> Result<()> {
+    let started = Instant::now();
+    let plugin = plugin_binary()?;
+    println!("demo: starting clusters control, a, b (etcd, kube-apiserver, controller-manager, scheduler, kwok) ...");
+    let mut clusters = start_many(&["control", "a", "b"]).await?;
+    let b = clusters.pop().context("cluster b")?;
+    let a = clusters.pop().context("cluster a")?;
+    let mut control = clusters.pop().context("cluster control")?;
+    println!("demo: starting rollouts-dispatch serve (destinations cluster-a, cluster-b) ...");
+    let (url, token_file, _server) = start_server(&control.dir.join("dispatch"), &a, &b).await?;
+    println!("demo: starting the Argo Rollouts controller with plugin rollouts-dispatch/job --server {url} ...");
+    let _rollouts = ArgoRollouts::install(
+        &mut control,
+        &[MetricPlugin::file(PLUGIN_NAME, &plugin)?.with_args([
+            "--server",
+            url.as_str(),
+            "--token-file",
+            &token_file.display().to_string(),
+        ])],
+    )
+    .await?;
+    let client = control.client().await?;
+    argo::apply_namespace(&client, PROJECT).await?;
+    let freight = freight(&client).await?;
+    let runs = argo::analysis_runs(&client, PROJECT);
+    let post = PostParams::default();
+    println!(
+        "demo: Kargo verifies Freight {} on Stage uat (cluster-a) and Stage prod (cluster-b) ...",
+        &freight.0[..7]
+    );
+    let mut created = Vec::new();
+    for (stage, ulid, dest, exit_code) in [
+        ("uat", "01jdemo0000000000000000000", "cluster-a", 0),
+        ("prod", "01jdemo0000000000000000001", "cluster-b", 1),
+    ] {
+        let run = runs
+            .create(&post, &kargo_run(stage, ulid, &freight, dest, exit_code)?)
+            .await?;
+        created.push((dest, run.metadata.name.clone().unwrap_or_default()));
+    }
+    let mut rows = Vec::new();
+    for (dest, name) in &created {
+        let ar = wait_done(&runs, name).await?;
+        rows.push((
+            name.clone(),
+            dest.to_string(),
+            phase(&ar),
+            last_message(&ar),
+        ));
+    }
+    println!();
+    println!(
+        "{:<42} {:<11} {:<11} MESSAGE",
+        "ANALYSISRUN", "DESTINATION", "PHASE"
+    );
+    for (name, dest, phase, msg) in &rows {
+        println!("{name:<42} {dest:<11} {phase:<11} {msg}");
+    }
+    println!();
+    println!(
+        "demo: done in {:.0}s; tearing everything down",
+        started.elapsed().as_secs_f64()
+    );
+    let line = format!("demo: cluster-a={} cluster-b={}", rows[0].2, rows[1].2);
+    println!("{line}");
+    if let Some(path) = std::env::var_os("DEMO_SUMMARY_FILE") {
+        std::fs::write(path, format!("{line}\n"))?;
+    }
+    Ok(())
+}
