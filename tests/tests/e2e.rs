@@ -42,6 +42,10 @@ async fn kargo_verification_runs_on_the_destination_cluster() -> Result<()> {
     let client = control.client().await?;
     argo::apply_namespace(&client, PROJECT).await?;
     let freight = freight(&client).await?;
+    let templates = create_example_templates(&client, PROJECT).await?;
+    println!(
+        "e2e: the {templates} example AnalysisTemplates in config/ are accepted by the real CRD"
+    );
     let runs = argo::analysis_runs(&client, PROJECT);
     let post = PostParams::default();
     let ok = runs

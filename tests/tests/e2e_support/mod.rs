@@ -295,3 +295,39 @@ where
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
+
+/// The example AnalysisTemplates of `config/analysis-templates`, as JSON.
+pub fn example_templates() -> Result<Vec<Value>> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/analysis-templates");
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        let text = std::fs::read_to_string(&path)?;
+        out.push(
+            serde_saphyr::from_str(&text).with_context(|| format!("parsing {}", path.display()))?,
+        );
+    }
+    Ok(out)
+}
+
+/// Creates every example AnalysisTemplate in `namespace`: the real CRD schema validates them.
+pub async fn create_example_templates(client: &kube::Client, namespace: &str) -> Result<usize> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "AnalysisTemplate"),
+        "analysistemplates",
+    );
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &ar);
+    let templates = example_templates()?;
+    for t in &templates {
+        let obj: DynamicObject = serde_json::from_value(t.clone())?;
+        api.create(&PostParams::default(), &obj)
+            .await
+            .with_context(|| {
+                format!(
+                    "creating example AnalysisTemplate {:?}",
+                    t["metadata"]["name"]
+                )
+            })?;
+    }
+    Ok(templates.len())
+}

@@ -1,0 +1,164 @@
+//! Every example under `config/` is parsed here so none can rot: the AnalysisTemplates' plugin
+//! blocks validate (after `{{args.*}}` substitution, as the controller does), the
+//! `argo-rollouts-config` snippet registers the plugin with flags the plugin accepts, and the
+//! Kargo Stage references templates that exist and declare every Stage arg (Kargo's rule).
+//! `make e2e` also creates the templates on a real apiserver.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use clap::Parser;
+use dispatch_server::provider::config::{JobConfig, PLUGIN_NAME};
+use serde_json::Value;
+
+fn config_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../config")
+}
+
+fn yaml(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The AnalysisTemplates in `config/analysis-templates`, by metadata.name.
+pub fn templates() -> BTreeMap<String, Value> {
+    let dir = config_dir().join("analysis-templates");
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(&dir).expect("config/analysis-templates") {
+        let path = entry.expect("dir entry").path();
+        let t = yaml(&path);
+        assert_eq!(t["kind"], "AnalysisTemplate", "{}", path.display());
+        out.insert(
+            t["metadata"]["name"].as_str().expect("a name").to_string(),
+            t,
+        );
+    }
+    out
+}
+
+/// Replaces `{{args.X}}` / `{{ args.X }}` like the controller does before calling the plugin.
+fn substitute(text: &str, args: &BTreeMap<String, String>) -> String {
+    let mut out = text.to_string();
+    for (k, v) in args {
+        out = out
+            .replace(&format!("{{{{args.{k}}}}}"), v)
+            .replace(&format!("{{{{ args.{k} }}}}"), v);
+    }
+    out
+}
+
+#[test]
+fn analysis_templates_have_valid_plugin_blocks() {
+    let templates = templates();
+    assert!(
+        templates.len() >= 4,
+        "expected the example templates, found {:?}",
+        templates.keys()
+    );
+    for (name, t) in &templates {
+        let args: BTreeMap<String, String> = t["spec"]["args"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|a| {
+                let n = a["name"].as_str().expect("arg name").to_string();
+                let v = if n == "destination" {
+                    "cluster-a".to_string()
+                } else {
+                    format!("example-{n}")
+                };
+                (n, v)
+            })
+            .collect();
+        let mut blocks = 0;
+        for m in t["spec"]["metrics"].as_array().expect("metrics") {
+            let Some(block) = m["provider"]["plugin"].get(PLUGIN_NAME) else {
+                continue;
+            };
+            let json = substitute(&serde_json::to_string(block).expect("json"), &args);
+            assert!(
+                !json.contains("{{"),
+                "{name}: an arg is used but not declared: {json}"
+            );
+            JobConfig::parse(json.as_bytes())
+                .unwrap_or_else(|e| panic!("{name}/{}: {e}", m["name"]));
+            blocks += 1;
+        }
+        assert!(blocks > 0, "{name} has no {PLUGIN_NAME} metric");
+    }
+}
+
+#[test]
+fn the_argo_rollouts_config_snippet_registers_the_plugin_with_valid_flags() {
+    let cm = yaml(&config_dir().join("argo-rollouts-config.yaml"));
+    assert_eq!(cm["metadata"]["name"], "argo-rollouts-config");
+    let plugins: Value = serde_saphyr::from_str(
+        cm["data"]["metricProviderPlugins"]
+            .as_str()
+            .expect("a YAML string"),
+    )
+    .expect("metricProviderPlugins is YAML");
+    let ours = plugins
+        .as_array()
+        .expect("a list")
+        .iter()
+        .find(|p| p["name"] == PLUGIN_NAME)
+        .expect("the plugin is registered under rollouts-dispatch/job");
+    let mut argv = vec!["rollouts-dispatch-plugin".to_string()];
+    argv.extend(
+        ours["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .map(|a| a.as_str().expect("string arg").to_string()),
+    );
+    let parsed = dispatch_metric_provider_args(&argv);
+    assert!(parsed.contains("--server"), "{argv:?}");
+}
+
+/// The plugin's own argument parser accepts the snippet's args.
+fn dispatch_metric_provider_args(argv: &[String]) -> String {
+    let args = dispatch_server::provider::Args::try_parse_from(argv)
+        .unwrap_or_else(|e| panic!("plugin args {argv:?}: {e}"));
+    assert!(
+        args.server
+            .as_deref()
+            .is_some_and(|s| s.starts_with("https://")),
+        "{argv:?}"
+    );
+    argv.join(" ")
+}
+
+#[test]
+fn the_kargo_stage_uses_existing_templates_that_declare_its_args() {
+    let stage = yaml(&config_dir().join("kargo-stage.yaml"));
+    assert_eq!(stage["kind"], "Stage");
+    let templates = templates();
+    let stage_args: Vec<&str> = stage["spec"]["verification"]["args"]
+        .as_array()
+        .expect("verification.args")
+        .iter()
+        .map(|a| a["name"].as_str().expect("name"))
+        .collect();
+    for r in stage["spec"]["verification"]["analysisTemplates"]
+        .as_array()
+        .expect("templates")
+    {
+        let name = r["name"].as_str().expect("template name");
+        let t = templates
+            .get(name)
+            .unwrap_or_else(|| panic!("the Stage references {name}, which config/ lacks"));
+        let declared: Vec<&str> = t["spec"]["args"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a["name"].as_str())
+            .collect();
+        for a in &stage_args {
+            assert!(
+                declared.contains(a),
+                "template {name} does not declare Stage arg {a}: Kargo would fail the verification"
+            );
+        }
+    }
+}
