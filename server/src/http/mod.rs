@@ -234,6 +234,9 @@ pub fn tls_config(cert_file: &std::path::Path, key_file: &std::path::Path) -> Re
     Ok(Arc::new(cfg))
 }
 
+/// How long a client may take to send its request headers.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How long requests in flight may take to finish after shutdown begins.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -273,7 +276,12 @@ pub async fn serve(
         let watcher = graceful.watcher();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| app.clone().call(req));
-            let builder = auto::Builder::new(TokioExecutor::new());
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            // A client that trickles its headers (slowloris) is cut off instead of holding a task.
+            builder
+                .http1()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT);
             let result = match acceptor {
                 None => {
                     let conn = builder.serve_connection_with_upgrades(TokioIo::new(tcp), service);

@@ -470,3 +470,31 @@ async fn serves_tls_and_drains_on_shutdown() {
         .unwrap();
     std::fs::remove_dir_all(dir).ok();
 }
+
+#[tokio::test]
+async fn a_client_trickling_its_headers_is_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (s, _) = state();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve(listener, router(s), None, async move {
+        let _ = stop_rx.await;
+    }));
+    let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+    slow.write_all(b"GET /v1/destinations HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut buf = Vec::new();
+    // The server closes the connection (with or without a 408) once the header timeout passes.
+    let read = tokio::time::timeout(HEADER_READ_TIMEOUT * 2, slow.read_to_end(&mut buf)).await;
+    assert!(
+        read.is_ok(),
+        "the connection was still open after {:?}",
+        HEADER_READ_TIMEOUT * 2
+    );
+    assert!(started.elapsed() >= HEADER_READ_TIMEOUT - std::time::Duration::from_secs(1));
+    stop_tx.send(()).unwrap();
+    server.await.unwrap().unwrap();
+}
