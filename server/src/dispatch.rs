@@ -7,7 +7,14 @@
 use dispatch_metric_provider::api::{self, GcRequest, MeasurementRef};
 use dispatch_metric_provider::config::JobConfig;
 
+use std::sync::Arc;
+
+use dispatch_plugin::gob::GoTime;
+use k8s_openapi::api::batch::v1::Job;
+
+use crate::destinations::Entry;
 use crate::engine::{Engine, EngineError, JobRef, MeasureRequest, REF_KEY};
+use crate::http::metrics::Metrics;
 use crate::http::{BoxFuture, DestinationInfo, DispatchError, Dispatcher, Principal};
 use crate::job::RunContext;
 use crate::logs::Redactor;
@@ -16,12 +23,77 @@ use crate::verdict::{Phase, Verdict};
 /// The engine behind the API.
 pub struct EngineDispatcher {
     engine: Engine,
+    metrics: Arc<Metrics>,
+}
+
+/// The phase of a Job for the `jobs` metric.
+pub fn job_phase(job: &Job) -> &'static str {
+    let conditions = job.status.as_ref().and_then(|s| s.conditions.as_ref());
+    let has = |t: &str| {
+        conditions.is_some_and(|cs| cs.iter().any(|c| c.type_ == t && c.status == "True"))
+    };
+    if has("Complete") {
+        "succeeded"
+    } else if has("Failed") {
+        "failed"
+    } else {
+        "active"
+    }
+}
+
+/// When the Job finished (its Complete/Failed condition), from the watch cache.
+fn finished_at(job: &Job) -> Option<GoTime> {
+    let cs = job.status.as_ref()?.conditions.as_ref()?;
+    cs.iter()
+        .filter(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+        .filter_map(|c| {
+            let t = serde_json::to_value(c.last_transition_time.as_ref()?).ok()?;
+            GoTime::parse_rfc3339(t.as_str()?)
+        })
+        .max()
 }
 
 impl EngineDispatcher {
-    /// Serves `engine`.
-    pub fn new(engine: Engine) -> Self {
-        Self { engine }
+    /// Serves `engine`, reporting to `metrics`.
+    pub fn new(engine: Engine, metrics: Arc<Metrics>) -> Self {
+        Self { engine, metrics }
+    }
+
+    /// Publishes the number of our Jobs per destination and phase, from the watch caches.
+    pub fn publish_job_counts(&self) {
+        for entry in self.engine.registry().entries() {
+            if let Entry::Ready(d) = entry {
+                let counts = d.jobs().count_by(job_phase);
+                for phase in ["active", "succeeded", "failed"] {
+                    self.metrics.set_jobs(
+                        &d.name,
+                        phase,
+                        counts.get(phase).copied().unwrap_or(0) as i64,
+                    );
+                }
+            }
+        }
+    }
+
+    /// Records how long after its Jobs finished a verdict was handed out.
+    fn observe_latency(&self, job: &JobRef) {
+        let now = GoTime::now();
+        let latest = job
+            .placements
+            .iter()
+            .filter_map(|p| match self.engine.registry().get(&p.destination) {
+                Some(Entry::Ready(d)) => d
+                    .jobs()
+                    .get(&p.namespace, &job.name)
+                    .and_then(|j| finished_at(&j)),
+                _ => None,
+            })
+            .max();
+        if let Some(t) = latest {
+            let secs = (now.unix_seconds - t.unix_seconds) as f64
+                + (f64::from(now.nanos) - f64::from(t.nanos)) / 1e9;
+            self.metrics.observe_verdict_latency(secs.max(0.0));
+        }
     }
 
     fn request(caller: &Principal, req: &MeasurementRef) -> Result<MeasureRequest, DispatchError> {
@@ -133,11 +205,14 @@ impl Dispatcher for EngineDispatcher {
     ) -> BoxFuture<'a, Result<api::Verdict, DispatchError>> {
         Box::pin(async move {
             let job = self.job_ref(caller, &req).await?;
-            wire(
-                self.engine
-                    .status(&job, &Redactor::new(Vec::<String>::new()))
-                    .await,
-            )
+            let verdict = self
+                .engine
+                .status(&job, &Redactor::new(Vec::<String>::new()))
+                .await;
+            if verdict.phase != Phase::Running && !verdict.retryable {
+                self.observe_latency(&job);
+            }
+            wire(verdict)
         })
     }
 
@@ -205,7 +280,7 @@ impl Dispatcher for EngineDispatcher {
     }
 
     fn destinations(&self) -> Vec<DestinationInfo> {
-        use crate::destinations::{Entry, Source};
+        use crate::destinations::Source;
         let mut rows: Vec<DestinationInfo> = self
             .engine
             .registry()

@@ -59,8 +59,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         None,
         shutdown.clone(),
     ));
+    let dispatcher = Arc::new(EngineDispatcher::new(engine.clone(), metrics.clone()));
+    let counts = tokio::spawn({
+        let dispatcher = dispatcher.clone();
+        async move {
+            loop {
+                dispatcher.publish_job_counts();
+                tokio::time::sleep(std::time::Duration::from_secs(15)).await;
+            }
+        }
+    });
     let state = AppState {
-        dispatcher: Arc::new(EngineDispatcher::new(engine.clone())),
+        dispatcher,
         auth,
         metrics,
     };
@@ -80,6 +90,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     readiness.set_ready();
     shutdown.await;
     readiness.set_unready("shutting down");
+    counts.abort();
     let (a, b) = tokio::join!(api, admin);
     a??;
     b??;

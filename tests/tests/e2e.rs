@@ -317,6 +317,26 @@ async fn kargo_verification_runs_on_the_destination_cluster() -> Result<()> {
         );
     }
     println!("e2e: controller killed mid-Job -> plugin relaunched ({launches} launches), verdict Successful, 1 Job");
+    // The admin port reports what happened: Jobs per destination and phase, verdict latency.
+    let admin = server.args.admin_listen.port();
+    let last = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let seen = eventually("Job and verdict metrics on the admin port", || {
+        let last = last.clone();
+        async move {
+            let m = http_get(admin, "/metrics").await.unwrap_or_default();
+            let ok = m
+                .contains(r#"rollouts_dispatch_jobs{destination="cluster-a",phase="succeeded"}"#)
+                && m.contains("rollouts_dispatch_verdict_latency_seconds_count")
+                && !m.contains("rollouts_dispatch_verdict_latency_seconds_count 0");
+            *last.lock().expect("lock") = m;
+            Ok(ok)
+        }
+    })
+    .await;
+    if let Err(e) = seen {
+        bail!("{e}; /metrics:\n{}", last.lock().expect("lock"));
+    }
+    println!("e2e: /metrics has rollouts_dispatch_jobs per destination/phase and verdict latency");
     drop(server);
     println!(
         "e2e: selector+require all=Successful (1 Job on each), abort={} (Job deleted), server restart mid-Job=Successful (1 Job)",

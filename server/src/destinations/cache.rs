@@ -107,6 +107,19 @@ where
             .unwrap_or_default()
     }
 
+    /// How many cached objects fall in each class of `classify` (for metrics).
+    pub fn count_by(
+        &self,
+        classify: impl Fn(&K) -> &'static str,
+    ) -> std::collections::BTreeMap<&'static str, usize> {
+        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+        let mut counts = std::collections::BTreeMap::new();
+        for o in state.objects.values() {
+            *counts.entry(classify(o)).or_insert(0) += 1;
+        }
+        counts
+    }
+
     /// How many objects are cached.
     pub fn len(&self) -> usize {
         self.state

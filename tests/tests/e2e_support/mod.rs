@@ -59,7 +59,7 @@ pub async fn http_status(port: u16, path: &str) -> Option<u16> {
 
 /// `rollouts-dispatch serve` running in this process.
 pub struct Server {
-    args: dispatch_server::cli::ServeArgs,
+    pub args: dispatch_server::cli::ServeArgs,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -330,4 +330,22 @@ pub async fn create_example_templates(client: &kube::Client, namespace: &str) ->
             })?;
     }
     Ok(templates.len())
+}
+
+/// GET `path` on 127.0.0.1:`port`; the body, or `None` if nothing answers.
+pub async fn http_get(port: u16, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.ok()?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    Some(
+        text.split_once("\r\n\r\n")
+            .map_or(text.clone(), |(_, b)| b.to_string()),
+    )
 }
