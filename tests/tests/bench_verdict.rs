@@ -10,10 +10,9 @@ mod e2e_support;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
-use dispatch_tests::cluster::argo::{self, ArgoRollouts, MetricPlugin};
+use anyhow::{bail, Result};
+use dispatch_tests::cluster::argo;
 use dispatch_tests::cluster::kwok::lifecycle_annotations;
-use dispatch_tests::cluster::start_many;
 use e2e_support::*;
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
@@ -64,25 +63,9 @@ fn p50(mut v: Vec<f64>) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs the Go-built cluster binaries and the release plugin: run `make bench-verdict`"]
 async fn verdict_latency_against_the_builtin_job_provider() -> Result<()> {
-    let plugin = plugin_binary()?;
-    let mut clusters = start_many(&["control", "a", "b"]).await?;
-    let b = clusters.pop().context("cluster b")?;
-    let a = clusters.pop().context("cluster a")?;
-    let mut control = clusters.pop().context("cluster control")?;
-    let (url, token_file, _server) = start_server(&control.dir.join("dispatch"), &a, &b).await?;
-    let _rollouts = ArgoRollouts::install(
-        &mut control,
-        &[MetricPlugin::file(PLUGIN_NAME, &plugin)?.with_args([
-            "--server",
-            url.as_str(),
-            "--token-file",
-            &token_file.display().to_string(),
-        ])],
-    )
-    .await?;
-    let client = control.client().await?;
-    argo::apply_namespace(&client, PROJECT).await?;
-    let freight = freight(&client).await?;
+    // Keep the whole world alive to the end: its clusters stop when it is dropped.
+    let world = World::start().await?;
+    let (a, client, freight) = (&world.a, world.client.clone(), world.freight.clone());
     let runs = argo::analysis_runs(&client, PROJECT);
     let post = PostParams::default();
     // run name → (ours?, uid)

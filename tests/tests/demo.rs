@@ -8,9 +8,8 @@ mod e2e_support;
 
 use std::time::Instant;
 
-use anyhow::{Context, Result};
-use dispatch_tests::cluster::argo::{self, ArgoRollouts, MetricPlugin};
-use dispatch_tests::cluster::start_many;
+use anyhow::Result;
+use dispatch_tests::cluster::argo;
 use e2e_support::*;
 use kube::api::{DynamicObject, PostParams};
 use serde_json::Value;
@@ -33,28 +32,15 @@ fn last_message(ar: &DynamicObject) -> String {
 #[ignore = "starts real clusters: run `make demo`"]
 async fn demo() -> Result<()> {
     let started = Instant::now();
-    let plugin = plugin_binary()?;
-    println!("demo: starting clusters control, a, b (etcd, kube-apiserver, controller-manager, scheduler, kwok) ...");
-    let mut clusters = start_many(&["control", "a", "b"]).await?;
-    let b = clusters.pop().context("cluster b")?;
-    let a = clusters.pop().context("cluster a")?;
-    let mut control = clusters.pop().context("cluster control")?;
-    println!("demo: starting rollouts-dispatch serve (destinations cluster-a, cluster-b) ...");
-    let (url, token_file, _server) = start_server(&control.dir.join("dispatch"), &a, &b).await?;
-    println!("demo: starting the Argo Rollouts controller with plugin rollouts-dispatch/job --server {url} ...");
-    let _rollouts = ArgoRollouts::install(
-        &mut control,
-        &[MetricPlugin::file(PLUGIN_NAME, &plugin)?.with_args([
-            "--server",
-            url.as_str(),
-            "--token-file",
-            &token_file.display().to_string(),
-        ])],
-    )
-    .await?;
-    let client = control.client().await?;
-    argo::apply_namespace(&client, PROJECT).await?;
-    let freight = freight(&client).await?;
+    println!("demo: starting clusters control, a, b, rollouts-dispatch serve (destinations cluster-a, cluster-b) and the Argo Rollouts controller with plugin rollouts-dispatch/job ...");
+    // Keep the whole world alive to the end: its clusters stop when it is dropped.
+    let world = World::start().await?;
+    let (client, freight, url) = (
+        world.client.clone(),
+        world.freight.clone(),
+        world.url.clone(),
+    );
+    println!("demo: all up; the plugin talks to {url}");
     let runs = argo::analysis_runs(&client, PROJECT);
     let post = PostParams::default();
     println!(

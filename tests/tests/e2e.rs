@@ -14,8 +14,7 @@ mod e2e_support;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use dispatch_tests::cluster::argo::{self, ArgoRollouts, MetricPlugin};
-use dispatch_tests::cluster::start_many;
+use dispatch_tests::cluster::argo;
 use e2e_support::*;
 use kube::api::{DynamicObject, PostParams};
 use serde_json::{json, Value};
@@ -23,25 +22,16 @@ use serde_json::{json, Value};
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs the Go-built cluster binaries and the release plugin: run `make e2e`"]
 async fn kargo_verification_runs_on_the_destination_cluster() -> Result<()> {
-    let plugin = plugin_binary()?;
-    let mut clusters = start_many(&["control", "a", "b"]).await?;
-    let b = clusters.pop().context("cluster b")?;
-    let a = clusters.pop().context("cluster a")?;
-    let mut control = clusters.pop().context("cluster control")?;
-    let (url, token_file, server) = start_server(&control.dir.join("dispatch"), &a, &b).await?;
-    let rollouts = ArgoRollouts::install(
-        &mut control,
-        &[MetricPlugin::file(PLUGIN_NAME, &plugin)?.with_args([
-            "--server",
-            url.as_str(),
-            "--token-file",
-            &token_file.display().to_string(),
-        ])],
-    )
-    .await?;
-    let client = control.client().await?;
-    argo::apply_namespace(&client, PROJECT).await?;
-    let freight = freight(&client).await?;
+    let World {
+        mut control,
+        a,
+        b,
+        server,
+        rollouts,
+        client,
+        freight,
+        ..
+    } = World::start().await?;
     let templates = create_example_templates(&client, PROJECT).await?;
     println!(
         "e2e: the {templates} example AnalysisTemplates in config/ are accepted by the real CRD"

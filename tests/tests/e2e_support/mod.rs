@@ -39,8 +39,8 @@ pub fn free_port() -> Result<u16> {
         .port())
 }
 
-/// GET `path` on 127.0.0.1:`port`; the HTTP status, or `None` if nothing answers yet.
-pub async fn http_status(port: u16, path: &str) -> Option<u16> {
+/// GET `path` on 127.0.0.1:`port`: the status and body, or `None` if nothing answers yet.
+pub async fn http_request(port: u16, path: &str) -> Option<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
@@ -50,11 +50,22 @@ pub async fn http_status(port: u16, path: &str) -> Option<u16> {
         .ok()?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).await.ok()?;
-    String::from_utf8_lossy(&buf)
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or_else(String::new, |(_, b)| b.to_string());
+    Some((status, body))
+}
+
+/// The HTTP status of GET `path`, or `None` if nothing answers yet.
+pub async fn http_status(port: u16, path: &str) -> Option<u16> {
+    http_request(port, path).await.map(|(status, _)| status)
+}
+
+/// The body of GET `path`, or `None` if nothing answers.
+pub async fn http_get(port: u16, path: &str) -> Option<String> {
+    http_request(port, path).await.map(|(_, body)| body)
 }
 
 /// `rollouts-dispatch serve` running in this process.
@@ -332,20 +343,59 @@ pub async fn create_example_templates(client: &kube::Client, namespace: &str) ->
     Ok(templates.len())
 }
 
-/// GET `path` on 127.0.0.1:`port`; the body, or `None` if nothing answers.
-pub async fn http_get(port: u16, path: &str) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).await.ok()?;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    Some(
-        text.split_once("\r\n\r\n")
-            .map_or(text.clone(), |(_, b)| b.to_string()),
-    )
+/// The scene of the end-to-end tests: clusters `control`, `a` and `b`; `rollouts-dispatch serve`
+/// with destinations cluster-a and cluster-b; the real Argo Rollouts controller on `control`
+/// with the plugin registered (`--server`, `--token-file`); the Kargo project namespace and a
+/// Freight to own the AnalysisRuns.
+pub struct World {
+    /// the control plane (Argo Rollouts, AnalysisRuns)
+    pub control: Cluster,
+    /// destination cluster-a
+    pub a: Cluster,
+    /// destination cluster-b
+    pub b: Cluster,
+    /// the server
+    pub server: Server,
+    /// the controller
+    pub rollouts: dispatch_tests::cluster::argo::ArgoRollouts,
+    /// a client of `control`
+    pub client: kube::Client,
+    /// (name, uid) of the Freight
+    pub freight: (String, String),
+    /// the server's API URL
+    pub url: String,
+}
+
+impl World {
+    /// Starts everything.
+    pub async fn start() -> Result<Self> {
+        use dispatch_tests::cluster::argo::{self, ArgoRollouts, MetricPlugin};
+        let plugin = plugin_binary()?;
+        let mut clusters = dispatch_tests::cluster::start_many(&["control", "a", "b"]).await?;
+        let b = clusters.pop().context("cluster b")?;
+        let a = clusters.pop().context("cluster a")?;
+        let mut control = clusters.pop().context("cluster control")?;
+        let (url, token_file, server) = start_server(&control.dir.join("dispatch"), &a, &b).await?;
+        let token_file = token_file.display().to_string();
+        let plugin = MetricPlugin::file(PLUGIN_NAME, &plugin)?.with_args([
+            "--server",
+            url.as_str(),
+            "--token-file",
+            &token_file,
+        ]);
+        let rollouts = ArgoRollouts::install(&mut control, &[plugin]).await?;
+        let client = control.client().await?;
+        argo::apply_namespace(&client, PROJECT).await?;
+        let freight = freight(&client).await?;
+        Ok(Self {
+            control,
+            a,
+            b,
+            server,
+            rollouts,
+            client,
+            freight,
+            url,
+        })
+    }
 }
