@@ -107,23 +107,6 @@ demo: k8s-bin plugin-release ## the main job locally: 3 clusters, Argo Rollouts,
 	test -s "$$summary" || { echo "demo: failed (run the test for details: make demo-debug)"; exit 1; }; \
 	tail -n 1 "$$summary"
 
-# Release artifacts: the static plugin (what argo-rollouts-config downloads; its sha256 is what
-# Argo >= 1.8 checks), and a tarball with both binaries; SHA256SUMS covers everything.
-VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
-DIST := dist
-
-.PHONY: dist
-dist: plugin-release ## release artifacts in dist/: static plugin binary + sha256, tarball of both binaries, SHA256SUMS
-	$(CARGO) build --release --locked -p dispatch-server --bin rollouts-dispatch
-	@set -euo pipefail; rm -rf $(DIST); mkdir -p $(DIST)/stage; \
-	cp $(PLUGIN_BIN) $(DIST)/rollouts-dispatch-plugin-linux-amd64; \
-	cp $(PLUGIN_BIN) target/release/rollouts-dispatch README.md $(DIST)/stage/; \
-	tar -C $(DIST)/stage -czf $(DIST)/rollouts-dispatch-$(VERSION)-linux-amd64.tar.gz .; rm -rf $(DIST)/stage; \
-	(cd $(DIST) && sha256sum rollouts-dispatch-plugin-linux-amd64 | cut -d' ' -f1 > rollouts-dispatch-plugin-linux-amd64.sha256 \
-	  && sha256sum rollouts-dispatch-plugin-linux-amd64 rollouts-dispatch-$(VERSION)-linux-amd64.tar.gz > SHA256SUMS \
-	  && sha256sum -c --quiet SHA256SUMS); \
-	ls -l $(DIST); echo "dist: plugin sha256 for argo-rollouts-config: $$(cat $(DIST)/rollouts-dispatch-plugin-linux-amd64.sha256)"
-
 .PHONY: demo-debug
 demo-debug: k8s-bin plugin-release ## make demo with every log line
 	K8S_BIN_ENV=$(K8S_BIN_ENV) PLUGIN_BINARY=$(abspath $(PLUGIN_BIN)) $(CARGO) test --locked -p dispatch-tests --test demo -- --ignored --nocapture

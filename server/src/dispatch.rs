@@ -154,6 +154,18 @@ fn engine_error(e: EngineError) -> DispatchError {
     }
 }
 
+/// `Unavailable` (the plugin retries) when `failed` lists destinations where `what` failed.
+fn all_done(what: &str, failed: &[(String, String)]) -> Result<(), DispatchError> {
+    if failed.is_empty() {
+        return Ok(());
+    }
+    let failed: Vec<String> = failed.iter().map(|(d, e)| format!("{d}: {e}")).collect();
+    Err(DispatchError::Unavailable(format!(
+        "{what} failed on {}",
+        failed.join("; ")
+    )))
+}
+
 fn wire(v: Verdict) -> Result<api::Verdict, DispatchError> {
     if v.retryable {
         return Err(DispatchError::Unavailable(v.message));
@@ -224,17 +236,7 @@ impl Dispatcher for EngineDispatcher {
         Box::pin(async move {
             let job = self.job_ref(caller, &req).await?;
             let report = self.engine.terminate(&job).await;
-            if !report.failed.is_empty() {
-                let failed: Vec<String> = report
-                    .failed
-                    .iter()
-                    .map(|(d, e)| format!("{d}: {e}"))
-                    .collect();
-                return Err(DispatchError::Unavailable(format!(
-                    "deleting the Jobs failed on {}",
-                    failed.join("; ")
-                )));
-            }
+            all_done("deleting the Jobs", &report.failed)?;
             let mut lines: Vec<String> = report
                 .deleted
                 .iter()
@@ -264,17 +266,7 @@ impl Dispatcher for EngineDispatcher {
                 .engine
                 .gc(&req.run.uid, Some(&req.metric), req.limit as usize)
                 .await;
-            if !report.failed.is_empty() {
-                let failed: Vec<String> = report
-                    .failed
-                    .iter()
-                    .map(|(d, e)| format!("{d}: {e}"))
-                    .collect();
-                return Err(DispatchError::Unavailable(format!(
-                    "garbage collection failed on {}",
-                    failed.join("; ")
-                )));
-            }
+            all_done("garbage collection", &report.failed)?;
             Ok(report.deleted.len() as u32)
         })
     }
