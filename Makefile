@@ -110,3 +110,8 @@ demo: k8s-bin plugin-release ## the main job locally: 3 clusters, Argo Rollouts,
 .PHONY: demo-debug
 demo-debug: k8s-bin plugin-release ## make demo with every log line
 	K8S_BIN_ENV=$(K8S_BIN_ENV) PLUGIN_BINARY=$(abspath $(PLUGIN_BIN)) $(CARGO) test --locked -p dispatch-tests --test demo -- --ignored --nocapture
+
+.PHONY: api-fuzz
+api-fuzz: ## fuzz the /v1 API from its OpenAPI document with schemathesis (installs it from PyPI if missing)
+	$(CARGO) build --locked -p dispatch-server --bin rollouts-dispatch
+	tests/api-fuzz/run.sh $(abspath target/debug/rollouts-dispatch) $${API_FUZZ_EXAMPLES:-100}

@@ -262,6 +262,15 @@ impl Dispatcher for EngineDispatcher {
                     "agent tokens cannot garbage-collect Jobs".into(),
                 ));
             }
+            // The block is not needed to find the Jobs, but a wrong one is a caller bug to report.
+            let block = serde_json::to_vec(&req.block)
+                .map_err(|e| DispatchError::InvalidBlock(e.to_string()))?;
+            JobConfig::parse(&block).map_err(|reason| {
+                DispatchError::InvalidBlock(format!(
+                    "invalid rollouts-dispatch/job block in metric {:?}: {reason}",
+                    req.metric
+                ))
+            })?;
             let report = self
                 .engine
                 .gc(&req.run.uid, Some(&req.metric), req.limit as usize)
