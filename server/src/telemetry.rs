@@ -10,9 +10,12 @@ pub fn init(filter: &str, format: LogFormat) {
         eprintln!("invalid log filter {filter:?} ({e}); using \"info\"");
         EnvFilter::new("info")
     });
+    // Colour only on a terminal: escape codes make log files and collectors unreadable.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     match format {
         LogFormat::Plain => builder.init(),
         LogFormat::Json => builder.json().init(),
