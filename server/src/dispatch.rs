@@ -103,14 +103,7 @@ impl EngineDispatcher {
                 caller.subject
             )));
         }
-        let block = serde_json::to_vec(&req.block)
-            .map_err(|e| DispatchError::InvalidBlock(e.to_string()))?;
-        let config = JobConfig::parse(&block).map_err(|reason| {
-            DispatchError::InvalidBlock(format!(
-                "invalid rollouts-dispatch/job block in metric {:?}: {reason}",
-                req.metric
-            ))
-        })?;
+        let config = parse_block(&req.metric, &req.block)?;
         Ok(MeasureRequest {
             run: RunContext {
                 name: req.run.name.clone(),
@@ -152,6 +145,17 @@ fn engine_error(e: EngineError) -> DispatchError {
         EngineError::InvalidJob { .. } => DispatchError::InvalidBlock(message),
         EngineError::Start(_) => DispatchError::Internal(message),
     }
+}
+
+/// Validates the plugin block a request carries; the error names the metric and the field.
+fn parse_block(metric: &str, block: &serde_json::Value) -> Result<JobConfig, DispatchError> {
+    let bytes =
+        serde_json::to_vec(block).map_err(|e| DispatchError::InvalidBlock(e.to_string()))?;
+    JobConfig::parse(&bytes).map_err(|reason| {
+        DispatchError::InvalidBlock(format!(
+            "invalid rollouts-dispatch/job block in metric {metric:?}: {reason}"
+        ))
+    })
 }
 
 /// `Unavailable` (the plugin retries) when `failed` lists destinations where `what` failed.
@@ -263,14 +267,7 @@ impl Dispatcher for EngineDispatcher {
                 ));
             }
             // The block is not needed to find the Jobs, but a wrong one is a caller bug to report.
-            let block = serde_json::to_vec(&req.block)
-                .map_err(|e| DispatchError::InvalidBlock(e.to_string()))?;
-            JobConfig::parse(&block).map_err(|reason| {
-                DispatchError::InvalidBlock(format!(
-                    "invalid rollouts-dispatch/job block in metric {:?}: {reason}",
-                    req.metric
-                ))
-            })?;
+            parse_block(&req.metric, &req.block)?;
             let report = self
                 .engine
                 .gc(&req.run.uid, Some(&req.metric), req.limit as usize)

@@ -14,14 +14,9 @@ use e2e_support::*;
 use kube::api::{DynamicObject, PostParams};
 use serde_json::Value;
 
+/// The first line of the last measurement's message: one row per run in the table.
 fn last_message(ar: &DynamicObject) -> String {
-    ar.data
-        .pointer("/status/metricResults/0/measurements")
-        .and_then(Value::as_array)
-        .and_then(|m| m.last())
-        .and_then(|m| m.get("message"))
-        .and_then(Value::as_str)
-        .unwrap_or_default()
+    measurement_message(ar)
         .lines()
         .next()
         .unwrap_or_default()

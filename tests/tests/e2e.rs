@@ -16,7 +16,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use dispatch_tests::cluster::argo;
 use e2e_support::*;
-use kube::api::{DynamicObject, PostParams};
+use kube::api::PostParams;
 use serde_json::{json, Value};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -72,16 +72,7 @@ async fn kargo_verification_runs_on_the_destination_cluster() -> Result<()> {
     let ok = wait_done(&runs, ok.metadata.name.as_deref().unwrap_or_default()).await?;
     let bad = wait_done(&runs, bad.metadata.name.as_deref().unwrap_or_default()).await?;
     let lost = wait_done(&runs, lost.metadata.name.as_deref().unwrap_or_default()).await?;
-    let message = |ar: &DynamicObject| {
-        ar.data
-            .pointer("/status/metricResults/0/measurements")
-            .and_then(Value::as_array)
-            .and_then(|m| m.last())
-            .and_then(|m| m.get("message"))
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string()
-    };
+    let message = measurement_message;
     let report = format!(
         "ok={} {:?} | bad={} {:?} | lost={} {:?}\ncontroller log tail:\n{}",
         phase(&ok),

@@ -399,3 +399,15 @@ impl World {
         })
     }
 }
+
+/// The message of the run's last measurement (of its first metric).
+pub fn measurement_message(ar: &DynamicObject) -> String {
+    ar.data
+        .pointer("/status/metricResults/0/measurements")
+        .and_then(Value::as_array)
+        .and_then(|m| m.last())
+        .and_then(|m| m.get("message"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}
