@@ -12,7 +12,6 @@ use anyhow::Result;
 use dispatch_tests::cluster::argo;
 use e2e_support::*;
 use kube::api::{DynamicObject, PostParams};
-use serde_json::Value;
 
 /// The first line of the last measurement's message: one row per run in the table.
 fn last_message(ar: &DynamicObject) -> String {
