@@ -24,6 +24,12 @@
 //!     destinations: ["prod-*"]
 //!     namespaces: ["verification"]
 //! engine: {connectTimeout: 5s, requestTimeout: 20s}
+//! agents:                            # destinations reached through `rollouts-dispatch agent`
+//!   store: kubernetes                # memory (default, one replica) | kubernetes (DispatchJobs)
+//!   namespace: rollouts-dispatch     # of the DispatchJobs; default $POD_NAMESPACE
+//!   offlineAfter: 60s
+//!   destinations:
+//!   - {name: edge-2, labels: {env: edge}, namespace: verification}
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -83,6 +89,42 @@ pub struct ServerConfig {
     pub policy: Option<PolicyConfig>,
     /// timeouts
     pub engine: EngineSettings,
+    /// destinations served by agents, and where their work is kept
+    pub agents: Option<AgentsConfig>,
+}
+
+/// Where the records of agent destinations live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    /// in the server process: one replica only, forgotten on restart (agents resync)
+    Memory,
+    /// `DispatchJob` resources on the control plane: any number of replicas
+    Kubernetes,
+}
+
+/// Destinations served by `rollouts-dispatch agent`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentsConfig {
+    /// where the work records live
+    pub store: StoreKind,
+    /// namespace of the `DispatchJob` resources (`None`: `$POD_NAMESPACE`, else
+    /// `rollouts-dispatch`)
+    pub namespace: Option<String>,
+    /// an agent not heard from for this long is shown as not connected
+    pub offline_after: Duration,
+    /// the agent destinations
+    pub destinations: Vec<AgentDestinationConfig>,
+}
+
+/// One agent destination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentDestinationConfig {
+    /// its name in `destination:` and in the agent's token
+    pub name: String,
+    /// labels for `destinationSelector`
+    pub labels: BTreeMap<String, String>,
+    /// default namespace of Jobs there
+    pub namespace: String,
 }
 
 /// How to reach a cluster.
@@ -221,6 +263,7 @@ impl ServerConfig {
             argocd: None,
             policy: None,
             engine: EngineSettings::default(),
+            agents: None,
         }
     }
 
@@ -264,6 +307,26 @@ struct RawConfig {
     argocd: Option<RawArgoCd>,
     policy: Option<RawPolicy>,
     engine: Option<RawEngine>,
+    agents: Option<RawAgents>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawAgents {
+    store: Option<String>,
+    namespace: Option<String>,
+    offline_after: Option<String>,
+    #[serde(default)]
+    destinations: Vec<RawAgentDestination>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawAgentDestination {
+    name: String,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    namespace: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -491,6 +554,10 @@ impl RawConfig {
                 }
             }
         }
+        let agents = match self.agents {
+            None => None,
+            Some(a) => Some(validate_agents(a, &names)?),
+        };
         Ok(ServerConfig {
             origin: origin.to_string(),
             control_plane,
@@ -499,6 +566,7 @@ impl RawConfig {
             argocd,
             policy,
             engine,
+            agents,
         })
     }
 }
@@ -613,6 +681,63 @@ impl RawAccess {
             }
         }
     }
+}
+
+fn validate_agents(a: RawAgents, direct: &BTreeSet<String>) -> Result<AgentsConfig, String> {
+    let store = match a.store.as_deref() {
+        None | Some("memory") => StoreKind::Memory,
+        Some("kubernetes") => StoreKind::Kubernetes,
+        Some(other) => {
+            return Err(format!(
+                "agents.store: {other:?} is not a store; use memory (one replica) or kubernetes"
+            ))
+        }
+    };
+    check_namespace(a.namespace.as_deref()).map_err(|e| format!("agents.namespace: {e}"))?;
+    let offline_after = match a.offline_after {
+        None => Duration::from_secs(60),
+        Some(v) => {
+            let d = parse_go_duration(&v).map_err(|err| {
+                format!("agents.offlineAfter: {v:?} is not a duration ({err}; e.g. 60s)")
+            })?;
+            if d < Duration::from_secs(1) {
+                return Err("agents.offlineAfter: must be at least 1s".into());
+            }
+            d
+        }
+    };
+    let mut names = BTreeSet::new();
+    let mut destinations = Vec::new();
+    for (i, d) in a.destinations.into_iter().enumerate() {
+        let at = format!("agents.destinations[{i}]");
+        check_destination_name(&d.name).map_err(|e| format!("{at}.name: {e}"))?;
+        if direct.contains(&d.name) {
+            return Err(format!(
+                "{at}.name: {:?} is also in `destinations`; a destination is reached either \
+                 directly or through its agent, remove one",
+                d.name
+            ));
+        }
+        if !names.insert(d.name.clone()) {
+            return Err(format!(
+                "{at}.name: {:?} is used twice; names must be unique",
+                d.name
+            ));
+        }
+        check_labels(&d.labels).map_err(|e| format!("{at}.labels: {e}"))?;
+        check_namespace(d.namespace.as_deref()).map_err(|e| format!("{at}.namespace: {e}"))?;
+        destinations.push(AgentDestinationConfig {
+            name: d.name,
+            labels: d.labels,
+            namespace: d.namespace.unwrap_or_else(|| "default".into()),
+        });
+    }
+    Ok(AgentsConfig {
+        store,
+        namespace: a.namespace,
+        offline_after,
+        destinations,
+    })
 }
 
 /// A destination name: used in `destination: a,b`, so no commas or white space; `stage` is
@@ -746,6 +871,23 @@ engine: {connectTimeout: 2s}
     }
 
     #[test]
+    fn agents_have_defaults() {
+        let c = parse("agents: {destinations: [{name: edge-1, labels: {env: edge}}]}").unwrap();
+        let a = c.agents.unwrap();
+        assert_eq!(a.store, StoreKind::Memory);
+        assert_eq!(a.offline_after, Duration::from_secs(60));
+        assert_eq!(a.namespace, None);
+        assert_eq!(a.destinations[0].namespace, "default");
+        assert_eq!(a.destinations[0].labels["env"], "edge");
+        let k = parse("agents: {store: kubernetes, namespace: rd, offlineAfter: 2m}").unwrap();
+        let a = k.agents.unwrap();
+        assert_eq!(
+            (a.store, a.namespace.as_deref(), a.offline_after),
+            (StoreKind::Kubernetes, Some("rd"), Duration::from_secs(120))
+        );
+    }
+
+    #[test]
     fn empty_and_default() {
         let c = parse("").unwrap();
         assert!(c.destinations.is_empty() && c.policy.is_none());
@@ -814,6 +956,30 @@ engine: {connectTimeout: 2s}
             ),
             ("argocd: {namespace: Argo}", "argocd.namespace"),
             ("destinations: {}", "line 1 column 15"),
+            (
+                "agents: {store: etcd}",
+                "agents.store: \"etcd\" is not a store",
+            ),
+            (
+                "agents: {offlineAfter: 10ms}",
+                "agents.offlineAfter: must be at least 1s",
+            ),
+            (
+                "agents: {destinations: [{name: a}, {name: a}]}",
+                "agents.destinations[1].name: \"a\" is used twice",
+            ),
+            (
+                "destinations: [{name: a, kubeconfig: /k}]\nagents: {destinations: [{name: a}]}",
+                "agents.destinations[0].name: \"a\" is also in `destinations`",
+            ),
+            (
+                "agents: {destinations: [{name: a, namespace: A}]}",
+                "agents.destinations[0].namespace",
+            ),
+            (
+                "agents: {destinations: [{name: a, url: x}]}",
+                "unknown field `url`",
+            ),
         ] {
             let e = parse(text).unwrap_err();
             assert!(e.starts_with("invalid config file t.yaml: "), "{e}");

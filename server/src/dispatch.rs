@@ -12,18 +12,24 @@ use std::sync::Arc;
 use dispatch_plugin::gob::GoTime;
 use k8s_openapi::api::batch::v1::Job;
 
-use crate::destinations::Entry;
+use crate::agent::api::{
+    self as agent_api, ReportReply, ReportRequest, WorkItem, WorkReply, WorkRequest,
+};
+use crate::destinations::{AgentDestination, Entry};
 use crate::engine::{Engine, EngineError, JobRef, MeasureRequest, REF_KEY};
 use crate::http::metrics::Metrics;
 use crate::http::{BoxFuture, DestinationInfo, DispatchError, Dispatcher, Principal};
 use crate::job::RunContext;
 use crate::logs::Redactor;
+use crate::store::{DispatchJobStatus, Store};
 use crate::verdict::{Phase, Verdict};
 
 /// The engine behind the API.
 pub struct EngineDispatcher {
     engine: Engine,
     metrics: Arc<Metrics>,
+    /// set at shutdown: open long polls answer at once so that the drain does not wait for them
+    stopping: tokio::sync::watch::Sender<bool>,
 }
 
 /// The phase of a Job for the `jobs` metric.
@@ -56,7 +62,67 @@ fn finished_at(job: &Job) -> Option<GoTime> {
 impl EngineDispatcher {
     /// Serves `engine`, reporting to `metrics`.
     pub fn new(engine: Engine, metrics: Arc<Metrics>) -> Self {
-        Self { engine, metrics }
+        Self {
+            engine,
+            metrics,
+            stopping: tokio::sync::watch::channel(false).0,
+        }
+    }
+
+    /// Answers every open long poll now and every new one at once (shutdown).
+    pub fn stop_polls(&self) {
+        self.stopping.send_replace(true);
+    }
+
+    /// The agent destination `destination`, if `caller` holds its agent token.
+    fn agent_for(
+        &self,
+        caller: &Principal,
+        destination: &str,
+    ) -> Result<(Arc<AgentDestination>, Arc<dyn Store>), DispatchError> {
+        match caller.destination.as_deref() {
+            None => {
+                tracing::warn!(subject = %caller.subject, destination, "refused: not an agent token");
+                return Err(DispatchError::Forbidden(format!(
+                    "{} holds no agent token; an agent needs one issued for its destination \
+                     (rollouts-dispatch token issue --destination {destination})",
+                    caller.subject
+                )));
+            }
+            Some(own) if own != destination => {
+                tracing::warn!(subject = %caller.subject, token_destination = own, destination,
+                               "refused: agent token of another destination");
+                return Err(DispatchError::Forbidden(format!(
+                    "the agent token of {} is for destination {own:?}, not {destination:?}; an agent \
+                     only sees and reports the work of its own destination",
+                    caller.subject
+                )));
+            }
+            Some(_) => {}
+        }
+        let store = self.engine.store().cloned();
+        match (self.engine.registry().get(destination), store) {
+            (Some(Entry::Agent(a)), Some(store)) => Ok((a, store)),
+            _ => {
+                tracing::warn!(subject = %caller.subject, destination, "refused: not an agent destination");
+                Err(DispatchError::NotFound(format!(
+                    "{destination:?} is not an agent destination of this server; add it to \
+                     agents.destinations in {}",
+                    self.engine.origin()
+                )))
+            }
+        }
+    }
+
+    /// Publishes whether each agent destination's agent is connected.
+    pub fn publish_agents(&self) {
+        let offline_after = self.engine.agent_offline_after();
+        for entry in self.engine.registry().entries() {
+            if let Entry::Agent(a) = entry {
+                self.metrics
+                    .set_agent_connected(&a.name, a.connected(offline_after));
+            }
+        }
     }
 
     /// Publishes the number of our Jobs per destination and phase, from the watch caches.
@@ -290,15 +356,136 @@ impl Dispatcher for EngineDispatcher {
                     Source::Config { .. } => "config",
                     Source::ArgoCd { .. } | Source::ArgoCdInCluster => "argocd-secret",
                     Source::Kubeconfig { .. } => "kubeconfig",
+                    Source::Agent { .. } => "agent",
+                    Source::Local => "local",
                 }
                 .to_string(),
                 labels: e.labels().clone(),
                 default_namespace: e.namespace().to_string(),
-                connected: matches!(&e, Entry::Ready(d) if d.cache_problem().is_none()),
-                last_contact: None,
+                connected: match &e {
+                    Entry::Ready(d) => d.cache_problem().is_none(),
+                    Entry::Broken(_) => false,
+                    Entry::Agent(a) => a.connected(self.engine.agent_offline_after()),
+                },
+                last_contact: match &e {
+                    Entry::Agent(a) => a
+                        .last_contact()
+                        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                        .map(|d| {
+                            GoTime::from_unix(d.as_secs() as i64, d.subsec_nanos()).to_rfc3339()
+                        }),
+                    _ => None,
+                },
             })
             .collect();
         rows.sort_by(|a, b| a.name.cmp(&b.name));
         rows
     }
+
+    fn agent_work<'a>(
+        &'a self,
+        caller: &'a Principal,
+        destination: String,
+        req: WorkRequest,
+    ) -> BoxFuture<'a, Result<WorkReply, DispatchError>> {
+        Box::pin(async move {
+            let (agent, store) = self.agent_for(caller, &destination)?;
+            agent.contact(&caller.subject, 1);
+            // Whatever happens below, the poll ends here.
+            let _ended = scopeguard(|| agent.contact(&caller.subject, -1));
+            let mut changes = store.subscribe(&destination);
+            let mut stopping = self.stopping.subscribe();
+            let wait = std::time::Duration::from_secs(u64::from(
+                req.wait_seconds.min(agent_api::MAX_WAIT_SECONDS),
+            ));
+            let deadline = tokio::time::Instant::now() + wait;
+            loop {
+                changes.mark_unchanged();
+                let records = store.for_destination(&destination);
+                let fingerprint = crate::store::work_fingerprint(&records);
+                let stop = *stopping.borrow();
+                if fingerprint != req.fingerprint || stop || tokio::time::Instant::now() >= deadline
+                {
+                    return Ok(WorkReply {
+                        fingerprint,
+                        jobs: records
+                            .into_iter()
+                            .map(|r| WorkItem {
+                                reported: r.status.is_some(),
+                                name: r.name,
+                                spec: r.spec,
+                            })
+                            .collect(),
+                    });
+                }
+                tokio::select! {
+                    _ = changes.changed() => {}
+                    _ = stopping.changed() => {}
+                    () = tokio::time::sleep_until(deadline) => {}
+                }
+            }
+        })
+    }
+
+    fn agent_report<'a>(
+        &'a self,
+        caller: &'a Principal,
+        destination: String,
+        req: ReportRequest,
+    ) -> BoxFuture<'a, Result<ReportReply, DispatchError>> {
+        Box::pin(async move {
+            let (agent, store) = self.agent_for(caller, &destination)?;
+            agent.contact(&caller.subject, 0);
+            let mut reply = ReportReply::default();
+            for report in req.reports {
+                let Some(record) = store.get(&report.name) else {
+                    reply.unknown.push(report.name);
+                    continue;
+                };
+                if record.spec.destination != destination {
+                    tracing::warn!(subject = %caller.subject, destination, record = %report.name,
+                                   "refused: report on a record of another destination");
+                    return Err(DispatchError::Forbidden(format!(
+                        "dispatchjob {} belongs to destination {:?}, not {destination:?}",
+                        report.name, record.spec.destination
+                    )));
+                }
+                let result = if report.state.is_none() {
+                    store.remove(&report.name).await
+                } else {
+                    let status = DispatchJobStatus::observed(report.state, &caller.subject);
+                    let unchanged = record
+                        .status
+                        .as_ref()
+                        .is_some_and(|s| s.state == status.state && s.deleted == status.deleted);
+                    if unchanged {
+                        Ok(())
+                    } else {
+                        store.set_status(&report.name, status).await
+                    }
+                };
+                match result {
+                    Ok(()) => reply.accepted += 1,
+                    Err(crate::store::StoreError::NotFound(_)) => reply.unknown.push(report.name),
+                    Err(e) => return Err(DispatchError::Unavailable(e.to_string())),
+                }
+            }
+            self.metrics
+                .count_agent_reports(&destination, u64::from(reply.accepted));
+            Ok(reply)
+        })
+    }
+}
+
+/// Runs `f` when dropped (also when the request future is cancelled by a client going away).
+fn scopeguard<F: FnOnce()>(f: F) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    Guard(Some(f))
 }

@@ -20,6 +20,7 @@
 //!   engine behind it; [`serve`] runs both (`rollouts-dispatch serve`).
 //! * [`cli`], [`token`], [`telemetry`]: the command line, `token issue`, logging.
 
+pub mod agent;
 pub mod cli;
 pub mod cmd_doctor;
 pub mod cmd_run;
@@ -32,6 +33,7 @@ pub mod job;
 pub mod logs;
 pub mod policy;
 pub mod serve;
+pub mod store;
 pub mod telemetry;
 pub mod token;
 pub mod verdict;

@@ -57,8 +57,10 @@ impl fmt::Display for Phase {
     }
 }
 
-/// What is known about the Job on one destination.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What is known about the Job on one destination. Serializable: an agent reports it for its
+/// destination and the server combines it like the state of a direct destination.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", content = "detail", rename_all = "camelCase")]
 pub enum DestState {
     /// not finished; the detail says why, when useful (e.g. a pending pod)
     Running(Option<String>),

@@ -10,6 +10,10 @@
 //! 3. the implicit Argo CD `in-cluster` destination, the control plane itself;
 //! 4. kubeconfig contexts ([`Source::Kubeconfig`], the embedded default on a laptop).
 //!
+//! Agent destinations (`agents.destinations` of the config, [`Source::Agent`]) are
+//! [`AgentDestination`]s: no client and no cache here, their work goes through the
+//! [`crate::store`]; the registry tracks when their agent was last heard from.
+//!
 //! A destination whose credentials cannot be used is registered as [`Broken`]: measurements
 //! that target it get its error instead of "unknown destination".
 
@@ -20,8 +24,8 @@ pub mod stage;
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime};
 
 use dispatch_metric_provider::selector::Selector;
 use k8s_openapi::api::batch::v1::Job;
@@ -66,13 +70,20 @@ pub enum Source {
         /// the context
         context: String,
     },
+    /// `agents.destinations[index]` of the config file: reached through its agent
+    Agent {
+        /// position in the file
+        index: usize,
+    },
+    /// the cluster an agent runs in (the agent's own registry)
+    Local,
 }
 
 impl Source {
     /// Lower wins when two sources define the same name.
     fn priority(&self) -> u8 {
         match self {
-            Self::Config { .. } => 0,
+            Self::Config { .. } | Self::Agent { .. } | Self::Local => 0,
             Self::ArgoCd { .. } => 1,
             Self::ArgoCdInCluster => 2,
             Self::Kubeconfig { .. } => 3,
@@ -94,6 +105,8 @@ impl fmt::Display for Source {
             }
             Self::ArgoCdInCluster => f.write_str("Argo CD's implicit in-cluster destination"),
             Self::Kubeconfig { path, context } => write!(f, "kubeconfig {path} context {context}"),
+            Self::Agent { index } => write!(f, "config agents.destinations[{index}]"),
+            Self::Local => f.write_str("the agent's own cluster"),
         }
     }
 }
@@ -278,6 +291,75 @@ pub struct Broken {
     pub error: String,
 }
 
+/// A destination reached through its agent: the server only knows when it last heard from it.
+#[derive(Debug)]
+pub struct AgentDestination {
+    /// the name
+    pub name: String,
+    /// labels
+    pub labels: BTreeMap<String, String>,
+    /// default namespace of Jobs
+    pub namespace: String,
+    /// where it comes from
+    pub source: Source,
+    presence: Mutex<Presence>,
+}
+
+#[derive(Debug, Default)]
+struct Presence {
+    /// long polls of this destination's agent(s) open on this replica right now
+    polling: usize,
+    last_contact: Option<SystemTime>,
+    subject: Option<String>,
+}
+
+impl AgentDestination {
+    /// A destination nobody has heard from yet.
+    pub fn new(
+        name: &str,
+        labels: BTreeMap<String, String>,
+        namespace: &str,
+        index: usize,
+    ) -> Self {
+        Self {
+            name: name.to_string(),
+            labels,
+            namespace: namespace.to_string(),
+            source: Source::Agent { index },
+            presence: Mutex::new(Presence::default()),
+        }
+    }
+
+    fn presence(&self) -> std::sync::MutexGuard<'_, Presence> {
+        self.presence.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records a request of the agent `subject`; `poll`: +1 when a long poll starts, -1 when it
+    /// ends, 0 for other calls.
+    pub fn contact(&self, subject: &str, poll: isize) {
+        let mut p = self.presence();
+        p.last_contact = Some(SystemTime::now());
+        if p.subject.as_deref() != Some(subject) {
+            p.subject = Some(subject.to_string());
+        }
+        p.polling = p.polling.saturating_add_signed(poll);
+    }
+
+    /// When this replica last heard from the agent.
+    pub fn last_contact(&self) -> Option<SystemTime> {
+        self.presence().last_contact
+    }
+
+    /// Whether the agent is polling this replica now, or was heard from within `offline_after`.
+    pub fn connected(&self, offline_after: Duration) -> bool {
+        let p = self.presence();
+        p.polling > 0
+            || p.last_contact
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|e| e < offline_after)
+    }
+}
+
 /// A registry entry.
 #[derive(Debug, Clone)]
 pub enum Entry {
@@ -285,6 +367,8 @@ pub enum Entry {
     Ready(Arc<Destination>),
     /// known but unusable
     Broken(Arc<Broken>),
+    /// reached through its agent
+    Agent(Arc<AgentDestination>),
 }
 
 impl Entry {
@@ -293,6 +377,7 @@ impl Entry {
         match self {
             Self::Ready(d) => &d.name,
             Self::Broken(b) => &b.name,
+            Self::Agent(a) => &a.name,
         }
     }
     /// The labels.
@@ -300,6 +385,7 @@ impl Entry {
         match self {
             Self::Ready(d) => &d.labels,
             Self::Broken(b) => &b.labels,
+            Self::Agent(a) => &a.labels,
         }
     }
     /// The default namespace of Jobs.
@@ -307,13 +393,15 @@ impl Entry {
         match self {
             Self::Ready(d) => &d.namespace,
             Self::Broken(b) => &b.namespace,
+            Self::Agent(a) => &a.namespace,
         }
     }
-    /// The server URL.
+    /// The server URL (empty for an agent destination: the server cannot reach it).
     pub fn server(&self) -> &str {
         match self {
             Self::Ready(d) => &d.server,
             Self::Broken(b) => &b.server,
+            Self::Agent(_) => "",
         }
     }
     /// The source.
@@ -321,6 +409,7 @@ impl Entry {
         match self {
             Self::Ready(d) => &d.source,
             Self::Broken(b) => &b.source,
+            Self::Agent(a) => &a.source,
         }
     }
 }
@@ -402,7 +491,7 @@ impl Registry {
             .iter()
             .map(|e| match e {
                 Entry::Ready(d) => d.api_requests(),
-                Entry::Broken(_) => 0,
+                Entry::Broken(_) | Entry::Agent(_) => 0,
             })
             .sum()
     }
@@ -454,6 +543,25 @@ impl Registry {
         drop(old);
         self.version.send_modify(|v| *v += 1);
         true
+    }
+
+    /// Registers an agent destination (config: before any other source, so nothing shadows it).
+    pub fn insert_agent(&self, agent: AgentDestination) {
+        let name = agent.name.clone();
+        tracing::info!(destination = %name, source = %agent.source, namespace = %agent.namespace,
+                       "agent destination registered");
+        let old = {
+            let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
+            slots.insert(
+                name,
+                Slot {
+                    entry: Entry::Agent(Arc::new(agent)),
+                    fingerprint: 0,
+                },
+            )
+        };
+        drop(old);
+        self.version.send_modify(|v| *v += 1);
     }
 
     /// Removes `name` if it still comes from `source`.
@@ -518,7 +626,7 @@ impl Registry {
                 let ok = d.wait_synced(timeout).await;
                 (!ok).then(|| d.name.clone())
             }),
-            Entry::Broken(_) => None,
+            Entry::Broken(_) | Entry::Agent(_) => None,
         });
         futures::future::join_all(waits)
             .await

@@ -157,7 +157,7 @@ pub fn destination_of(registry: &Registry, app: &Value, app_ref: &str) -> Result
             }
         }
         (None, Some(name)) => match registry.get(name) {
-            Some(Entry::Ready(_) | Entry::Broken(_)) => Ok(name.to_string()),
+            Some(Entry::Ready(_) | Entry::Broken(_) | Entry::Agent(_)) => Ok(name.to_string()),
             None => Err(format!(
                 "Application {app_ref} deploys to cluster {name:?}, and there is no destination \
                  with that name (there are no clusters with this name)"

@@ -11,6 +11,8 @@
 //!
 //! The engine keeps no state that matters: a [`JobRef`] (stored in the measurement metadata)
 //! and the Jobs on the destinations are the state, so a new engine picks up where another left.
+//! Agent destinations have no reachable Jobs: their state is a [`DispatchJob`] record per Job in
+//! the [`Store`], written by the engine (spec) and by the agent (status).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -25,15 +27,18 @@ use kube::api::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::config::{EngineSettings, ServerConfig};
+use crate::config::{EngineSettings, ServerConfig, StoreKind};
 use crate::destinations::client::{self, RequestCounter};
-use crate::destinations::{self, argocd, stage, Destination, Entry, Registry};
+use crate::destinations::{
+    self, argocd, stage, AgentDestination, Destination, DestinationSpec, Entry, Registry, Source,
+};
 use crate::job::{
     self, JobInput, Ownership, RunContext, ANN_MEASUREMENT, ANN_METRIC, LABEL_RUN_UID,
     MANAGED_SELECTOR,
 };
 use crate::logs::{self, FailedContainer, Redactor};
 use crate::policy::{Denied, Policy};
+use crate::store::{self, Created, DispatchJob, DispatchJobSpec, Store};
 use crate::verdict::{self, DestState, DestinationStatus, Observed, Verdict};
 
 /// Measurement metadata key holding the [`JobRef`] as JSON.
@@ -250,6 +255,10 @@ struct Inner {
     /// `destination: stage` resolutions per run UID
     stages: Mutex<HashMap<String, Vec<String>>>,
     tasks: Vec<tokio::task::AbortHandle>,
+    /// the records of agent destinations (`None`: no `agents` in the config)
+    store: Option<Arc<dyn Store>>,
+    /// an agent silent this long is shown as not connected
+    offline_after: Duration,
 }
 
 impl std::fmt::Debug for Inner {
@@ -282,6 +291,7 @@ impl Engine {
             argocd,
             policy,
             engine: settings,
+            agents,
         } = config;
         let policy = Policy::new(policy.as_ref(), &origin);
         if let Some(w) = policy.warning() {
@@ -329,6 +339,42 @@ impl Engine {
                 }
             }
         }
+        let mut store: Option<Arc<dyn Store>> = None;
+        let mut offline_after = Duration::from_secs(60);
+        if let Some(agents) = &agents {
+            offline_after = agents.offline_after;
+            store = Some(match agents.store {
+                StoreKind::Memory => Arc::new(store::memory::MemoryStore::new()),
+                StoreKind::Kubernetes => {
+                    let namespace = agents.namespace.clone().unwrap_or_else(|| {
+                        std::env::var("POD_NAMESPACE")
+                            .unwrap_or_else(|_| "rollouts-dispatch".into())
+                    });
+                    let cp_config = client::config_for(&control_plane_access, "control-plane")
+                        .await
+                        .map_err(|e| {
+                            EngineError::Start(format!(
+                                "`agents.store: kubernetes` needs the control plane (`controlPlane` in {origin}): {e}"
+                            ))
+                        })?;
+                    let cp = client::client(cp_config, &settings, &RequestCounter::default())
+                        .map_err(|e| EngineError::Start(format!("control plane: {e}")))?;
+                    Arc::new(store::kubernetes::KubeStore::start(
+                        cp,
+                        &namespace,
+                        settings.request_timeout,
+                    ))
+                }
+            });
+            for (i, a) in agents.destinations.iter().enumerate() {
+                registry.insert_agent(AgentDestination::new(
+                    &a.name,
+                    a.labels.clone(),
+                    &a.namespace,
+                    i,
+                ));
+            }
+        }
         tracing::info!(destinations = ?registry.names(), %origin, "dispatch engine started");
         Ok(Self {
             inner: Arc::new(Inner {
@@ -342,8 +388,72 @@ impl Engine {
                 logs: Mutex::new(HashMap::new()),
                 stages: Mutex::new(HashMap::new()),
                 tasks,
+                store,
+                offline_after,
             }),
         })
+    }
+
+    /// The engine of an agent: one destination, `name`, the cluster the agent runs in
+    /// (in-cluster credentials, else `$KUBECONFIG`), with the same Job caches and verdict code
+    /// as the server's direct destinations.
+    pub async fn start_local(
+        name: &str,
+        namespace: &str,
+        settings: EngineSettings,
+    ) -> Result<Self, EngineError> {
+        let config = client::config_for(&crate::config::Access::Infer, name)
+            .await
+            .map_err(|e| {
+                EngineError::Start(format!(
+                    "no credentials for this cluster (in-cluster ServiceAccount or $KUBECONFIG): {e}"
+                ))
+            })?;
+        let registry = Arc::new(Registry::new(settings, false));
+        registry.insert(DestinationSpec {
+            name: name.to_string(),
+            labels: BTreeMap::new(),
+            namespace: namespace.to_string(),
+            server: config.cluster_url.to_string(),
+            source: Source::Local,
+            fingerprint: 0,
+            config: Ok(config),
+        });
+        if let Some(Entry::Broken(b)) = registry.get(name) {
+            return Err(EngineError::Start(b.error.clone()));
+        }
+        let origin = "agent".to_string();
+        Ok(Self {
+            inner: Arc::new(Inner {
+                registry,
+                policy: Policy::new(None, &origin),
+                settings,
+                origin,
+                control_plane: tokio::sync::OnceCell::new(),
+                control_plane_access: crate::config::Access::Infer,
+                argocd_namespace: "argocd".into(),
+                logs: Mutex::new(HashMap::new()),
+                stages: Mutex::new(HashMap::new()),
+                tasks: Vec::new(),
+                store: None,
+                offline_after: Duration::from_secs(60),
+            }),
+        })
+    }
+
+    /// The records of agent destinations (`None` without `agents` in the config).
+    pub fn store(&self) -> Option<&Arc<dyn Store>> {
+        self.inner.store.as_ref()
+    }
+
+    /// How long an agent may be silent before it is shown as not connected.
+    pub fn agent_offline_after(&self) -> Duration {
+        self.inner.offline_after
+    }
+
+    /// The config file (for messages).
+    pub fn origin(&self) -> &str {
+        &self.inner.origin
     }
 
     /// The destination registry.
@@ -391,11 +501,19 @@ impl Engine {
             })?;
             objects.push(obj);
         }
-        let outcomes =
-            join_all(targets.iter().zip(objects).map(|((entry, ns), obj)| {
-                self.create_or_adopt(entry, ns, &name, &req.run.uid, obj)
-            }))
-            .await;
+        let outcomes = join_all(targets.iter().zip(objects).map(|((entry, ns), obj)| {
+            let name = &name;
+            async move {
+                match entry {
+                    Entry::Agent(a) => self.agent_create(a, ns, name, req, obj).await,
+                    _ => {
+                        self.create_or_adopt(entry, ns, name, &req.run.uid, obj)
+                            .await
+                    }
+                }
+            }
+        }))
+        .await;
         let job = JobRef {
             run_uid: req.run.uid.clone(),
             name,
@@ -611,7 +729,9 @@ impl Engine {
             .clone()
     }
 
-    async fn create_or_adopt(
+    /// Creates Job `obj` (named `name`) on a direct destination, or adopts the Job of run
+    /// `run_uid` already there. The agent calls this for its own cluster.
+    pub async fn create_or_adopt(
         &self,
         entry: &Entry,
         namespace: &str,
@@ -625,6 +745,12 @@ impl Engine {
                 return Outcome::NotCreated(DestState::Error(format!(
                     "destination is unusable: {}",
                     b.error
+                )))
+            }
+            Entry::Agent(a) => {
+                return Outcome::NotCreated(DestState::Error(format!(
+                    "destination {} is reached through its agent, not directly",
+                    a.name
                 )))
             }
         };
@@ -661,6 +787,228 @@ impl Engine {
             Ok(Err(e)) => Outcome::NotCreated(api_failure(d, &what, &e)),
             Err(_) => Outcome::NotCreated(no_answer(d, &what, timeout)),
         }
+    }
+
+    // === agent destinations ===
+
+    fn agent_store(&self) -> Result<&Arc<dyn Store>, DestState> {
+        self.inner.store.as_ref().ok_or_else(|| {
+            DestState::Error("agent destinations need `agents` in the server config".into())
+        })
+    }
+
+    /// Writes the record that asks `agent` to run Job `obj`; an existing record of the same run
+    /// is adopted (a retry, or another replica wrote it first).
+    async fn agent_create(
+        &self,
+        agent: &AgentDestination,
+        namespace: &str,
+        name: &str,
+        req: &MeasureRequest,
+        obj: serde_json::Value,
+    ) -> Outcome {
+        let store = match self.agent_store() {
+            Ok(s) => s,
+            Err(e) => return Outcome::NotCreated(e),
+        };
+        let record = DispatchJob {
+            name: store::record_name(name, &agent.name),
+            spec: DispatchJobSpec {
+                destination: agent.name.clone(),
+                namespace: namespace.to_string(),
+                job_name: name.to_string(),
+                run_uid: req.run.uid.clone(),
+                run: format!("{}/{}", req.run.namespace, req.run.name),
+                metric: req.metric.clone(),
+                measurement: req.measurement,
+                log_tail: req.config.log_tail,
+                job: Some(obj),
+                delete: false,
+            },
+            status: None,
+            resource_version: None,
+        };
+        match store.create(record).await {
+            Ok(Created::New) => Outcome::Created,
+            Ok(Created::Existing(existing)) if existing.spec.run_uid == req.run.uid => {
+                if existing.spec.delete {
+                    Outcome::NotCreated(DestState::Unavailable(format!(
+                        "job {namespace}/{name} on {} is being deleted; it will be created again on the next attempt",
+                        agent.name
+                    )))
+                } else {
+                    Outcome::Adopted
+                }
+            }
+            Ok(Created::Existing(existing)) => Outcome::NotCreated(DestState::Error(format!(
+                "dispatchjob {} already exists for another AnalysisRun ({}); it is left alone",
+                existing.name, existing.spec.run
+            ))),
+            Err(e) => Outcome::NotCreated(DestState::Unavailable(e.to_string())),
+        }
+    }
+
+    /// The state of a measurement's Job on an agent destination, as its agent last reported.
+    async fn agent_state(
+        &self,
+        agent: &AgentDestination,
+        job: &JobRef,
+        p: &Placement,
+    ) -> DestState {
+        let store = match self.agent_store() {
+            Ok(s) => s,
+            Err(e) => return e,
+        };
+        let name = store::record_name(&job.name, &agent.name);
+        let silence = || {
+            if agent.connected(self.inner.offline_after) {
+                String::new()
+            } else {
+                match agent.last_contact().and_then(|t| t.elapsed().ok()) {
+                    Some(e) => format!(" (its agent has not been heard from for {}s)", e.as_secs()),
+                    None => " (its agent has not connected to this server replica yet)".into(),
+                }
+            }
+        };
+        let Some(record) = store.get(&name) else {
+            // The record is gone while Argo still asks: the in-memory store of a restarted
+            // server. Ask the agent to adopt the Job it has (never to create one).
+            let adopt = DispatchJob {
+                name: name.clone(),
+                spec: DispatchJobSpec {
+                    destination: agent.name.clone(),
+                    namespace: p.namespace.clone(),
+                    job_name: job.name.clone(),
+                    run_uid: job.run_uid.clone(),
+                    run: String::new(),
+                    metric: String::new(),
+                    measurement: measurement_of(&job.name),
+                    log_tail: job.log_tail,
+                    job: None,
+                    delete: false,
+                },
+                status: None,
+                resource_version: None,
+            };
+            return match store.create(adopt).await {
+                Ok(_) => DestState::Running(Some(format!(
+                    "waiting for the agent of {} to report job {}/{}{}",
+                    agent.name,
+                    p.namespace,
+                    job.name,
+                    silence()
+                ))),
+                Err(e) => DestState::Unavailable(e.to_string()),
+            };
+        };
+        match record.status {
+            Some(s) if s.deleted => DestState::Error(format!(
+                "job {}/{} on {} was deleted (terminate or garbage collection)",
+                p.namespace, job.name, agent.name
+            )),
+            Some(s) => match s.state {
+                Some(DestState::Running(detail)) => {
+                    let note = silence();
+                    DestState::Running(match (detail, note.is_empty()) {
+                        (d, true) => d,
+                        (Some(d), false) => Some(format!("{d}{note}")),
+                        (None, false) => Some(note.trim_start().to_string()),
+                    })
+                }
+                Some(state) => state,
+                None => DestState::Running(None),
+            },
+            None => DestState::Running(Some(format!(
+                "waiting for the agent of {} to pick up job {}/{}{}",
+                agent.name,
+                p.namespace,
+                job.name,
+                silence()
+            ))),
+        }
+    }
+
+    /// Asks the agent to delete the Job (a delete-only record when the record is gone).
+    async fn agent_delete(
+        &self,
+        agent: &AgentDestination,
+        job: &JobRef,
+        p: &Placement,
+    ) -> Result<bool, String> {
+        let store = self.agent_store().map_err(|s| s.summary())?;
+        let name = store::record_name(&job.name, &agent.name);
+        match store.get(&name) {
+            Some(r) if r.status.as_ref().is_some_and(|s| s.deleted) => Ok(false),
+            Some(r) if r.spec.delete => Ok(true),
+            Some(_) => match store.request_delete(&name).await {
+                Ok(()) => Ok(true),
+                Err(store::StoreError::NotFound(_)) => Ok(false),
+                Err(e) => Err(e.to_string()),
+            },
+            None => {
+                let delete = DispatchJob {
+                    name,
+                    spec: DispatchJobSpec {
+                        destination: agent.name.clone(),
+                        namespace: p.namespace.clone(),
+                        job_name: job.name.clone(),
+                        run_uid: job.run_uid.clone(),
+                        run: String::new(),
+                        metric: String::new(),
+                        measurement: measurement_of(&job.name),
+                        log_tail: 0,
+                        job: None,
+                        delete: true,
+                    },
+                    status: None,
+                    resource_version: None,
+                };
+                store.create(delete).await.map_err(|e| e.to_string())?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// Keeps the newest `limit` records of run `run_uid` per agent destination (and metric, or
+    /// all metrics together) and asks the agents to delete the Jobs of the others.
+    async fn gc_agents(
+        &self,
+        run_uid: &str,
+        metric: Option<&str>,
+        limit: usize,
+    ) -> (Vec<(String, String)>, Vec<(String, String)>) {
+        let Some(store) = &self.inner.store else {
+            return Default::default();
+        };
+        let records: Vec<DispatchJob> = store
+            .for_run(run_uid)
+            .into_iter()
+            .filter(|r| !r.spec.delete && metric.is_none_or(|m| r.spec.metric == m))
+            .map(|mut r| {
+                if metric.is_none() {
+                    r.spec.metric = String::new();
+                }
+                r
+            })
+            .collect();
+        let (mut deleted, mut failed) = (Vec::new(), Vec::new());
+        for ((destination, _), list) in store::by_metric(records) {
+            if list.len() <= limit {
+                continue;
+            }
+            let excess = list.len() - limit;
+            for r in &list[..excess] {
+                match store.request_delete(&r.name).await {
+                    Ok(()) => deleted.push((
+                        destination.clone(),
+                        format!("{}/{}", r.spec.namespace, r.spec.job_name),
+                    )),
+                    Err(store::StoreError::NotFound(_)) => {}
+                    Err(e) => failed.push((destination.clone(), e.to_string())),
+                }
+            }
+        }
+        (deleted, failed)
     }
 
     // === status ===
@@ -704,6 +1052,10 @@ impl Engine {
                 "destination is unusable: {}",
                 b.error
             ))),
+            Some(Entry::Agent(a)) => Err(DestState::Error(format!(
+                "destination {} is reached through its agent, not directly",
+                a.name
+            ))),
             None => Err(DestState::Error(format!(
                 "destination {destination:?} is no longer known (removed from {} or its Argo CD \
                  cluster Secret was deleted)",
@@ -712,13 +1064,18 @@ impl Engine {
         }
     }
 
-    async fn placement_state(
+    /// The state of the measurement's Job on one destination. The agent calls this for its own
+    /// cluster.
+    pub async fn placement_state(
         &self,
         job: &JobRef,
         p: &Placement,
         secrets: &Redactor,
         cached: bool,
     ) -> DestState {
+        if let Some(Entry::Agent(a)) = self.inner.registry.get(&p.destination) {
+            return self.agent_state(&a, job, p).await;
+        }
         let d = match self.ready(&p.destination) {
             Ok(d) => d,
             Err(s) => return s,
@@ -915,7 +1272,12 @@ impl Engine {
         report
     }
 
-    async fn delete_one(&self, job: &JobRef, p: &Placement) -> Result<bool, String> {
+    /// Deletes the measurement's Job on one destination; `Ok(false)`: none of ours was there.
+    /// The agent calls this for its own cluster.
+    pub async fn delete_one(&self, job: &JobRef, p: &Placement) -> Result<bool, String> {
+        if let Some(Entry::Agent(a)) = self.inner.registry.get(&p.destination) {
+            return self.agent_delete(&a, job, p).await;
+        }
         let d = self.ready(&p.destination).map_err(|s| s.summary())?;
         let existing = match self.cached(&d, &p.namespace, &job.name).await {
             Some((j, _)) => Some(j),
@@ -983,11 +1345,15 @@ impl Engine {
             .into_iter()
             .filter_map(|e| match e {
                 Entry::Ready(d) => Some(d),
-                Entry::Broken(_) => None,
+                Entry::Broken(_) | Entry::Agent(_) => None,
             })
             .collect();
         let results = join_all(dests.iter().map(|d| self.gc_one(d, run_uid, metric, limit))).await;
-        let mut report = GcReport::default();
+        let (agent_deleted, agent_failed) = self.gc_agents(run_uid, metric, limit).await;
+        let mut report = GcReport {
+            deleted: agent_deleted,
+            failed: agent_failed,
+        };
         for (d, r) in dests.iter().zip(results) {
             match r {
                 Ok(deleted) => report
@@ -1073,6 +1439,15 @@ impl Engine {
             Err(errors.join("; "))
         }
     }
+}
+
+/// The `n` of a Job name `<uid>.<metric>.<n>` (0 when it has none).
+fn measurement_of(job_name: &str) -> u32 {
+    job_name
+        .rsplit('.')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
 fn adopt_or_refuse(existing: &Job, run_uid: &str, namespace: &str, name: &str) -> Outcome {

@@ -46,6 +46,13 @@ pub struct Metrics {
     verdicts: Family<PhaseLabels, Counter>,
     jobs: Family<JobLabels, Gauge>,
     verdict_latency: Histogram,
+    agent_connected: Family<DestinationLabels, Gauge>,
+    agent_reports: Family<DestinationLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DestinationLabels {
+    destination: String,
 }
 
 impl Default for Metrics {
@@ -90,7 +97,21 @@ impl Metrics {
             "time from a Job finishing to its verdict being reported",
             verdict_latency.clone(),
         );
+        let agent_connected = Family::<DestinationLabels, Gauge>::default();
+        let agent_reports = Family::<DestinationLabels, Counter>::default();
+        registry.register(
+            "agent_connected",
+            "1 when the agent of an agent destination polled this replica within agents.offlineAfter",
+            agent_connected.clone(),
+        );
+        registry.register(
+            "agent_reports",
+            "Job states reported by agents, by destination",
+            agent_reports.clone(),
+        );
         Self {
+            agent_connected,
+            agent_reports,
             registry: Mutex::new(registry),
             requests,
             latency,
@@ -112,6 +133,24 @@ impl Metrics {
     /// Records how long after a Job finished its verdict was reported.
     pub fn observe_verdict_latency(&self, seconds: f64) {
         self.verdict_latency.observe(seconds);
+    }
+
+    /// Sets whether the agent of `destination` is connected.
+    pub fn set_agent_connected(&self, destination: &str, connected: bool) {
+        self.agent_connected
+            .get_or_create(&DestinationLabels {
+                destination: destination.into(),
+            })
+            .set(i64::from(connected));
+    }
+
+    /// Counts `n` reports stored for `destination`.
+    pub fn count_agent_reports(&self, destination: &str, n: u64) {
+        self.agent_reports
+            .get_or_create(&DestinationLabels {
+                destination: destination.into(),
+            })
+            .inc_by(n);
     }
 
     /// Sets the number of Jobs in `phase` on `destination`.

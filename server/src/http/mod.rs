@@ -20,7 +20,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, Path, Request, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{middleware, Extension, Json, Router};
@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tracing::{debug, info, warn};
 
+use crate::agent::api::{self as agent_api, ReportReply, ReportRequest, WorkReply, WorkRequest};
 pub use auth::{Authenticator, Principal};
 pub use error::{ApiFailure, DispatchError};
 use metrics::Metrics;
@@ -64,6 +65,30 @@ pub trait Dispatcher: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<u32, DispatchError>>;
     /// Every known destination.
     fn destinations(&self) -> Vec<DestinationInfo>;
+    /// The work of an agent destination (long poll).
+    fn agent_work<'a>(
+        &'a self,
+        caller: &'a Principal,
+        destination: String,
+        req: WorkRequest,
+    ) -> BoxFuture<'a, Result<WorkReply, DispatchError>> {
+        let _ = (caller, req);
+        Box::pin(std::future::ready(Err(DispatchError::NotFound(format!(
+            "{destination} is not an agent destination of this server"
+        )))))
+    }
+    /// An agent's observations of its destination's Jobs.
+    fn agent_report<'a>(
+        &'a self,
+        caller: &'a Principal,
+        destination: String,
+        req: ReportRequest,
+    ) -> BoxFuture<'a, Result<ReportReply, DispatchError>> {
+        let _ = (caller, req);
+        Box::pin(std::future::ready(Err(DispatchError::NotFound(format!(
+            "{destination} is not an agent destination of this server"
+        )))))
+    }
 }
 
 /// One row of `GET /v1/destinations`.
@@ -118,6 +143,8 @@ pub fn router(state: AppState) -> Router {
         .route(api::TERMINATE, post(terminate))
         .route(api::GC, post(gc))
         .route("/v1/destinations", get(destinations))
+        .route(agent_api::WORK, post(agent_work))
+        .route(agent_api::REPORT, post(agent_report))
         .route("/v1/openapi.json", get(openapi))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(
@@ -166,6 +193,28 @@ async fn gc(
     Ok(Json(GcReply {
         deleted: s.dispatcher.gc(&caller, req).await?,
     }))
+}
+
+async fn agent_work(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    Path(destination): Path<String>,
+    ApiJson(req): ApiJson<WorkRequest>,
+) -> Result<Json<WorkReply>, ApiFailure> {
+    Ok(Json(
+        s.dispatcher.agent_work(&caller, destination, req).await?,
+    ))
+}
+
+async fn agent_report(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    Path(destination): Path<String>,
+    ApiJson(req): ApiJson<ReportRequest>,
+) -> Result<Json<ReportReply>, ApiFailure> {
+    Ok(Json(
+        s.dispatcher.agent_report(&caller, destination, req).await?,
+    ))
 }
 
 /// A JSON body whose rejections (malformed, too large, wrong content type) are JSON errors too.

@@ -1,0 +1,535 @@
+//! The work of agent destinations: one [`DispatchJob`] record per Job an agent must run.
+//!
+//! A direct destination's Job *is* its state. An agent destination cannot be reached, so the
+//! server writes a record instead (spec: the Job to create, or a request to delete it) and the
+//! agent writes the record's status (the [`DestState`] it observed in its cluster). Two
+//! backends behind one [`Store`] trait (`ARCHITECTURE.md` §8):
+//!
+//! * [`memory::MemoryStore`]: the embedded default for one replica (laptop, tests);
+//! * [`kubernetes::KubeStore`]: `DispatchJob` resources (`rollouts-dispatch.io/v1alpha1`) in the
+//!   server's namespace, read through one informer, so that any replica serves any agent and a
+//!   restarted replica loses nothing.
+//!
+//! Reads are synchronous hash-map lookups on the [`Index`] both backends keep; writes are async.
+//! Every change wakes the long polls of the destination it belongs to, and only those.
+
+pub mod kubernetes;
+pub mod memory;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::RwLock;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::http::BoxFuture;
+use crate::verdict::DestState;
+
+/// API group of the `DispatchJob` resource.
+pub const GROUP: &str = "rollouts-dispatch.io";
+/// API version of the `DispatchJob` resource.
+pub const VERSION: &str = "v1alpha1";
+/// Kind of the resource.
+pub const KIND: &str = "DispatchJob";
+/// Plural (the resource name in URLs and RBAC).
+pub const PLURAL: &str = "dispatchjobs";
+
+/// What the server asks an agent to do for one Job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DispatchJobSpec {
+    /// the agent destination
+    pub destination: String,
+    /// namespace of the Job there
+    pub namespace: String,
+    /// name of the Job (the same on every destination of the measurement)
+    pub job_name: String,
+    /// UID of the AnalysisRun: the Job's `analysisrun.argoproj.io/uid` label
+    pub run_uid: String,
+    /// `namespace/name` of the AnalysisRun, for people
+    #[serde(default)]
+    pub run: String,
+    /// the metric
+    #[serde(default)]
+    pub metric: String,
+    /// the measurement index (the `n` of the Job name); orders garbage collection
+    #[serde(default)]
+    pub measurement: u32,
+    /// log lines of a failed container the agent puts into its report
+    #[serde(default)]
+    pub log_tail: u32,
+    /// the Job to create; `None`: only adopt an existing Job (a record recreated after the
+    /// in-memory store was lost) or delete it
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<serde_json::Value>,
+    /// delete the Job (terminate, garbage collection), then report `deleted`
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub delete: bool,
+}
+
+/// What the agent last reported.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DispatchJobStatus {
+    /// for `kubectl get dispatchjobs`: Running, Succeeded, Failed, ImagePull, Error,
+    /// Unavailable or Deleted
+    pub phase: String,
+    /// the Job's state as the engine reads it; `None` once deleted
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<DestState>,
+    /// the Job is gone after a delete request
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deleted: bool,
+    /// one line for people
+    #[serde(default)]
+    pub message: String,
+    /// RFC 3339 time of the agent's observation
+    #[serde(default)]
+    pub observed_at: String,
+    /// the agent (its token subject)
+    #[serde(default)]
+    pub agent: String,
+}
+
+impl DispatchJobStatus {
+    /// The status for `state`, observed now by `agent`.
+    pub fn observed(state: Option<DestState>, agent: &str) -> Self {
+        let (phase, message) = match &state {
+            None => ("Deleted".to_string(), "the Job is deleted".to_string()),
+            Some(s) => (phase_name(s).to_string(), summary(s)),
+        };
+        Self {
+            phase,
+            deleted: state.is_none(),
+            state,
+            message,
+            observed_at: dispatch_plugin::gob::GoTime::now().to_rfc3339(),
+            agent: agent.to_string(),
+        }
+    }
+}
+
+fn phase_name(s: &DestState) -> &'static str {
+    match s {
+        DestState::Running(_) => "Running",
+        DestState::Succeeded => "Succeeded",
+        DestState::Failed { .. } => "Failed",
+        DestState::ImagePull { .. } => "ImagePull",
+        DestState::Unavailable(_) => "Unavailable",
+        DestState::Error(_) => "Error",
+    }
+}
+
+fn summary(s: &DestState) -> String {
+    let text = match s {
+        DestState::Running(d) => d.clone().unwrap_or_default(),
+        DestState::Succeeded => String::new(),
+        DestState::Failed { reason, detail, .. } => format!("{reason}: {detail}"),
+        DestState::ImagePull {
+            container, reason, ..
+        } => format!("{container}: {reason}"),
+        DestState::Unavailable(m) | DestState::Error(m) => m.clone(),
+    };
+    text.chars().take(256).collect()
+}
+
+/// One record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DispatchJob {
+    /// the record's name: [`record_name`]
+    pub name: String,
+    /// what the server asks
+    pub spec: DispatchJobSpec,
+    /// what the agent reported
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<DispatchJobStatus>,
+    /// the Kubernetes store's `metadata.resourceVersion` (unused in memory)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<String>,
+}
+
+/// The record of Job `job_name` on `destination`: the Job name plus a hash of the destination,
+/// so that the records of a multi-destination measurement do not collide.
+pub fn record_name(job_name: &str, destination: &str) -> String {
+    format!(
+        "{job_name}.{:08x}",
+        crate::job::fnv1a(destination.as_bytes()) as u32
+    )
+}
+
+/// What [`Store::create`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Created {
+    /// the record is new
+    New,
+    /// a record of that name was already there (a retry, or another replica)
+    Existing(DispatchJob),
+}
+
+/// A store operation that failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// no such record
+    #[error("dispatchjob {0} does not exist")]
+    NotFound(String),
+    /// the backend could not be reached or refused (retryable)
+    #[error("dispatchjob store: {0}")]
+    Backend(String),
+}
+
+/// Where the records live.
+pub trait Store: Send + Sync + 'static {
+    /// The record called `name`.
+    fn get(&self, name: &str) -> Option<DispatchJob>;
+    /// Every record of `destination`, by name.
+    fn for_destination(&self, destination: &str) -> Vec<DispatchJob>;
+    /// Every record of AnalysisRun `run_uid`.
+    fn for_run(&self, run_uid: &str) -> Vec<DispatchJob>;
+    /// Number of records.
+    fn len(&self) -> usize;
+    /// Whether there is no record.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Changes whenever a record of `destination` changes.
+    fn subscribe(&self, destination: &str) -> watch::Receiver<u64>;
+    /// Creates `job` unless a record of that name exists.
+    fn create(&self, job: DispatchJob) -> BoxFuture<'_, Result<Created, StoreError>>;
+    /// Replaces the status of record `name`.
+    fn set_status<'a>(
+        &'a self,
+        name: &'a str,
+        status: DispatchJobStatus,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// Asks the agent to delete the Job of record `name`.
+    fn request_delete<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// Removes record `name` (after the agent reported the Job deleted); absent is fine.
+    fn remove<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// Waits up to `timeout` for the first full read of the backend; returns whether it happened.
+    fn wait_synced(&self, timeout: Duration) -> BoxFuture<'_, bool>;
+}
+
+/// The in-memory view both backends keep: records by name, indexed by destination and run, and
+/// one change counter per destination for the long polls.
+#[derive(Default)]
+pub struct Index {
+    state: RwLock<IndexState>,
+}
+
+#[derive(Default)]
+struct IndexState {
+    by_name: HashMap<String, DispatchJob>,
+    by_destination: HashMap<String, BTreeSet<String>>,
+    by_run: HashMap<String, BTreeSet<String>>,
+    notify: HashMap<String, watch::Sender<u64>>,
+}
+
+impl IndexState {
+    fn unlink(&mut self, job: &DispatchJob) {
+        for (map, key) in [
+            (&mut self.by_destination, &job.spec.destination),
+            (&mut self.by_run, &job.spec.run_uid),
+        ] {
+            if let Some(set) = map.get_mut(key) {
+                set.remove(&job.name);
+                if set.is_empty() {
+                    map.remove(key);
+                }
+            }
+        }
+    }
+
+    fn touch(&mut self, destination: &str) {
+        self.notify
+            .entry(destination.to_string())
+            .or_insert_with(|| watch::channel(0).0)
+            .send_modify(|v| *v += 1);
+    }
+}
+
+/// Resource versions are opaque, but the API server's are integers that grow; an event older
+/// than what a write already put into the index must not win.
+fn is_older(new: Option<&str>, old: Option<&str>) -> bool {
+    match (
+        new.and_then(|v| v.parse::<u64>().ok()),
+        old.and_then(|v| v.parse::<u64>().ok()),
+    ) {
+        (Some(n), Some(o)) => n < o,
+        _ => false,
+    }
+}
+
+fn upsert_locked(s: &mut IndexState, job: DispatchJob) -> bool {
+    if let Some(old) = s.by_name.get(&job.name) {
+        if *old == job
+            || is_older(
+                job.resource_version.as_deref(),
+                old.resource_version.as_deref(),
+            )
+        {
+            return false;
+        }
+        let old = old.clone();
+        s.unlink(&old);
+        if old.spec.destination != job.spec.destination {
+            s.touch(&old.spec.destination);
+        }
+    }
+    s.by_destination
+        .entry(job.spec.destination.clone())
+        .or_default()
+        .insert(job.name.clone());
+    s.by_run
+        .entry(job.spec.run_uid.clone())
+        .or_default()
+        .insert(job.name.clone());
+    let destination = job.spec.destination.clone();
+    s.by_name.insert(job.name.clone(), job);
+    s.touch(&destination);
+    true
+}
+
+impl Index {
+    /// The record called `name`.
+    pub fn get(&self, name: &str) -> Option<DispatchJob> {
+        self.read().by_name.get(name).cloned()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, IndexState> {
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, IndexState> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The records of `destination`.
+    pub fn for_destination(&self, destination: &str) -> Vec<DispatchJob> {
+        let s = self.read();
+        s.by_destination
+            .get(destination)
+            .map(|names| {
+                names
+                    .iter()
+                    .filter_map(|n| s.by_name.get(n).cloned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The records of run `run_uid`.
+    pub fn for_run(&self, run_uid: &str) -> Vec<DispatchJob> {
+        let s = self.read();
+        s.by_run
+            .get(run_uid)
+            .map(|names| {
+                names
+                    .iter()
+                    .filter_map(|n| s.by_name.get(n).cloned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Number of records.
+    pub fn len(&self) -> usize {
+        self.read().by_name.len()
+    }
+
+    /// Whether there is no record.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The change counter of `destination`.
+    pub fn subscribe(&self, destination: &str) -> watch::Receiver<u64> {
+        if let Some(tx) = self.read().notify.get(destination) {
+            return tx.subscribe();
+        }
+        self.write()
+            .notify
+            .entry(destination.to_string())
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe()
+    }
+
+    /// Inserts or replaces `job` (unless it is older than the record held); returns whether the
+    /// index changed.
+    pub fn upsert(&self, job: DispatchJob) -> bool {
+        upsert_locked(&mut self.write(), job)
+    }
+
+    /// Inserts `job` unless a record of that name exists (checked under the same lock);
+    /// `Err`: the existing record.
+    pub fn insert_new(&self, job: DispatchJob) -> Result<(), Box<DispatchJob>> {
+        let mut s = self.write();
+        if let Some(existing) = s.by_name.get(&job.name) {
+            return Err(Box::new(existing.clone()));
+        }
+        upsert_locked(&mut s, job);
+        Ok(())
+    }
+
+    /// Removes record `name`; returns it.
+    pub fn remove(&self, name: &str) -> Option<DispatchJob> {
+        let mut s = self.write();
+        let old = s.by_name.remove(name)?;
+        s.unlink(&old);
+        s.touch(&old.spec.destination);
+        Some(old)
+    }
+
+    /// Replaces every record with `jobs` (after a full list of the backend).
+    pub fn replace_all(&self, jobs: Vec<DispatchJob>) {
+        let keep: BTreeSet<String> = jobs.iter().map(|j| j.name.clone()).collect();
+        let gone: Vec<String> = self
+            .read()
+            .by_name
+            .keys()
+            .filter(|n| !keep.contains(*n))
+            .cloned()
+            .collect();
+        for name in gone {
+            self.remove(&name);
+        }
+        for job in jobs {
+            self.upsert(job);
+        }
+    }
+}
+
+/// A short digest of a destination's work (names, delete requests, whether the agent reported),
+/// so that a long poll answers only when the work changed, not on every status update.
+pub fn work_fingerprint(jobs: &[DispatchJob]) -> String {
+    let mut text = String::new();
+    for j in jobs {
+        text.push_str(&j.name);
+        text.push(if j.spec.delete { 'd' } else { '-' });
+        text.push(if j.status.is_some() { 'r' } else { '-' });
+        text.push(if j.spec.job.is_some() { 'j' } else { '-' });
+        text.push('\n');
+    }
+    format!("{:016x}-{}", crate::job::fnv1a(text.as_bytes()), jobs.len())
+}
+
+/// Records of a run per `(destination, metric)`, oldest measurement first.
+pub fn by_metric(jobs: Vec<DispatchJob>) -> BTreeMap<(String, String), Vec<DispatchJob>> {
+    let mut groups: BTreeMap<(String, String), Vec<DispatchJob>> = BTreeMap::new();
+    for j in jobs {
+        groups
+            .entry((j.spec.destination.clone(), j.spec.metric.clone()))
+            .or_default()
+            .push(j);
+    }
+    for list in groups.values_mut() {
+        list.sort_by(|a, b| {
+            a.spec
+                .measurement
+                .cmp(&b.spec.measurement)
+                .then_with(|| a.name.cmp(&b.name))
+        });
+    }
+    groups
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn job(name: &str, destination: &str, run: &str, n: u32) -> DispatchJob {
+        DispatchJob {
+            name: name.into(),
+            spec: DispatchJobSpec {
+                destination: destination.into(),
+                namespace: "default".into(),
+                job_name: name.into(),
+                run_uid: run.into(),
+                run: "p/r".into(),
+                metric: "m".into(),
+                measurement: n,
+                log_tail: 5,
+                job: Some(serde_json::json!({"kind": "Job"})),
+                delete: false,
+            },
+            status: None,
+            resource_version: None,
+        }
+    }
+
+    #[test]
+    fn the_index_wakes_only_the_destination_that_changed() {
+        let index = Index::default();
+        let mut a = index.subscribe("a");
+        let mut b = index.subscribe("b");
+        assert!(index.upsert(job("j1", "a", "r1", 1)));
+        assert!(a.has_changed().unwrap() && !b.has_changed().unwrap());
+        a.mark_unchanged();
+        assert!(!index.upsert(job("j1", "a", "r1", 1)), "no change");
+        assert!(!a.has_changed().unwrap());
+        index.upsert(job("j2", "b", "r1", 2));
+        assert!(b.has_changed().unwrap() && !a.has_changed().unwrap());
+        assert_eq!(index.for_run("r1").len(), 2);
+        assert_eq!(index.for_destination("a").len(), 1);
+        index.remove("j1");
+        assert!(a.has_changed().unwrap());
+        assert!(index.for_destination("a").is_empty());
+        index.replace_all(vec![job("j3", "a", "r2", 1)]);
+        assert_eq!(index.len(), 1);
+        assert!(index.for_run("r1").is_empty());
+    }
+
+    #[test]
+    fn older_resource_versions_do_not_overwrite_newer_ones() {
+        let index = Index::default();
+        let mut new = job("j", "a", "r", 1);
+        new.resource_version = Some("20".into());
+        new.spec.delete = true;
+        index.upsert(new);
+        let mut old = job("j", "a", "r", 1);
+        old.resource_version = Some("19".into());
+        assert!(!index.upsert(old));
+        assert!(index.get("j").unwrap().spec.delete);
+    }
+
+    #[test]
+    fn the_fingerprint_ignores_status_updates_after_the_first() {
+        let mut j = job("j", "a", "r", 1);
+        let before = work_fingerprint(std::slice::from_ref(&j));
+        j.status = Some(DispatchJobStatus::observed(
+            Some(DestState::Running(None)),
+            "agent:a",
+        ));
+        let reported = work_fingerprint(std::slice::from_ref(&j));
+        assert_ne!(before, reported);
+        j.status = Some(DispatchJobStatus::observed(
+            Some(DestState::Succeeded),
+            "agent:a",
+        ));
+        assert_eq!(reported, work_fingerprint(std::slice::from_ref(&j)));
+        j.spec.delete = true;
+        assert_ne!(reported, work_fingerprint(std::slice::from_ref(&j)));
+    }
+
+    #[test]
+    fn records_of_a_measurement_differ_per_destination_and_states_round_trip() {
+        assert_ne!(record_name("u.m.1", "a"), record_name("u.m.1", "b"));
+        assert!(crate::job::is_dns_subdomain(&record_name("u.m.1", "a")));
+        let s = DispatchJobStatus::observed(
+            Some(DestState::Failed {
+                reason: "BackoffLimitExceeded".into(),
+                detail: "exit 1".into(),
+                log: Some("boom".into()),
+            }),
+            "agent:a",
+        );
+        assert_eq!(s.phase, "Failed");
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["state"]["kind"], "failed");
+        let back: DispatchJobStatus = serde_json::from_value(json).unwrap();
+        assert_eq!(back, s);
+        let gone = DispatchJobStatus::observed(None, "agent:a");
+        assert!(gone.deleted && gone.phase == "Deleted");
+    }
+}
