@@ -120,7 +120,24 @@ impl ServerClient {
         path: &str,
         body: &Req,
     ) -> Result<Resp, CallError> {
-        let mut req = self.http.post(format!("{}{path}", self.base)).json(body);
+        self.send(
+            path,
+            self.http.post(format!("{}{path}", self.base)).json(body),
+        )
+        .await
+    }
+
+    /// `GET {base}{path}`; decodes a JSON reply or an [`ApiError`].
+    pub async fn get<Resp: DeserializeOwned>(&self, path: &str) -> Result<Resp, CallError> {
+        self.send(path, self.http.get(format!("{}{path}", self.base)))
+            .await
+    }
+
+    async fn send<Resp: DeserializeOwned>(
+        &self,
+        path: &str,
+        mut req: reqwest::RequestBuilder,
+    ) -> Result<Resp, CallError> {
         if let Some(file) = &self.token_file {
             let token = std::fs::read_to_string(file).map_err(|e| {
                 CallError::Transient(format!(

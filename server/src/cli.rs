@@ -1,4 +1,5 @@
-//! The `rollouts-dispatch` command line: `serve`, `token issue`, `run`, `doctor` (and `agent`, still to come).
+//! The `rollouts-dispatch` command line: `serve`, `agent`, `token issue`, `destinations`, `run`,
+//! `doctor`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -49,13 +50,61 @@ pub enum Command {
     /// Tokens for agents and plugins.
     #[command(subcommand)]
     Token(TokenCommand),
-    /// Run the agent in a cluster that can only dial out (not available in this version).
-    Agent,
+    /// Run the agent in a cluster that can only dial out: long-polls the server for its
+    /// destination's Jobs, runs them in this cluster, reports their state.
+    Agent(AgentArgs),
+    /// List the server's destinations: source, agent connection state, last contact.
+    Destinations(DestinationsArgs),
     /// Evaluate one metric of an AnalysisTemplate against a destination, without Argo: create
     /// the Job, follow it, print the verdict (exit 0 Successful, 1 otherwise, 2 usage/config).
     Run(RunArgs),
     /// Check the configuration and every destination: reachable, caches synced, RBAC.
     Doctor(DoctorArgs),
+}
+
+/// `rollouts-dispatch agent`
+#[derive(Debug, Clone, Args)]
+pub struct AgentArgs {
+    /// The rollouts-dispatch server's URL, e.g. `https://dispatch.example.com:8443`.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_SERVER")]
+    pub server: String,
+    /// File holding the agent token (`rollouts-dispatch token issue --destination NAME`);
+    /// re-read on every request.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_AGENT_TOKEN_FILE")]
+    pub token_file: PathBuf,
+    /// Extra CA certificate (PEM) to trust for the server.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// The destination this agent serves; must match the token (default: the token's).
+    #[arg(long)]
+    pub destination: Option<String>,
+    /// Address of /live, /ready and /metrics.
+    #[arg(
+        long,
+        env = "ROLLOUTS_DISPATCH_ADMIN_LISTEN",
+        default_value = "0.0.0.0:9090"
+    )]
+    pub admin_listen: SocketAddr,
+    /// How long one long poll may stay open (Go duration, at most 55s).
+    #[arg(long, default_value = "25s", value_parser = parse_duration)]
+    pub poll_wait: Duration,
+}
+
+/// `rollouts-dispatch destinations`
+#[derive(Debug, Clone, Args)]
+pub struct DestinationsArgs {
+    /// The rollouts-dispatch server's URL.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_SERVER")]
+    pub server: String,
+    /// File holding a token the server accepts.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Extra CA certificate (PEM) to trust for the server.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `rollouts-dispatch run`
@@ -243,12 +292,30 @@ pub fn run(cli: Cli) -> ExitCode {
         }
         Command::Run(args) => with_runtime(crate::cmd_run::run(args)),
         Command::Doctor(args) => with_runtime(crate::cmd_doctor::run(args)),
-        Command::Agent => {
-            eprintln!(
-                "rollouts-dispatch {}: this command is not available in this version yet",
-                crate::VERSION
-            );
-            ExitCode::from(2)
-        }
+        Command::Agent(args) => with_runtime(async move {
+            let opts = crate::agent::AgentOptions {
+                server: args.server,
+                token_file: args.token_file,
+                ca_file: args.ca_file,
+                destination: args.destination,
+                admin_listen: args.admin_listen,
+                poll_wait: args.poll_wait.min(Duration::from_secs(u64::from(
+                    crate::agent::api::MAX_WAIT_SECONDS,
+                ))),
+            };
+            match crate::agent::run(opts).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!(error = format!("{e:#}"), "agent stopped");
+                    ExitCode::FAILURE
+                }
+            }
+        }),
+        Command::Destinations(args) => with_runtime(crate::agent::client::list(
+            args.server,
+            args.token_file,
+            args.ca_file,
+            args.json,
+        )),
     }
 }

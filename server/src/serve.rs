@@ -65,8 +65,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         async move {
             loop {
                 dispatcher.publish_job_counts();
+                dispatcher.publish_agents();
                 tokio::time::sleep(std::time::Duration::from_secs(15)).await;
             }
+        }
+    });
+    // Open long polls of agents answer at once on shutdown, so that the drain does not wait.
+    tokio::spawn({
+        let dispatcher = dispatcher.clone();
+        let shutdown = shutdown.clone();
+        async move {
+            shutdown.await;
+            dispatcher.stop_polls();
         }
     });
     let state = AppState {
@@ -81,6 +91,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         shutdown.clone(),
     ));
 
+    if let Some(store) = engine.store() {
+        if !store.wait_synced(sync_timeout).await {
+            warn!("the DispatchJob store is not synced yet (is the CRD installed and may the server list dispatchjobs?); serving anyway");
+        }
+    }
     let unsynced = engine.wait_synced(sync_timeout).await;
     if unsynced.is_empty() {
         info!("all destinations synced");
@@ -128,7 +143,7 @@ async fn authenticators(
 }
 
 /// Resolves on the first SIGTERM or SIGINT; clones resolve together.
-fn shutdown_signal(
+pub(crate) fn shutdown_signal(
 ) -> futures::future::Shared<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> {
     use futures::FutureExt;
     let fut: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> = Box::pin(async {

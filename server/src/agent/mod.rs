@@ -8,3 +8,343 @@
 //! and reports again.
 
 pub mod api;
+pub mod client;
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasher, RandomState};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use dispatch_metric_provider::client::{CallError, ClientConfig, ServerClient};
+use dispatch_metric_provider::config::Require;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tracing::{error, info, warn};
+
+use crate::config::EngineSettings;
+use crate::engine::{Engine, JobRef, Outcome, Placement};
+use crate::http::admin::{self, Readiness};
+use crate::http::metrics::Metrics;
+use crate::logs::Redactor;
+use crate::verdict::DestState;
+use api::{Report, ReportReply, ReportRequest, WorkItem, WorkReply, WorkRequest};
+
+/// What `rollouts-dispatch agent` needs.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// the server's base URL
+    pub server: String,
+    /// the agent token (re-read on every request: it can be rotated in place)
+    pub token_file: PathBuf,
+    /// an extra CA to trust for the server
+    pub ca_file: Option<PathBuf>,
+    /// the destination, when given on the command line (must match the token)
+    pub destination: Option<String>,
+    /// address of /live, /ready and /metrics
+    pub admin_listen: SocketAddr,
+    /// how long one long poll may stay open
+    pub poll_wait: Duration,
+}
+
+/// The claims of a token that the agent reads without verifying (the server verifies).
+#[derive(serde::Deserialize)]
+struct UnverifiedClaims {
+    sub: Option<String>,
+    destination: Option<String>,
+}
+
+/// The `(subject, destination)` claims of the JWT in `token_file`.
+fn token_identity(token_file: &Path) -> anyhow::Result<(String, Option<String>)> {
+    use base64::Engine as _;
+    let token = std::fs::read_to_string(token_file)
+        .with_context(|| format!("reading the agent token {}", token_file.display()))?;
+    let payload = token.trim().split('.').nth(1).unwrap_or_default();
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<UnverifiedClaims>(&b).ok());
+    let Some(claims) = bytes else {
+        bail!(
+            "{} does not hold a rollouts-dispatch JWT; issue one with `rollouts-dispatch token issue --destination NAME`",
+            token_file.display()
+        );
+    };
+    Ok((claims.sub.unwrap_or_default(), claims.destination))
+}
+
+/// The delay before retry number `failures` (1-based): exponential from 0.5 s, capped at 30 s,
+/// with ±50% jitter so that many agents cut off together do not come back together.
+pub fn backoff(failures: u32) -> Duration {
+    let base = 500u64
+        .saturating_mul(1 << failures.saturating_sub(1).min(6))
+        .min(30_000);
+    let jitter = RandomState::new().hash_one(failures) % 1000;
+    Duration::from_millis(base / 2 + base * jitter / 1000)
+}
+
+struct Shared {
+    destination: String,
+    work: Mutex<Vec<WorkItem>>,
+    changed: Notify,
+}
+
+/// Runs the agent until SIGTERM or SIGINT.
+pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
+    let (subject, claimed) = token_identity(&opts.token_file)?;
+    let destination = match (opts.destination.clone(), claimed) {
+        (Some(flag), Some(claim)) if flag != claim => {
+            bail!("--destination {flag} does not match the token, which is for destination {claim}")
+        }
+        (_, Some(claim)) => claim,
+        (Some(_), None) | (None, None) => bail!(
+            "the token in {} is not an agent token (no destination claim); issue one with \
+             `rollouts-dispatch token issue --destination NAME`",
+            opts.token_file.display()
+        ),
+    };
+    let client = ServerClient::new(&ClientConfig {
+        server: opts.server.clone(),
+        token_file: Some(opts.token_file.clone()),
+        ca_file: opts.ca_file.clone(),
+        timeout: opts.poll_wait + Duration::from_secs(30),
+    })?;
+    let engine = Engine::start_local(&destination, "default", EngineSettings::default()).await?;
+    let metrics = Arc::new(Metrics::new());
+    let readiness = Readiness::new("the cluster's Jobs are not listed yet");
+    let admin_listener = TcpListener::bind(opts.admin_listen)
+        .await
+        .with_context(|| format!("binding the admin port {}", opts.admin_listen))?;
+    let shutdown = crate::serve::shutdown_signal();
+    let admin = tokio::spawn(crate::http::serve(
+        admin_listener,
+        admin::router(readiness.clone(), metrics.clone()),
+        None,
+        shutdown.clone(),
+    ));
+    info!(%destination, server = %opts.server, agent = %subject, "agent starting");
+    // Act only on a complete view of the cluster: a Job missing from a half-listed cache
+    // would be created twice.
+    while !engine.wait_synced(Duration::from_secs(30)).await.is_empty() {
+        warn!(%destination, "cannot list the Jobs and Pods of this cluster yet; check the agent's RBAC (jobs, pods: get, list, watch)");
+    }
+    let shared = Arc::new(Shared {
+        destination: destination.clone(),
+        work: Mutex::new(Vec::new()),
+        changed: Notify::new(),
+    });
+    let poller = tokio::spawn(poll(
+        client.clone(),
+        shared.clone(),
+        readiness.clone(),
+        opts.poll_wait,
+    ));
+    tokio::select! {
+        () = sync(engine, client, shared, subject, metrics) => {}
+        () = shutdown.clone() => {}
+    }
+    poller.abort();
+    readiness.set_unready("shutting down");
+    admin.await??;
+    info!(%destination, "agent stopped");
+    Ok(())
+}
+
+/// Long-polls the work of the destination forever.
+async fn poll(client: ServerClient, shared: Arc<Shared>, readiness: Readiness, wait: Duration) {
+    let path = api::path(api::WORK, &shared.destination);
+    let mut fingerprint = String::new();
+    let mut failures = 0u32;
+    loop {
+        let request = WorkRequest {
+            fingerprint: fingerprint.clone(),
+            wait_seconds: wait.as_secs() as u32,
+        };
+        match client.post::<_, WorkReply>(&path, &request).await {
+            Ok(reply) => {
+                if failures > 0 {
+                    info!(destination = %shared.destination, server = client.server(), "connected to the server again");
+                }
+                failures = 0;
+                readiness.set_ready();
+                if reply.fingerprint != fingerprint {
+                    fingerprint = reply.fingerprint;
+                    *shared.work.lock().unwrap_or_else(|e| e.into_inner()) = reply.jobs;
+                    shared.changed.notify_one();
+                }
+            }
+            Err(e) => {
+                failures += 1;
+                let delay = backoff(failures);
+                match &e {
+                    CallError::Rejected(api) => {
+                        error!(destination = %shared.destination, code = %api.code, error = %api.message,
+                               retry_in_ms = delay.as_millis() as u64, "the server refused the agent")
+                    }
+                    CallError::Transient(m) => {
+                        warn!(destination = %shared.destination, error = %m,
+                              retry_in_ms = delay.as_millis() as u64, "cannot get work from the server")
+                    }
+                }
+                if failures >= 3 {
+                    readiness.set_unready("the server cannot be reached");
+                }
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}
+
+/// Creates, watches and deletes the Jobs of the work, and reports every state change.
+async fn sync(
+    engine: Engine,
+    client: ServerClient,
+    shared: Arc<Shared>,
+    subject: String,
+    metrics: Arc<Metrics>,
+) {
+    let destination = shared.destination.clone();
+    let path = api::path(api::REPORT, &destination);
+    let no_secrets = Redactor::default();
+    // What the server last accepted per record (`None`: deleted), and the records whose Job this
+    // process created or adopted.
+    let mut reported: HashMap<String, Option<DestState>> = HashMap::new();
+    let mut started: HashSet<String> = HashSet::new();
+    let Some(entry) = engine.registry().get(&destination) else {
+        error!(%destination, "the agent's own cluster is not registered");
+        return;
+    };
+    loop {
+        tokio::select! {
+            () = shared.changed.notified() => {}
+            () = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+        let work = shared
+            .work
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut reports = Vec::new();
+        for item in &work {
+            let spec = &item.spec;
+            let job = JobRef {
+                run_uid: spec.run_uid.clone(),
+                name: spec.job_name.clone(),
+                require: Require::All,
+                log_tail: spec.log_tail,
+                placements: vec![Placement {
+                    destination: destination.clone(),
+                    namespace: spec.namespace.clone(),
+                }],
+            };
+            let placement = &job.placements[0];
+            let state = if spec.delete {
+                match engine.delete_one(&job, placement).await {
+                    Ok(false) => None,
+                    Ok(true) => continue,
+                    Err(e) => {
+                        warn!(%destination, job = %format!("{}/{}", spec.namespace, spec.job_name), error = %e, "cannot delete the job");
+                        continue;
+                    }
+                }
+            } else {
+                let mut created = None;
+                if !item.reported && !started.contains(&item.name) {
+                    if let Some(obj) = &spec.job {
+                        let outcome = engine
+                            .create_or_adopt(
+                                &entry,
+                                &spec.namespace,
+                                &spec.job_name,
+                                &spec.run_uid,
+                                obj.clone(),
+                            )
+                            .await;
+                        info!(%destination, job = %format!("{}/{}", spec.namespace, spec.job_name),
+                              run = %spec.run, outcome = ?outcome, "ensure");
+                        match outcome {
+                            Outcome::Created | Outcome::Adopted => {
+                                started.insert(item.name.clone());
+                            }
+                            Outcome::NotCreated(s) => created = Some(s),
+                        }
+                    }
+                }
+                Some(match created {
+                    Some(s) => s,
+                    None => {
+                        engine
+                            .placement_state(&job, placement, &no_secrets, true)
+                            .await
+                    }
+                })
+            };
+            if reported.get(&item.name) != Some(&state) {
+                reports.push(Report {
+                    name: item.name.clone(),
+                    state,
+                });
+            }
+        }
+        let live: HashSet<&String> = work.iter().map(|w| &w.name).collect();
+        reported.retain(|k, _| live.contains(k));
+        started.retain(|k| live.contains(k));
+        if reports.is_empty() {
+            continue;
+        }
+        let request = ReportRequest { reports };
+        match client.post::<_, ReportReply>(&path, &request).await {
+            Ok(reply) => {
+                let unknown: HashSet<&String> = reply.unknown.iter().collect();
+                for r in request.reports {
+                    if !unknown.contains(&r.name) {
+                        reported.insert(r.name, r.state);
+                    }
+                }
+                metrics.count_agent_reports(&destination, u64::from(reply.accepted));
+            }
+            Err(e) => {
+                warn!(%destination, agent = %subject, error = %e, "cannot report to the server; retrying")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_is_capped_and_jittered() {
+        for n in 1..20 {
+            let d = backoff(n);
+            assert!(d <= Duration::from_millis(45_000), "{n}: {d:?}");
+            assert!(d >= Duration::from_millis(250), "{n}: {d:?}");
+        }
+        assert!(backoff(1) < Duration::from_millis(750));
+        assert!(backoff(10) >= Duration::from_secs(15));
+    }
+
+    #[test]
+    fn the_destination_comes_from_the_token() {
+        let key = b"0123456789abcdef0123456789abcdef".to_vec();
+        let (token, _) =
+            crate::token::issue_token(&key, "agent:b", Some("cluster-b"), Duration::from_secs(60))
+                .unwrap();
+        let file = std::env::temp_dir().join(format!("rd-agent-token-{}", std::process::id()));
+        std::fs::write(&file, format!("{token}\n")).unwrap();
+        let (sub, dest) = token_identity(&file).unwrap();
+        assert_eq!(
+            (sub.as_str(), dest.as_deref()),
+            ("agent:b", Some("cluster-b"))
+        );
+        std::fs::write(&file, "not a jwt").unwrap();
+        assert!(token_identity(&file)
+            .unwrap_err()
+            .to_string()
+            .contains("token issue --destination"));
+        std::fs::remove_file(file).ok();
+    }
+}
