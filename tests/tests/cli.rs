@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{LazyLock, OnceLock};
 
-use anyhow::{anyhow, bail, ensure, Context, Result};
+use anyhow::{anyhow, ensure, Context, Result};
 use dispatch_tests::cluster::kwok::lifecycle_annotations;
 use dispatch_tests::cluster::Cluster;
 
@@ -37,21 +37,8 @@ fn cluster() -> Result<&'static Cluster> {
         .map_err(|e| anyhow!("cluster: {e}"))
 }
 
-/// `<workspace>/target/debug/rollouts-dispatch`, or `$ROLLOUTS_DISPATCH_BINARY`.
 fn binary() -> Result<PathBuf> {
-    let path = std::env::var_os("ROLLOUTS_DISPATCH_BINARY")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/rollouts-dispatch")
-        });
-    if !path.is_file() {
-        bail!(
-            "{} is missing: run `make test-cli` (it builds the binary) or \
-             `cargo build -p dispatch-server --bin rollouts-dispatch`",
-            path.display()
-        );
-    }
-    Ok(path)
+    dispatch_tests::rollouts_dispatch_binary()
 }
 
 /// A scratch directory for `test` inside the cluster's directory.

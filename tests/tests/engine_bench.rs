@@ -117,7 +117,7 @@ fn bench_engine() -> Result<()> {
                 .iter()
                 .map(|e| match e {
                     Entry::Ready(d) => d.jobs().len(),
-                    Entry::Broken(_) => 0,
+                    Entry::Broken(_) | Entry::Agent(_) => 0,
                 })
                 .sum::<usize>()
         };
