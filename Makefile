@@ -41,6 +41,7 @@ test: ## the whole suite: Rust tests, golden vectors, Go conformance, real clust
 	$(MAKE) test-engine
 	$(MAKE) test-cli
 	$(MAKE) e2e
+	$(MAKE) e2e-agent
 	$(MAKE) chart
 
 .PHONY: bench

@@ -37,3 +37,9 @@ test-cli: k8s-bin ## `rollouts-dispatch run` and `doctor`, the real binary again
 	$(CARGO) build --locked -p dispatch-server --bin rollouts-dispatch
 	K8S_BIN_ENV=$(K8S_BIN_ENV) $(CARGO) test --locked -p dispatch-tests --test cli -- \
 	  --ignored --test-threads 4
+
+.PHONY: e2e-agent
+e2e-agent: k8s-bin plugin-release ## agent mode end to end: 2 server replicas on the Kubernetes store, an agent as the only way into cluster B, kills (-9), 403/401
+	$(CARGO) build --locked -p dispatch-server --bin rollouts-dispatch
+	K8S_BIN_ENV=$(K8S_BIN_ENV) PLUGIN_BINARY=$(abspath $(PLUGIN_BIN)) $(CARGO) test --locked -p dispatch-tests --test e2e_agent -- \
+	  --ignored --nocapture
