@@ -45,7 +45,7 @@ test: ## the whole suite: Rust tests, golden vectors, Go conformance, real clust
 	$(MAKE) chart
 
 .PHONY: bench
-bench: bench-plugin bench-engine bench-verdict ## every benchmark, side by side with its baseline (ratios printed)
+bench: bench-plugin bench-engine bench-verdict bench-agents ## every benchmark, side by side with its baseline (ratios printed)
 
 .PHONY: lint
 lint: conformance-lint ## rustfmt check, clippy with warnings denied, gofmt + go vet

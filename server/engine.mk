@@ -43,3 +43,12 @@ e2e-agent: k8s-bin plugin-release ## agent mode end to end: 2 server replicas on
 	$(CARGO) build --locked -p dispatch-server --bin rollouts-dispatch
 	K8S_BIN_ENV=$(K8S_BIN_ENV) PLUGIN_BINARY=$(abspath $(PLUGIN_BIN)) $(CARGO) test --locked -p dispatch-tests --test e2e_agent -- \
 	  --ignored --nocapture
+
+.PHONY: bench-agents
+bench-agents: ## one server replica (release) with 500 simulated agents long-polling, 2 000 Jobs dispatched (last line: agents=500 dispatch_p99_ms=X server_rss_mib=Y)
+	$(CARGO) build --release --locked -p dispatch-server --bin rollouts-dispatch
+	@set -euo pipefail; \
+	summary=$$(mktemp); trap 'rm -f "$$summary"' EXIT; \
+	ROLLOUTS_DISPATCH_BINARY=$(abspath target/release/rollouts-dispatch) BENCH_SUMMARY_FILE=$$summary \
+	  $(CARGO) test --locked -p dispatch-tests --test bench_agents -- --ignored --nocapture; \
+	tail -n 1 "$$summary"

@@ -1,0 +1,302 @@
+//! `make bench-agents`: one server replica (the release binary, a real process) with 500
+//! simulated agents long-polling it, and 2 000 Jobs dispatched across them through the plugin
+//! API. An agent here is the wire protocol without a cluster: it polls, and answers every new
+//! Job with a `succeeded` report, so the server does all the work it does for real agents.
+//!
+//! Measured: dispatch latency (from the `ensure` call to the agent holding the Job in a poll
+//! reply), and the server's peak RSS (`VmHWM`). Every measurement must then read Successful
+//! through `status`, so a fast but wrong server fails. Last line (also written to
+//! `$BENCH_SUMMARY_FILE`): `agents=500 dispatch_p99_ms=X server_rss_mib=Y`.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use dispatch_server::agent::api::{
+    self, Report, ReportReply, ReportRequest, WorkReply, WorkRequest,
+};
+use dispatch_server::provider::api::{Ensured, MeasurementRef, RunRef, Verdict};
+use dispatch_server::provider::client::{ClientConfig, ServerClient};
+use dispatch_server::verdict::DestState;
+
+const AGENTS: usize = 500;
+const JOBS: usize = 2_000;
+const CONCURRENCY: usize = 64;
+const KEY: &str = "bench-agents-signing-key-0123456789abcdef012345";
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn peak_rss_mib(pid: u32) -> Result<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .context("no VmHWM in /proc/<pid>/status")?;
+    Ok(kib / 1024.0)
+}
+
+fn client(url: &str, token_file: &Path, timeout: Duration) -> Result<ServerClient> {
+    Ok(ServerClient::new(&ClientConfig {
+        server: url.to_string(),
+        token_file: Some(token_file.to_path_buf()),
+        ca_file: None,
+        timeout,
+    })?)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// When each Job (by name) was first seen by its agent.
+type Seen = Arc<Mutex<HashMap<String, Instant>>>;
+
+async fn agent(client: ServerClient, destination: String, seen: Seen) {
+    let work = api::path(api::WORK, &destination);
+    let report = api::path(api::REPORT, &destination);
+    let mut fingerprint = String::new();
+    let mut done: HashSet<String> = HashSet::new();
+    loop {
+        let req = WorkRequest {
+            fingerprint: fingerprint.clone(),
+            wait_seconds: 25,
+        };
+        let reply: WorkReply = match client.post(&work, &req).await {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("bench-agents: {destination}: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+        };
+        let now = Instant::now();
+        fingerprint = reply.fingerprint;
+        let mut reports = Vec::new();
+        {
+            let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+            for item in reply.jobs {
+                if done.insert(item.name.clone()) {
+                    seen.entry(item.spec.job_name.clone()).or_insert(now);
+                    reports.push(Report {
+                        name: item.name,
+                        state: Some(DestState::Succeeded),
+                    });
+                }
+            }
+        }
+        if !reports.is_empty() {
+            let r: Result<ReportReply, _> = client.post(&report, &ReportRequest { reports }).await;
+            if let Err(e) = r {
+                eprintln!("bench-agents: {destination}: report: {e}");
+            }
+        }
+    }
+}
+
+fn measurement(i: usize) -> MeasurementRef {
+    MeasurementRef {
+        run: RunRef {
+            name: format!("bench-{i}"),
+            namespace: "bench".into(),
+            uid: format!("bench-run-{i:05}"),
+            ..RunRef::default()
+        },
+        metric: "smoke".into(),
+        index: 1,
+        block: serde_json::json!({
+            "destination": format!("agent-{:03}", i % AGENTS),
+            "spec": {"backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never",
+                "containers": [{"name": "check", "image": "example.invalid/check:1"}]}}}
+        }),
+        metadata: Default::default(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "starts the release server with 500 simulated agents: run `make bench-agents`"]
+async fn five_hundred_agents_two_thousand_jobs() -> Result<()> {
+    let binary = dispatch_tests::rollouts_dispatch_binary()?;
+    let dir: PathBuf = std::env::temp_dir().join(format!("bench-agents-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let key = dir.join("jwt.key");
+    std::fs::write(&key, KEY)?;
+    let mut config = String::from("agents:\n  store: memory\n  destinations:\n");
+    for i in 0..AGENTS {
+        config.push_str(&format!("  - name: agent-{i:03}\n"));
+    }
+    std::fs::write(dir.join("server.yaml"), &config)?;
+    let (port, admin) = (free_port()?, free_port()?);
+    let server = KillOnDrop(
+        Command::new(&binary)
+            .args(["serve", "--config"])
+            .arg(dir.join("server.yaml"))
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+            .arg("--jwt-key-file")
+            .arg(&key)
+            .env_remove("KUBECONFIG")
+            .env("HOME", &dir)
+            .env("ROLLOUTS_DISPATCH_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?,
+    );
+    let pid = server.0.id();
+    let url = format!("http://127.0.0.1:{port}");
+    let key_bytes = dispatch_server::token::read_key(&key)?;
+    let (plugin_token, _) =
+        dispatch_server::token::issue_token(&key_bytes, "plugin", None, Duration::from_secs(3600))?;
+    std::fs::write(dir.join("plugin.token"), plugin_token)?;
+    let plugin = client(&url, &dir.join("plugin.token"), Duration::from_secs(30))?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while plugin
+        .get::<serde_json::Value>("/v1/destinations")
+        .await
+        .is_err()
+    {
+        if Instant::now() > deadline {
+            bail!("the server did not answer within 30s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let seen: Seen = Arc::new(Mutex::new(HashMap::new()));
+    let mut agents = Vec::new();
+    for i in 0..AGENTS {
+        let destination = format!("agent-{i:03}");
+        let (token, _) = dispatch_server::token::issue_token(
+            &key_bytes,
+            &format!("agent:{destination}"),
+            Some(&destination),
+            Duration::from_secs(3600),
+        )?;
+        let file = dir.join(format!("{destination}.token"));
+        std::fs::write(&file, token)?;
+        let c = client(&url, &file, Duration::from_secs(60))?;
+        agents.push(tokio::spawn(agent(c, destination, seen.clone())));
+    }
+    // Let every agent open its first long poll.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let rss_idle = peak_rss_mib(pid)?;
+
+    let started = Instant::now();
+    let sent: Arc<Mutex<HashMap<String, Instant>>> = Arc::new(Mutex::new(HashMap::new()));
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut senders = Vec::new();
+    for _ in 0..CONCURRENCY {
+        let (plugin, sent, next) = (plugin.clone(), sent.clone(), next.clone());
+        senders.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= JOBS {
+                    return Ok::<(), anyhow::Error>(());
+                }
+                let at = Instant::now();
+                let ensured: Ensured = plugin
+                    .post(dispatch_server::provider::api::ENSURE, &measurement(i))
+                    .await
+                    .map_err(|e| anyhow::anyhow!("ensure {i}: {e}"))?;
+                sent.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(ensured.job_name, at);
+            }
+        }));
+    }
+    for s in senders {
+        s.await??;
+    }
+    let ensure_secs = started.elapsed().as_secs_f64();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seen.lock().unwrap_or_else(|e| e.into_inner()).len() < JOBS {
+        if Instant::now() > deadline {
+            bail!(
+                "only {} of {JOBS} Jobs reached their agent within 60s",
+                seen.lock().unwrap_or_else(|e| e.into_inner()).len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Every verdict must be the agent's: Successful.
+    let mut successful = 0;
+    for i in 0..JOBS {
+        let v: Verdict = loop {
+            match plugin
+                .post(dispatch_server::provider::api::STATUS, &measurement(i))
+                .await
+            {
+                Ok(v) => {
+                    let v: Verdict = v;
+                    if v.phase != "Running" {
+                        break v;
+                    }
+                }
+                Err(e) => bail!("status {i}: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        ensure!(v.phase == "Successful", "measurement {i}: {v:?}");
+        successful += 1;
+    }
+    let rss_peak = peak_rss_mib(pid)?;
+    for a in &agents {
+        a.abort();
+    }
+
+    let sent = sent.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let seen = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut latencies: Vec<f64> = sent
+        .iter()
+        .filter_map(|(job, at)| {
+            seen.get(job)
+                .map(|s| s.saturating_duration_since(*at).as_secs_f64() * 1000.0)
+        })
+        .collect();
+    ensure!(latencies.len() == JOBS, "{} latencies", latencies.len());
+    latencies.sort_by(f64::total_cmp);
+    println!(
+        "bench-agents: {JOBS} ensures in {ensure_secs:.2}s ({:.0}/s, {CONCURRENCY} in flight); {successful}/{JOBS} Successful",
+        JOBS as f64 / ensure_secs
+    );
+    println!(
+        "bench-agents: dispatch latency ms p50={:.1} p90={:.1} p99={:.1} max={:.1}",
+        percentile(&latencies, 0.5),
+        percentile(&latencies, 0.9),
+        percentile(&latencies, 0.99),
+        latencies[latencies.len() - 1]
+    );
+    println!(
+        "bench-agents: server RSS MiB idle-with-{AGENTS}-polls={rss_idle:.1} peak={rss_peak:.1}"
+    );
+    let summary = format!(
+        "agents={AGENTS} dispatch_p99_ms={:.0} server_rss_mib={:.0}",
+        percentile(&latencies, 0.99),
+        rss_peak
+    );
+    println!("{summary}");
+    if let Some(file) = std::env::var_os("BENCH_SUMMARY_FILE") {
+        std::fs::write(file, format!("{summary}\n"))?;
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    Ok(())
+}
