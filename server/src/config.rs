@@ -868,6 +868,9 @@ engine: {connectTimeout: 2s}
         assert!(matches!(&c.destinations[1].access, Access::Direct(d) if d.token_file.is_some()));
         assert_eq!(c.policy.unwrap().rules.len(), 2);
         assert_eq!(c.argocd.unwrap().default_namespace, "verification");
+        let agents = c.agents.unwrap();
+        assert_eq!(agents.store, StoreKind::Kubernetes);
+        assert_eq!(agents.destinations[0].name, "edge-2");
     }
 
     #[test]
