@@ -259,7 +259,7 @@ impl Store for KubeStore {
                         StoreError::Backend(format!("dispatchjob {} is malformed", job.name))
                     })?;
                     self.index.upsert(existing.clone());
-                    Ok(Created::Existing(existing))
+                    Ok(Created::Existing(Box::new(existing)))
                 }
                 Ok(Err(e)) => Err(StoreError::Backend(format!(
                     "{what} in namespace {}: {}",

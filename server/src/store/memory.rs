@@ -57,7 +57,7 @@ impl Store for MemoryStore {
         // Check and insert under one lock: two concurrent creates must not both win.
         let result = match self.index.insert_new(job) {
             Ok(()) => Created::New,
-            Err(existing) => Created::Existing(*existing),
+            Err(existing) => Created::Existing(existing),
         };
         Box::pin(std::future::ready(Ok(result)))
     }

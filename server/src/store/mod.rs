@@ -165,7 +165,7 @@ pub enum Created {
     /// the record is new
     New,
     /// a record of that name was already there (a retry, or another replica)
-    Existing(DispatchJob),
+    Existing(Box<DispatchJob>),
 }
 
 /// A store operation that failed.
@@ -462,7 +462,7 @@ mod tests {
     fn the_index_wakes_only_the_destination_that_changed() {
         let index = Index::default();
         let mut a = index.subscribe("a");
-        let mut b = index.subscribe("b");
+        let b = index.subscribe("b");
         assert!(index.upsert(job("j1", "a", "r1", 1)));
         assert!(a.has_changed().unwrap() && !b.has_changed().unwrap());
         a.mark_unchanged();
