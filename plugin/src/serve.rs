@@ -78,7 +78,10 @@ pub async fn serve(config: ServeConfig) -> Result<(), Error> {
                 break;
             }
             () = &mut closed => {
-                info!("host closed the connection, exiting");
+                match session.close_reason() {
+                    None => info!("host closed the connection, exiting"),
+                    Some(reason) => info!(%reason, "the yamux session ended, exiting"),
+                }
                 break;
             }
         }

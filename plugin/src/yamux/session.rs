@@ -2,7 +2,9 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -10,6 +12,33 @@ use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tracing::{debug, warn};
 
 use super::frame::{flags, go_away, FrameType, Header, INITIAL_WINDOW};
+
+/// Most streams a session keeps at once, counting every stream from its SYN until both sides have
+/// closed it (or either reset it), and most streams waiting in [`Session::accept`]'s backlog.
+///
+/// A SYN beyond either limit is refused with RST and the session goes on, as hashicorp/yamux does
+/// when its accept backlog (256) is full. go-plugin opens three streams plus one per dispensed
+/// plugin, so a host never comes near; the limit bounds what a runaway peer can make us hold
+/// (each stream may buffer up to [`INITIAL_WINDOW`] of unread data).
+pub const MAX_STREAMS: usize = 256;
+
+/// Most bytes (headers and payloads) queued for the connection and not yet written.
+///
+/// Above it the frame reader stops reading, so a peer that sends pings, SYNs or window updates
+/// without reading the answers is slowed down to the pace it reads at instead of making us queue
+/// answers without end; stream writes wait as well, whatever window the peer granted.
+pub const MAX_QUEUED_BYTES: usize = 1 << 20;
+
+/// How long the queue may stay above [`MAX_QUEUED_BYTES`] before the session gives up on a peer
+/// that has stopped reading (hashicorp/yamux's keepalive would have failed by then too).
+pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The largest data frame we send: whatever window the peer grants, one frame never carries
+/// more than a stream's initial window.
+const MAX_DATA_FRAME: u32 = INITIAL_WINDOW;
+
+/// The size of a frame header on the wire.
+const HEADER_LEN: usize = 12;
 
 enum WriterMsg {
     Frame(Header, Bytes),
@@ -19,8 +48,22 @@ enum WriterMsg {
 /// State shared by the reader task, the writer handle and the stream owner.
 struct Inner {
     writer: mpsc::UnboundedSender<WriterMsg>,
+    queue: Arc<Queue>,
     streams: Mutex<HashMap<u32, Arc<StreamShared>>>,
     closed: watch::Sender<bool>,
+    /// Why the frame reader stopped, when it stopped on an error.
+    close_reason: Mutex<Option<String>>,
+}
+
+/// Accounting of what is queued for the writer task.
+#[derive(Default)]
+struct Queue {
+    /// Bytes queued and not yet written.
+    bytes: AtomicUsize,
+    /// Notified whenever the writer has written a batch, and when it is gone.
+    drained: Notify,
+    /// The writer task has ended: nothing queued will be written any more.
+    writer_gone: AtomicBool,
 }
 
 struct StreamShared {
@@ -38,7 +81,7 @@ struct StreamShared {
 /// A yamux session over one connection, in the server role.
 pub struct Session {
     inner: Arc<Inner>,
-    incoming: mpsc::UnboundedReceiver<Stream>,
+    incoming: mpsc::Receiver<Stream>,
 }
 
 /// An inbound stream: read with [`Stream::read`], write through [`Stream::writer`].
@@ -68,23 +111,40 @@ impl Session {
         let (read, write) = tokio::io::split(io);
         let (writer, writer_rx) = mpsc::unbounded_channel();
         let (closed, _) = watch::channel(false);
+        let queue = Arc::new(Queue::default());
         let inner = Arc::new(Inner {
             writer,
+            queue: Arc::clone(&queue),
             streams: Mutex::new(HashMap::new()),
             closed,
+            close_reason: Mutex::new(None),
         });
-        let (incoming_tx, incoming) = mpsc::unbounded_channel();
-        tokio::spawn(write_frames(write, writer_rx));
+        let (incoming_tx, incoming) = mpsc::channel(MAX_STREAMS);
+        tokio::spawn(write_frames(write, writer_rx, queue));
         tokio::spawn({
             let inner = Arc::clone(&inner);
             async move {
-                if let Err(e) = read_frames(read, &inner, incoming_tx).await {
-                    debug!(error = %e, "yamux session ended");
+                match read_frames(read, &inner, incoming_tx).await {
+                    Ok(()) => debug!("yamux session ended: the host closed the connection"),
+                    Err(e) => {
+                        if e.is_peer_misbehaving() {
+                            warn!(error = %e, "yamux session ended");
+                        } else {
+                            debug!(error = %e, "yamux session ended");
+                        }
+                        *inner.close_reason.lock().expect("reason lock") = Some(e.to_string());
+                    }
                 }
                 inner.shutdown();
             }
         });
         Self { inner, incoming }
+    }
+
+    /// Why the session ended, when it ended on an error (a protocol violation, a GoAway from the
+    /// host, an I/O error, a host that stopped reading); `None` while it runs or after a clean EOF.
+    pub fn close_reason(&self) -> Option<String> {
+        self.inner.close_reason.lock().expect("reason lock").clone()
     }
 
     /// The next stream the peer opens (already ACKed); `None` once the session is closed.
@@ -110,10 +170,46 @@ impl Session {
 }
 
 impl Inner {
+    /// Queues a frame for the writer task. Never waits: callers that may produce frames without
+    /// end (the frame reader, stream writes) call [`Inner::wait_for_room`] first.
     fn send(&self, header: Header, payload: Bytes) -> io::Result<()> {
+        let n = HEADER_LEN + payload.len();
+        self.queue.bytes.fetch_add(n, Ordering::AcqRel);
         self.writer
             .send(WriterMsg::Frame(header, payload))
-            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "yamux session is closed"))
+            .map_err(|_| {
+                self.queue.bytes.fetch_sub(n, Ordering::AcqRel);
+                io::Error::new(io::ErrorKind::BrokenPipe, "yamux session is closed")
+            })
+    }
+
+    /// Whether more may be queued: the queue is below [`MAX_QUEUED_BYTES`], or queueing is moot
+    /// (the writer or the session is gone; sends then fail on their own).
+    fn has_room(&self) -> bool {
+        self.queue.bytes.load(Ordering::Acquire) < MAX_QUEUED_BYTES
+            || self.queue.writer_gone.load(Ordering::Acquire)
+            || *self.closed.borrow()
+    }
+
+    /// Waits until [`Inner::has_room`].
+    async fn wait_for_room(&self) {
+        loop {
+            let drained = self.queue.drained.notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            if self.has_room() {
+                return;
+            }
+            drained.await;
+        }
+    }
+
+    /// Drops `s` from the stream table, unless its id already belongs to another stream.
+    fn forget(&self, s: &Arc<StreamShared>) {
+        let mut streams = self.streams.lock().expect("streams lock");
+        if streams.get(&s.id).is_some_and(|t| Arc::ptr_eq(t, s)) {
+            streams.remove(&s.id);
+        }
     }
 
     fn shutdown(&self) {
@@ -130,6 +226,7 @@ impl Inner {
             s.window_changed.notify_waiters();
         }
         self.closed.send_replace(true);
+        self.queue.drained.notify_waiters();
     }
 
     fn go_away(&self, code: u32) {
@@ -137,7 +234,21 @@ impl Inner {
     }
 }
 
-async fn write_frames<W: AsyncWrite + Unpin>(mut w: W, mut rx: mpsc::UnboundedReceiver<WriterMsg>) {
+async fn write_frames<W: AsyncWrite + Unpin>(
+    w: W,
+    rx: mpsc::UnboundedReceiver<WriterMsg>,
+    queue: Arc<Queue>,
+) {
+    write_queued(w, rx, &queue).await;
+    queue.writer_gone.store(true, Ordering::Release);
+    queue.drained.notify_waiters();
+}
+
+async fn write_queued<W: AsyncWrite + Unpin>(
+    mut w: W,
+    mut rx: mpsc::UnboundedReceiver<WriterMsg>,
+    queue: &Queue,
+) {
     let mut buf = Vec::with_capacity(64 * 1024);
     while let Some(msg) = rx.recv().await {
         // Batch whatever is queued into one write.
@@ -160,6 +271,8 @@ async fn write_frames<W: AsyncWrite + Unpin>(mut w: W, mut rx: mpsc::UnboundedRe
                 debug!(error = %e, "yamux write failed");
                 return;
             }
+            queue.bytes.fetch_sub(buf.len(), Ordering::AcqRel);
+            queue.drained.notify_waiters();
             buf.clear();
         }
         let _ = w.flush().await;
@@ -180,15 +293,43 @@ enum ReadError {
     Protocol(String),
     #[error("peer sent GoAway with code {0}")]
     GoAway(u32),
+    #[error(
+        "the host stopped reading: more than {MAX_QUEUED_BYTES} bytes stayed queued for it for {}s",
+        WRITE_STALL_TIMEOUT.as_secs()
+    )]
+    Stalled,
+}
+
+impl ReadError {
+    /// Errors worth a warning: the peer broke the protocol or stopped reading.
+    fn is_peer_misbehaving(&self) -> bool {
+        matches!(self, Self::Header(_) | Self::Protocol(_) | Self::Stalled)
+    }
+}
+
+/// What the frame reader remembers between frames.
+#[derive(Default)]
+struct ReaderState {
+    /// The highest stream id opened so far: ids only grow, so a reset id is never reused.
+    last_opened: u32,
 }
 
 async fn read_frames<R: AsyncRead + Unpin>(
     mut r: R,
     inner: &Arc<Inner>,
-    incoming: mpsc::UnboundedSender<Stream>,
+    incoming: mpsc::Sender<Stream>,
 ) -> Result<(), ReadError> {
-    let mut hdr = [0u8; 12];
+    let mut hdr = [0u8; HEADER_LEN];
+    let mut state = ReaderState::default();
     loop {
+        // Backpressure: while the host leaves our answers unread, leave its frames unread.
+        if !inner.has_room()
+            && tokio::time::timeout(WRITE_STALL_TIMEOUT, inner.wait_for_room())
+                .await
+                .is_err()
+        {
+            return Err(ReadError::Stalled);
+        }
         match r.read_exact(&mut hdr).await {
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
@@ -226,15 +367,21 @@ async fn read_frames<R: AsyncRead + Unpin>(
                 } else {
                     Bytes::new()
                 };
-                handle_stream_frame(inner, &incoming, h, payload)?;
+                handle_stream_frame(inner, &incoming, &mut state, h, payload)?;
             }
         }
     }
 }
 
+fn protocol_error(inner: &Inner, message: String) -> ReadError {
+    inner.go_away(go_away::PROTOCOL_ERROR);
+    ReadError::Protocol(message)
+}
+
 fn handle_stream_frame(
     inner: &Arc<Inner>,
-    incoming: &mpsc::UnboundedSender<Stream>,
+    incoming: &mpsc::Sender<Stream>,
+    state: &mut ReaderState,
     h: Header,
     payload: Bytes,
 ) -> Result<(), ReadError> {
@@ -245,13 +392,42 @@ fn handle_stream_frame(
         .get(&h.stream_id)
         .cloned();
     if h.has(flags::SYN) {
-        if stream.is_some() || h.stream_id == 0 {
-            inner.go_away(go_away::PROTOCOL_ERROR);
-            return Err(ReadError::Protocol(format!(
-                "duplicate or invalid SYN for stream {}",
-                h.stream_id
-            )));
+        if h.stream_id.is_multiple_of(2) {
+            return Err(protocol_error(
+                inner,
+                format!(
+                    "SYN for stream {}: only odd ids may be opened by the host (the yamux client)",
+                    h.stream_id
+                ),
+            ));
         }
+        if stream.is_some() || h.stream_id <= state.last_opened {
+            return Err(protocol_error(
+                inner,
+                format!(
+                    "SYN for stream {}, but stream ids must grow (highest opened so far: {}): a \
+                     duplicate, or the reuse of a closed or reset stream",
+                    h.stream_id, state.last_opened
+                ),
+            ));
+        }
+        state.last_opened = h.stream_id;
+        let open = inner.streams.lock().expect("streams lock").len();
+        let permit = match incoming.try_reserve() {
+            Ok(permit) if open < MAX_STREAMS => permit,
+            _ => {
+                warn!(
+                    stream = h.stream_id,
+                    open,
+                    "yamux: refusing a stream (RST): {MAX_STREAMS} streams open or waiting to be accepted already"
+                );
+                inner.send(
+                    Header::new(FrameType::WindowUpdate, flags::RST, h.stream_id, 0),
+                    Bytes::new(),
+                )?;
+                return Ok(());
+            }
+        };
         let (tx, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(StreamShared {
             id: h.stream_id,
@@ -272,7 +448,7 @@ fn handle_stream_frame(
             Header::new(FrameType::WindowUpdate, flags::ACK, h.stream_id, 0),
             Bytes::new(),
         )?;
-        let _ = incoming.send(Stream {
+        permit.send(Stream {
             shared: Arc::clone(&shared),
             inner: Arc::clone(inner),
             rx,
@@ -293,19 +469,34 @@ fn handle_stream_frame(
     match h.ty {
         FrameType::WindowUpdate => {
             let mut w = s.send_window.lock().expect("window lock");
-            *w = w.saturating_add(h.length);
+            let Some(grown) = w.checked_add(h.length) else {
+                let window = *w;
+                drop(w);
+                return Err(protocol_error(
+                    inner,
+                    format!(
+                        "window update of {} bytes for stream {} overflows its send window of {window} bytes",
+                        h.length, s.id
+                    ),
+                ));
+            };
+            *w = grown;
             drop(w);
             s.window_changed.notify_waiters();
         }
         FrameType::Data if !payload.is_empty() => {
             let mut w = s.recv_window.lock().expect("window lock");
             if payload.len() as u32 > *w {
+                let window = *w;
                 drop(w);
-                inner.go_away(go_away::PROTOCOL_ERROR);
-                return Err(ReadError::Protocol(format!(
-                    "stream {} exceeded its receive window",
-                    s.id
-                )));
+                return Err(protocol_error(
+                    inner,
+                    format!(
+                        "stream {} sent {} bytes, more than its receive window of {window} bytes",
+                        s.id,
+                        payload.len()
+                    ),
+                ));
             }
             *w -= payload.len() as u32;
             drop(w);
@@ -319,11 +510,11 @@ fn handle_stream_frame(
         *s.reset.lock().expect("reset lock") = true;
         s.data.lock().expect("data lock").take();
         s.window_changed.notify_waiters();
-        inner.streams.lock().expect("streams lock").remove(&s.id);
+        inner.forget(&s);
     } else if h.has(flags::FIN) {
         s.data.lock().expect("data lock").take();
         if *s.local_closed.lock().expect("closed lock") {
-            inner.streams.lock().expect("streams lock").remove(&s.id);
+            inner.forget(&s);
         }
     }
     Ok(())
@@ -367,8 +558,12 @@ impl Stream {
 
 impl StreamWriter {
     /// Sends `data`, waiting for window credit from the peer as needed.
+    ///
+    /// Also waits while more than [`MAX_QUEUED_BYTES`] are queued for the connection, so a peer
+    /// that grants a huge window but does not read cannot make the session buffer without end.
     pub async fn write(&self, mut data: &[u8]) -> io::Result<()> {
         while !data.is_empty() {
+            self.inner.wait_for_room().await;
             let notified = self.shared.window_changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
@@ -386,7 +581,8 @@ impl StreamWriter {
             }
             let n = {
                 let mut w = self.shared.send_window.lock().expect("window lock");
-                let n = (*w as usize).min(data.len());
+                let n = (*w).min(MAX_DATA_FRAME) as usize;
+                let n = n.min(data.len());
                 *w -= n as u32;
                 n
             };
@@ -415,11 +611,7 @@ impl StreamWriter {
             Bytes::new(),
         );
         if self.shared.data.lock().expect("data lock").is_none() {
-            self.inner
-                .streams
-                .lock()
-                .expect("streams lock")
-                .remove(&self.shared.id);
+            self.inner.forget(&self.shared);
         }
         self.shared.window_changed.notify_waiters();
     }
