@@ -55,7 +55,7 @@ lint: conformance-lint ## rustfmt check, clippy with warnings denied, gofmt + go
 # Coverage-guided fuzzing with cargo-fuzz on the stable toolchain (libFuzzer, no sanitizer: the
 # code under test forbids `unsafe`, so the fuzzer is after panics, hangs and runaway allocation).
 FUZZ_SECONDS ?= 20
-FUZZ_TARGETS := gob_decode rpc_stream plugin_block
+FUZZ_TARGETS := gob_decode rpc_stream plugin_block yamux_frames
 FUZZ_CORPUS := $(CACHE_DIR)/fuzz-corpus
 
 .PHONY: fuzz-smoke
@@ -64,6 +64,7 @@ fuzz-smoke: ## run every fuzz target for FUZZ_SECONDS (default 20), seeded with 
 	@for t in $(FUZZ_TARGETS); do \
 	  mkdir -p $(FUZZ_CORPUS)/$$t; \
 	  case $$t in plugin_block) printf '%s' '{"destination":"a","spec":{"template":{}}}' > $(FUZZ_CORPUS)/$$t/seed.json ;; \
+	    yamux_frames) cp plugin/fuzz/seeds/yamux_frames/* $(FUZZ_CORPUS)/$$t/ ;; \
 	    *) cp metric-provider/tests/fixtures/gob/*.gob $(FUZZ_CORPUS)/$$t/ ; rm -f $(FUZZ_CORPUS)/$$t/bench_stream.gob ;; esac; \
 	  echo "fuzz: $$t for $(FUZZ_SECONDS)s"; \
 	  (cd plugin && $(CARGO) fuzz run -s none -O $$t $(FUZZ_CORPUS)/$$t -- \
