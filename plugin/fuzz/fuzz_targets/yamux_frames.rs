@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use dispatch_plugin::yamux::{Session, Stream};
+use dispatch_plugin::yamux::{Session, Stream, INITIAL_WINDOW};
 use libfuzzer_sys::fuzz_target;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -21,6 +21,9 @@ const NEVER_ACCEPT: u8 = 0x04;
 const DROP_ON_ACCEPT: u8 = 0x08;
 const FLUSH: u8 = 0x10;
 const STOP_READING_AFTER_FIRST: u8 = 0x20;
+
+/// The yamux ACK flag.
+const ACK: u16 = 0x2;
 
 fuzz_target!(|data: &[u8]| {
     let [mode, feed, ref wire @ ..] = *data else {
@@ -45,17 +48,33 @@ async fn run(mode: u8, feed: u8, wire: &[u8]) {
     let mut session = Session::server(server);
     let (mut client_read, mut client_write) = tokio::io::split(client);
 
-    // The host reads (and discards) everything the session writes, until the session ends.
+    // The host reads everything the session writes, until the session ends, and checks that it
+    // is well-formed yamux from a server: valid headers, bounded data frames, odd stream ids.
     let drain = tokio::spawn(async move {
-        let mut buf = vec![0u8; 16 * 1024];
-        let mut total = 0usize;
-        while let Ok(n) = client_read.read(&mut buf).await {
-            if n == 0 {
-                break;
+        let mut hdr = [0u8; 12];
+        let mut payload = Vec::new();
+        while client_read.read_exact(&mut hdr).await.is_ok() {
+            let (version, ty) = (hdr[0], hdr[1]);
+            let flags = u16::from_be_bytes([hdr[2], hdr[3]]);
+            let stream = u32::from_be_bytes([hdr[4], hdr[5], hdr[6], hdr[7]]);
+            let length = u32::from_be_bytes([hdr[8], hdr[9], hdr[10], hdr[11]]);
+            assert_eq!(version, 0, "frame version");
+            match ty {
+                0 | 1 => {
+                    assert!(stream % 2 == 1, "frame for stream {stream}: not one the host opened");
+                    if ty == 0 {
+                        assert!(length <= INITIAL_WINDOW, "data frame of {length} bytes");
+                        payload.resize(length as usize, 0);
+                        if client_read.read_exact(&mut payload).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+                2 => assert_eq!((flags, stream), (ACK, 0), "we only answer pings"),
+                3 => assert!(length <= 2, "GoAway code {length}"),
+                _ => panic!("frame type {ty}"),
             }
-            total += n;
         }
-        total
     });
 
     // The host writes its bytes, then closes its side, unless the session ended first.
