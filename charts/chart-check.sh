@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # `make chart` (charts/chart.mk): helm lint and helm template of charts/rollouts-dispatch with the
-# default values and each ci/*-values.yaml, then `kubectl apply --dry-run=server` of every
-# rendering against a real kube-apiserver started by the Rust launcher
-# (tests/src/bin/test-cluster.rs), then the RBAC of the ci rendering is applied for real and
-# checked with `kubectl auth can-i` (least privilege). The cluster is stopped at the end, also on
-# failure: SIGTERM to the PID started here, never by name.
+# default values and each ci/*-values.yaml (every one is a "variant"), renderings that must fail
+# with a clear message, then against a real kube-apiserver started by the Rust launcher
+# (tests/src/bin/test-cluster.rs): the DispatchJob CRD (crds/) applied for real and established,
+# `kubectl apply --dry-run=server` of every rendering (and of a DispatchJob), then the renderings
+# with RBAC checks applied for real, each as its own release in its own namespace (so that no two
+# share a ServiceAccount or a ClusterRole), and their least privilege checked with
+# SubjectAccessReviews; a DispatchJob created and its status patched as the kubernetes-store
+# server's ServiceAccount. The cluster is stopped at the end, also on failure: SIGTERM to the PID
+# started here, never by name.
 #
 # Environment (set by chart.mk): HELM, CARGO, K8S_BIN_ENV, CHART_DIR, CHART_OUT.
 set -euo pipefail
@@ -16,8 +20,12 @@ NAMESPACE=rollouts-dispatch
 VARIANTS=(default)
 for f in "$CHART_DIR"/ci/*-values.yaml; do v=$(basename "$f" -values.yaml); VARIANTS+=("$v"); done
 values_args() { if [ "$1" != default ]; then echo "-f $CHART_DIR/ci/$1-values.yaml"; fi; }
-SA="system:serviceaccount:$NAMESPACE:$RELEASE"
 SM_CRD=charts/testdata/servicemonitor-crd.yaml
+DJ_CRD=$CHART_DIR/crds/dispatchjobs.yaml
+DJ_SAMPLE=charts/testdata/dispatchjob.yaml
+# Renderings applied for real (variant release namespace): each as its own release in its own
+# namespace; the RBAC checks below name their ServiceAccounts.
+APPLY=("test $RELEASE $NAMESPACE" "kubernetes-store kstore kstore" "agent edge edge" "agent-namespaced edge2 edge2")
 START_TIMEOUT=${CHART_CLUSTER_START_TIMEOUT:-120}
 
 KUBECTL=$(sed -n 's/^KUBECTL=//p' "$K8S_BIN_ENV")
@@ -46,7 +54,41 @@ for v in "${VARIANTS[@]}"; do
     { cat "$CHART_OUT/template-$v.log"; echo "chart: helm template ($v values) FAILED" >&2; exit 1; }
   echo "chart: template $v: $(kinds "$CHART_OUT/$v.yaml")"
 done
-echo "chart: helm template ok in $(since "$t")"
+# Agent-only variants (server.enabled: false): nothing of the server may be rendered.
+for v in agent agent-namespaced; do
+  if grep -q 'app.kubernetes.io/component: server' "$CHART_OUT/$v.yaml"; then
+    echo "chart: template $v: server.enabled is false, yet server objects are rendered" >&2; exit 1
+  fi
+done
+for a in "${APPLY[@]}"; do
+  read -r v rel ns <<<"$a"
+  [ "$rel" = "$RELEASE" ] && continue
+  # shellcheck disable=SC2046
+  "$HELM" template "$rel" "$CHART_DIR" --namespace "$ns" $(values_args "$v") >"$CHART_OUT/apply-$v.yaml" 2>"$CHART_OUT/template-apply-$v.log" ||
+    { cat "$CHART_OUT/template-apply-$v.log"; echo "chart: helm template ($v values, release $rel) FAILED" >&2; exit 1; }
+done
+# Values the chart must refuse, each with a message naming the keys to fix.
+refused=0
+refuse() { # refuse "MESSAGE PART" HELM-ARGS...
+  local want=$1 out; shift
+  if out=$("$HELM" template "$RELEASE" "$CHART_DIR" --namespace "$NAMESPACE" "$@" 2>&1); then
+    echo "chart: helm template $* rendered, want a failure mentioning \"$want\"" >&2; exit 1
+  fi
+  grep -qF -- "$want" <<<"$out" ||
+    { echo "$out" >&2; echo "chart: helm template $* failed without \"$want\"" >&2; exit 1; }
+  refused=$((refused + 1))
+}
+refuse "server.replicas=2 with agents.destinations needs agents.store: kubernetes" \
+  --set server.replicas=2 --set 'agents.destinations[0].name=edge-1' --set signingKey.value=k
+refuse "agents.destinations needs signingKey.value or signingKey.existingSecret" --set 'agents.destinations[0].name=edge-1'
+refuse 'destination "prod-eu" is already in config.destinations' \
+  -f "$CHART_DIR/ci/kubernetes-store-values.yaml" --set 'agents.destinations[0].name=prod-eu'
+refuse "/agents/store" --set agents.store=etcd
+refuse "agent.enabled needs agent.server" --set agent.enabled=true --set agent.tokenSecret.name=t
+refuse "agent.enabled needs agent.tokenSecret.name" --set agent.enabled=true --set agent.server=https://cp.example.com
+refuse "nothing to install" --set server.enabled=false
+refuse "the server refuses to start without authentication" --set 'server.tokenReviewAllow=null'
+echo "chart: helm template ok ($refused invalid value sets refused) in $(since "$t")"
 
 # --- dry run against a real kube-apiserver ----------------------------------------------------
 t=$(date +%s)
@@ -93,12 +135,20 @@ echo "chart: test cluster up in $(since "$t") (pid $cluster_pid, $("$KUBECTL" ve
 t=$(date +%s)
 # The namespaces the renderings put objects in (release, Argo CD, in-cluster Job namespaces)
 # must exist for a dry run of namespaced objects; they are really created in this throwaway cluster.
-for ns in $(for v in "${VARIANTS[@]}"; do cat "$CHART_OUT/$v.yaml"; done | sed -n 's/^  namespace: *//p' | tr -d '"' | sort -u); do
+for ns in $(cat "$CHART_OUT"/*.yaml | sed -n 's/^  namespace: *//p' | tr -d '"' | sort -u); do
   "$KUBECTL" create namespace "$ns" >/dev/null
 done
 # ServiceMonitor: a minimal CRD first (charts/testdata/servicemonitor-crd.yaml), so it is dry-run too.
 "$KUBECTL" apply -f "$SM_CRD" >/dev/null
 "$KUBECTL" wait --for=condition=Established --timeout=60s crd/servicemonitors.monitoring.coreos.com >/dev/null
+# The chart's own CRD (crds/, installed by helm install, not in `helm template`), for real.
+"$KUBECTL" apply --validate=strict -f "$DJ_CRD" >"$CHART_OUT/apply-crds.log" 2>&1 ||
+  { cat "$CHART_OUT/apply-crds.log"; echo "chart: kubectl apply $DJ_CRD FAILED" >&2; exit 1; }
+"$KUBECTL" wait --for=condition=Established --timeout=60s crd/dispatchjobs.rollouts-dispatch.io >/dev/null ||
+  { echo "chart: CRD dispatchjobs.rollouts-dispatch.io not established" >&2; exit 1; }
+"$KUBECTL" -n "$NAMESPACE" apply --dry-run=server --validate=strict -f "$DJ_SAMPLE" >"$CHART_OUT/dry-run-dispatchjob.log" 2>&1 ||
+  { cat "$CHART_OUT/dry-run-dispatchjob.log"; echo "chart: kubectl apply --dry-run=server $DJ_SAMPLE FAILED" >&2; exit 1; }
+echo "chart: CRD dispatchjobs.rollouts-dispatch.io established; a DispatchJob dry-run accepted"
 for v in "${VARIANTS[@]}"; do
   "$KUBECTL" apply --dry-run=server --validate=strict -f "$CHART_OUT/$v.yaml" >"$CHART_OUT/dry-run-$v.log" 2>&1 ||
     { cat "$CHART_OUT/dry-run-$v.log"; echo "chart: kubectl apply --dry-run=server ($v values) FAILED" >&2; exit 1; }
@@ -106,23 +156,34 @@ for v in "${VARIANTS[@]}"; do
 done
 echo "chart: dry run ok in $(since "$t")"
 
-# --- RBAC of the test values, for real: what the server's ServiceAccount may and may not do ----
+# --- the RBAC renderings, for real: what each ServiceAccount may and may not do --------------
 t=$(date +%s)
-"$KUBECTL" apply -f "$CHART_OUT/test.yaml" >"$CHART_OUT/apply-test.log" 2>&1 ||
-  { cat "$CHART_OUT/apply-test.log"; echo "chart: kubectl apply (test values) FAILED" >&2; exit 1; }
+for a in "${APPLY[@]}"; do
+  read -r v rel ns <<<"$a"
+  f="$CHART_OUT/apply-$v.yaml"; [ "$rel" = "$RELEASE" ] && f="$CHART_OUT/$v.yaml"
+  "$KUBECTL" apply -f "$f" >"$CHART_OUT/apply-$v.log" 2>&1 ||
+    { cat "$CHART_OUT/apply-$v.log"; echo "chart: kubectl apply ($v values, release $rel in $ns) FAILED" >&2; exit 1; }
+  echo "chart: applied $v as release $rel in namespace $ns: $(grep -cE ' (created|configured|unchanged)$' "$CHART_OUT/apply-$v.log") objects"
+done
 rbac_fail=0
+sars=0
+SA="" SA_NS=""
+as() { SA_NS=$1; SA="system:serviceaccount:$1:$2"; } # as NAMESPACE SERVICEACCOUNT: the subject of the next checks
 # A SubjectAccessReview as the ServiceAccount (not `kubectl auth can-i`, which needs the resource
 # in discovery: no Kargo / Argo CD CRDs are installed here).
-can() { # can yes|no VERB RESOURCE[/SUBRESOURCE][.GROUP] [NAMESPACE]
+can() { # can yes|no VERB RESOURCE[/SUBRESOURCE][.GROUP] [NAMESPACE] (no namespace: cluster-wide)
   local want=$1 verb=$2 res=$3 ns=${4:-} group="" sub="" got
   case $res in *.*) group=${res#*.}; res=${res%%.*} ;; esac
   case $res in */*) sub=${res#*/}; res=${res%%/*} ;; esac
   got=$(printf '{"apiVersion":"authorization.k8s.io/v1","kind":"SubjectAccessReview","spec":{"user":"%s","groups":["system:serviceaccounts","system:serviceaccounts:%s","system:authenticated"],"resourceAttributes":{"verb":"%s","group":"%s","resource":"%s","subresource":"%s","namespace":"%s"}}}' \
-    "$SA" "$NAMESPACE" "$verb" "$group" "$res" "$sub" "$ns" |
+    "$SA" "$SA_NS" "$verb" "$group" "$res" "$sub" "$ns" |
     "$KUBECTL" create -f - -o jsonpath='{.status.allowed}')
   case $got in true) got=yes ;; *) got=no ;; esac
-  if [ "$got" != "$want" ]; then echo "chart: RBAC: $verb $3 ${ns:+-n $ns} = $got, want $want" >&2; rbac_fail=1; fi
+  sars=$((sars + 1))
+  if [ "$got" != "$want" ]; then echo "chart: RBAC: $SA: $verb $3 ${ns:+-n $ns}${ns:--A} = $got, want $want" >&2; rbac_fail=1; fi
 }
+# The server of the test values (memory store: no DispatchJobs).
+as "$NAMESPACE" dispatch-server
 can yes create tokenreviews.authentication.k8s.io
 can yes list stages.kargo.akuity.io team-a
 can yes watch applications.argoproj.io argocd
@@ -137,9 +198,79 @@ can no  create jobs.batch default
 can no  create pods verification
 can no  update jobs.batch verification
 can no  create deployments.apps "$NAMESPACE"
+can no  create dispatchjobs.rollouts-dispatch.io "$NAMESPACE"
+# The agent of the test values: its own ServiceAccount, none of the server's grants.
+as "$NAMESPACE" "$RELEASE-agent"
+can yes create jobs.batch default
+can no  list secrets argocd
+can no  get secrets "$NAMESPACE"
+can no  create tokenreviews.authentication.k8s.io
+can no  list stages.kargo.akuity.io team-a
+# The server with agents.store: kubernetes: DispatchJobs in its release namespace only.
+as kstore kstore-rollouts-dispatch
+for verb in get list watch create update patch delete; do can yes "$verb" dispatchjobs.rollouts-dispatch.io kstore; done
+for verb in get update patch; do can yes "$verb" dispatchjobs/status.rollouts-dispatch.io kstore; done
+can no  deletecollection dispatchjobs.rollouts-dispatch.io kstore
+can no  create dispatchjobs.rollouts-dispatch.io "$NAMESPACE"
+can no  list dispatchjobs.rollouts-dispatch.io
+can no  patch dispatchjobs/status.rollouts-dispatch.io default
+can no  get secrets kstore
+can no  create jobs.batch verification
+# The agent alone (agent values): Jobs, Pods and logs in every namespace; never Secrets.
+as edge edge-rollouts-dispatch-agent
+for verb in create get list watch delete; do can yes "$verb" jobs.batch verification; done
+can yes create jobs.batch default
+can yes delete jobs.batch team-a
+can yes list pods
+can yes watch pods
+can yes get pods verification
+can yes get pods/log verification
+can no  get secrets edge
+can no  list secrets
+can no  watch secrets
+can no  get secrets kube-system
+can no  update jobs.batch verification
+can no  patch jobs.batch verification
+can no  create pods verification
+can no  delete pods verification
+can no  create pods/exec verification
+can no  get configmaps edge
+can no  create dispatchjobs.rollouts-dispatch.io edge
+can no  create tokenreviews.authentication.k8s.io
+# The agent with agent.namespaces: [edge-jobs, verification]: those namespaces only.
+as edge2 edge-agent
+can yes create jobs.batch edge-jobs
+can yes delete jobs.batch verification
+can yes list pods edge-jobs
+can yes watch pods verification
+can yes get pods/log edge-jobs
+can no  create jobs.batch default
+can no  create jobs.batch edge2
+can no  list jobs.batch
+can no  list pods
+can no  get secrets edge-jobs
+can no  list secrets
 [ "$rbac_fail" = 0 ] || { echo "chart: RBAC check FAILED" >&2; exit 1; }
-echo "chart: RBAC of the test values ok (14 can-i checks) in $(since "$t"); total $(since "$t0"); renderings in $CHART_OUT"
+echo "chart: RBAC ok ($sars SubjectAccessReviews, ${#APPLY[@]} releases) in $(since "$t")"
+
+# --- a DispatchJob through the CRD as the kubernetes-store server: create, status, delete -------
+t=$(date +%s)
+kstore_sa=system:serviceaccount:kstore:kstore-rollouts-dispatch
+dj=$(sed -n 's/^  name: *//p' "$DJ_SAMPLE" | head -n 1)
+{
+  "$KUBECTL" --as="$kstore_sa" -n kstore create -f "$DJ_SAMPLE" &&
+  "$KUBECTL" --as="$kstore_sa" -n kstore patch dispatchjob "$dj" --subresource=status --type=merge \
+    -p '{"status":{"phase":"Running","agent":"chart-check","message":"make chart"}}' &&
+  phase=$("$KUBECTL" -n kstore get dispatchjob "$dj" -o jsonpath='{.status.phase}') &&
+  [ "$phase" = Running ] &&
+  "$KUBECTL" --as="$kstore_sa" -n kstore delete dispatchjob "$dj" --wait=false
+} >"$CHART_OUT/dispatchjob.log" 2>&1 ||
+  { cat "$CHART_OUT/dispatchjob.log"; echo "chart: DispatchJob create / status patch / delete as $kstore_sa FAILED" >&2; exit 1; }
+if "$KUBECTL" --as=system:serviceaccount:edge:edge-rollouts-dispatch-agent -n kstore create -f "$DJ_SAMPLE" >>"$CHART_OUT/dispatchjob.log" 2>&1; then
+  echo "chart: the agent's ServiceAccount could create a DispatchJob" >&2; exit 1
+fi
+echo "chart: DispatchJob created, status patched, deleted as the kubernetes-store server (agent refused) in $(since "$t"); total $(since "$t0"); renderings in $CHART_OUT"
 
 stop_cluster
 cluster_pid=""
-echo "chart: lint=ok template=ok dry_run=ok"
+echo "chart: lint=ok template=ok dry_run=ok apply=ok rbac=ok ($sars SubjectAccessReviews) variants=${#VARIANTS[@]}"
