@@ -37,9 +37,12 @@ $(HELM):
 .PHONY: helm
 helm: $(HELM) ## build helm from its Go module into CACHE_DIR/bin/helm-<version>/ (only when missing)
 
-# lint (default and CI values), template (both), then a server-side dry-run apply of both
-# renderings against a real kube-apiserver started by the Rust launcher (charts/chart-check.sh).
+# lint and template with the default values and every ci/*-values.yaml, invalid values refused, then
+# against a real kube-apiserver started by the Rust launcher: the DispatchJob CRD applied, a
+# server-side dry-run apply of every rendering, the RBAC renderings applied for real and checked
+# with SubjectAccessReviews (charts/chart-check.sh). Last line:
+# `chart: lint=ok template=ok dry_run=ok apply=ok rbac=ok (N SubjectAccessReviews) variants=K`.
 .PHONY: chart
-chart: $(HELM) k8s-bin ## lint + render the Helm chart, then kubectl apply --dry-run=server on a real test cluster
+chart: $(HELM) k8s-bin ## lint + render the Helm chart (every ci/*-values.yaml), dry-run and apply it on a real test cluster, check its RBAC
 	@HELM="$(HELM)" CARGO="$(CARGO)" K8S_BIN_ENV="$(K8S_BIN_ENV)" CHART_DIR="$(CHART_DIR)" \
 	  CHART_OUT="$(CHART_OUT)" bash charts/chart-check.sh
