@@ -24,6 +24,20 @@ use super::{ApiFailure, AppState, BoxFuture};
 /// The audience every rollouts-dispatch token must carry.
 pub const AUDIENCE: &str = "rollouts-dispatch";
 
+/// Clock skew tolerated between a token's issuer and this server, in seconds, on `exp`, `nbf`
+/// and `iat`.
+///
+/// 60 s, as Kubernetes allows for ServiceAccount tokens (go-jose's default leeway) and
+/// jsonwebtoken by default: NTP-synced machines agree within milliseconds, and a minute absorbs
+/// a laptop or VM clock that drifted (`rollouts-dispatch token issue` runs wherever an operator
+/// is). A larger leeway would keep every expired token alive longer and accept tokens issued
+/// "in the future" (a skewed or forged issuer clock) for longer; a smaller one turns ordinary
+/// drift into 401s. Beyond it, a token from the future is refused with [`AuthError::NotYetValid`].
+pub const CLOCK_LEEWAY_SECS: u64 = 60;
+
+/// The only signing algorithm accepted.
+const ALGORITHM: Algorithm = Algorithm::HS256;
+
 /// An authenticated caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
@@ -42,6 +56,12 @@ pub enum AuthError {
     /// Expired.
     #[error("token expired; issue a new one (rollouts-dispatch token issue) or check the clocks")]
     Expired,
+    /// Not valid yet: `nbf` or `iat` lies in the future beyond [`CLOCK_LEEWAY_SECS`].
+    #[error(
+        "token is not valid yet: {0}; check the clocks of the token's issuer and of this server \
+         (they may differ by at most {CLOCK_LEEWAY_SECS}s), then issue a new token"
+    )]
+    NotYetValid(String),
     /// Not for us.
     #[error("token audience is not \"rollouts-dispatch\"")]
     WrongAudience,
@@ -86,7 +106,7 @@ pub struct Claims {
 /// Signs `claims` with `key` (HS256).
 pub fn issue(key: &[u8], claims: &Claims) -> Result<String, AuthError> {
     jsonwebtoken::encode(
-        &Header::new(Algorithm::HS256),
+        &Header::new(ALGORITHM),
         claims,
         &EncodingKey::from_secret(key),
     )
@@ -103,10 +123,12 @@ pub struct JwtAuthenticator {
 impl JwtAuthenticator {
     /// Accepts tokens signed by any of `keys` (at least one), except the ids in `revoked`.
     pub fn new(keys: &[Vec<u8>], revoked: impl IntoIterator<Item = String>) -> Self {
-        let mut validation = Validation::new(Algorithm::HS256);
+        let mut validation = Validation::new(ALGORITHM);
         validation.set_audience(&[AUDIENCE]);
         validation.set_required_spec_claims(&["exp", "aud", "sub"]);
-        validation.leeway = 30;
+        validation.leeway = CLOCK_LEEWAY_SECS;
+        // Off by default in jsonwebtoken: a token must not be usable before its `nbf`.
+        validation.validate_nbf = true;
         Self {
             keys: keys.iter().map(|k| DecodingKey::from_secret(k)).collect(),
             revoked: revoked.into_iter().collect(),
@@ -116,6 +138,16 @@ impl JwtAuthenticator {
 
     fn check(&self, token: &str) -> Result<Principal, AuthError> {
         use jsonwebtoken::errors::ErrorKind;
+        // Say plainly why `alg: none`, HS512 or RS256 tokens are refused (jsonwebtoken would
+        // refuse them too, with less telling errors).
+        if let Some(alg) = header_alg(token) {
+            if alg != "HS256" {
+                return Err(AuthError::Invalid(format!(
+                    "token algorithm {alg:?} is not accepted: only HS256 tokens signed with a \
+                     configured key are"
+                )));
+            }
+        }
         let mut last = AuthError::Invalid("no signing key is configured".into());
         for key in &self.keys {
             match jsonwebtoken::decode::<Claims>(token, key, &self.validation) {
@@ -124,14 +156,30 @@ impl JwtAuthenticator {
                     if self.revoked.contains(&c.jti) {
                         return Err(AuthError::Revoked(c.jti));
                     }
+                    // jsonwebtoken does not look at `iat`: a token issued "tomorrow" would
+                    // otherwise live a day longer than its issuer meant.
+                    let now = jsonwebtoken::get_current_timestamp();
+                    if c.iat > now.saturating_add(CLOCK_LEEWAY_SECS) {
+                        return Err(AuthError::NotYetValid(format!(
+                            "it was issued (`iat`) {}s ahead of this server's clock",
+                            c.iat - now
+                        )));
+                    }
                     return Ok(Principal {
                         subject: c.sub,
                         destination: c.destination,
                     });
                 }
+                // The signature is checked before the claims: these are final.
                 Err(e) => {
                     last = match e.kind() {
                         ErrorKind::ExpiredSignature => return Err(AuthError::Expired),
+                        ErrorKind::ImmatureSignature => {
+                            return Err(AuthError::NotYetValid(
+                                "its `nbf` (not before) is still ahead of this server's clock"
+                                    .into(),
+                            ))
+                        }
                         ErrorKind::InvalidAudience => return Err(AuthError::WrongAudience),
                         ErrorKind::InvalidSignature => {
                             AuthError::Invalid("signature does not match any configured key".into())
@@ -143,6 +191,17 @@ impl JwtAuthenticator {
         }
         Err(last)
     }
+}
+
+/// The `alg` of a JWT's header, if the header can be read at all.
+fn header_alg(token: &str) -> Option<String> {
+    use base64::Engine as _;
+    let header = token.split('.').next()?;
+    let json = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(header.trim_end_matches('='))
+        .ok()?;
+    let value: serde_json::Value = serde_json::from_slice(&json).ok()?;
+    Some(value.get("alg")?.as_str()?.to_string())
 }
 
 impl Authenticator for JwtAuthenticator {
@@ -214,4 +273,276 @@ pub async fn require_bearer(
             resp
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Attacks on the JWT check; every one must be refused with a reason that says what to fix.
+    //! (Replaying an agent token for another destination is refused where the destination is
+    //! known: the agent API.)
+
+    use base64::Engine as _;
+    use serde_json::json;
+
+    use super::*;
+
+    const KEY: &[u8] = b"the-signing-key-of-this-server-0123456789";
+    const OTHER_KEY: &[u8] = b"a-key-this-server-does-not-know-0123456789";
+
+    fn now() -> u64 {
+        jsonwebtoken::get_current_timestamp()
+    }
+
+    fn auth() -> JwtAuthenticator {
+        JwtAuthenticator::new(&[KEY.to_vec()], ["revoked-id".to_string()])
+    }
+
+    fn claims() -> serde_json::Value {
+        json!({"sub": "plugin", "aud": AUDIENCE, "exp": now() + 600, "iat": now(), "jti": "t1"})
+    }
+
+    /// Any header and claims, signed with `key` under `alg` (an HMAC algorithm).
+    fn raw(
+        header: serde_json::Value,
+        claims: &serde_json::Value,
+        key: &[u8],
+        alg: Algorithm,
+    ) -> String {
+        let b64 = |v: &serde_json::Value| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(serde_json::to_vec(v).unwrap())
+        };
+        let input = format!("{}.{}", b64(&header), b64(claims));
+        let sig = jsonwebtoken::crypto::sign(input.as_bytes(), &EncodingKey::from_secret(key), alg)
+            .unwrap();
+        format!("{input}.{sig}")
+    }
+
+    fn hs256(claims: &serde_json::Value) -> String {
+        raw(
+            json!({"alg": "HS256", "typ": "JWT"}),
+            claims,
+            KEY,
+            Algorithm::HS256,
+        )
+    }
+
+    fn with(field: &str, value: serde_json::Value) -> serde_json::Value {
+        let mut c = claims();
+        c[field] = value;
+        c
+    }
+
+    fn refused(token: &str) -> AuthError {
+        auth().check(token).expect_err("the token must be refused")
+    }
+
+    #[test]
+    fn a_well_formed_token_is_accepted() {
+        let p = auth().check(&hs256(&claims())).unwrap();
+        assert_eq!(p.subject, "plugin");
+        assert_eq!(p.destination, None);
+    }
+
+    #[test]
+    fn a_forged_signature_is_refused() {
+        let forged = raw(
+            json!({"alg": "HS256"}),
+            &claims(),
+            OTHER_KEY,
+            Algorithm::HS256,
+        );
+        assert_eq!(
+            refused(&forged),
+            AuthError::Invalid("signature does not match any configured key".into())
+        );
+        // Claims swapped under a genuine signature.
+        let genuine = hs256(&claims());
+        let (head, rest) = genuine.split_once('.').unwrap();
+        let sig = rest.rsplit_once('.').unwrap().1;
+        let elevated = with("sub", json!("admin"));
+        let body = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(serde_json::to_vec(&elevated).unwrap());
+        assert!(matches!(
+            refused(&format!("{head}.{body}.{sig}")),
+            AuthError::Invalid(m) if m.contains("signature")
+        ));
+        // No signature at all.
+        let unsigned = genuine.rsplit_once('.').unwrap().0.to_string() + ".";
+        assert!(matches!(refused(&unsigned), AuthError::Invalid(_)));
+    }
+
+    #[test]
+    fn another_audience_is_refused() {
+        for aud in [
+            "kubernetes",
+            "rollouts-dispatch-dev",
+            "Rollouts-Dispatch",
+            "",
+        ] {
+            let e = refused(&hs256(&with("aud", json!(aud))));
+            assert_eq!(e, AuthError::WrongAudience, "{aud:?}");
+        }
+        assert!(auth()
+            .check(&hs256(&with("aud", json!(["other"]))))
+            .is_err());
+        // A list that includes ours is not a token for us alone: the claims do not parse.
+        assert!(matches!(
+            refused(&hs256(&with("aud", json!([AUDIENCE, "other"])))),
+            AuthError::Invalid(_)
+        ));
+    }
+
+    #[test]
+    fn expiry_is_enforced_beyond_the_leeway_only() {
+        let late = hs256(&with("exp", json!(now() - CLOCK_LEEWAY_SECS - 5)));
+        assert_eq!(refused(&late), AuthError::Expired);
+        assert!(AuthError::Expired.to_string().contains("check the clocks"));
+        let day_old = hs256(&with("exp", json!(now() - 86_400)));
+        assert_eq!(refused(&day_old), AuthError::Expired);
+        // Within the leeway: a clock a little behind the issuer's is tolerated.
+        let just = hs256(&with("exp", json!(now() - CLOCK_LEEWAY_SECS + 10)));
+        assert!(auth().check(&just).is_ok());
+    }
+
+    #[test]
+    fn a_token_not_valid_before_a_future_time_is_refused() {
+        let later = hs256(&with("nbf", json!(now() + 3600)));
+        let e = refused(&later);
+        assert!(matches!(e, AuthError::NotYetValid(_)), "{e:?}");
+        assert!(e.to_string().contains("`nbf`"), "{e}");
+        assert!(e.to_string().contains("check the clocks"), "{e}");
+        // Within the leeway, and in the past: fine.
+        let soon = hs256(&with("nbf", json!(now() + CLOCK_LEEWAY_SECS - 10)));
+        assert!(auth().check(&soon).is_ok());
+        assert!(auth()
+            .check(&hs256(&with("nbf", json!(now() - 10))))
+            .is_ok());
+        // An `nbf` that is not a number is not skipped.
+        assert!(matches!(
+            refused(&hs256(&with("nbf", json!("tomorrow")))),
+            AuthError::Invalid(_)
+        ));
+    }
+
+    #[test]
+    fn a_token_issued_tomorrow_is_a_clock_skew_attack() {
+        let tomorrow = now() + 86_400;
+        let token = hs256(&with("iat", json!(tomorrow)).tap(|c| c["exp"] = json!(tomorrow + 600)));
+        let e = refused(&token);
+        assert!(matches!(e, AuthError::NotYetValid(_)), "{e:?}");
+        let message = e.to_string();
+        assert!(
+            message.contains("`iat`") && message.contains("check the clocks"),
+            "{message}"
+        );
+        assert!(
+            message.contains(&format!("at most {CLOCK_LEEWAY_SECS}s")),
+            "{message}"
+        );
+        // Just beyond the leeway: refused; within it: a clock slightly ahead is tolerated.
+        let ahead = hs256(&with("iat", json!(now() + CLOCK_LEEWAY_SECS + 30)));
+        assert!(matches!(refused(&ahead), AuthError::NotYetValid(_)));
+        let slightly = hs256(&with("iat", json!(now() + CLOCK_LEEWAY_SECS - 10)));
+        assert!(auth().check(&slightly).is_ok());
+    }
+
+    #[test]
+    fn the_leeway_is_one_minute() {
+        assert_eq!(CLOCK_LEEWAY_SECS, 60);
+        assert_eq!(auth().validation.leeway, CLOCK_LEEWAY_SECS);
+        assert!(auth().validation.validate_nbf);
+    }
+
+    #[test]
+    fn alg_none_is_refused() {
+        for alg in ["none", "None", "NONE"] {
+            let header = base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .encode(serde_json::to_vec(&json!({"alg": alg, "typ": "JWT"})).unwrap());
+            let body = base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .encode(serde_json::to_vec(&claims()).unwrap());
+            for token in [format!("{header}.{body}."), format!("{header}.{body}")] {
+                let e = refused(&token);
+                assert!(
+                    matches!(&e, AuthError::Invalid(m) if m.contains(&format!("{alg:?} is not accepted"))),
+                    "{alg}: {e:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn other_algorithms_with_the_same_key_are_refused() {
+        // HS512 with the right key: a valid signature, but not the algorithm we accept.
+        let hs512 = raw(json!({"alg": "HS512"}), &claims(), KEY, Algorithm::HS512);
+        assert!(
+            matches!(refused(&hs512), AuthError::Invalid(m) if m.contains("\"HS512\" is not accepted"))
+        );
+        let via_jsonwebtoken = jsonwebtoken::encode(
+            &Header::new(Algorithm::HS384),
+            &claims(),
+            &EncodingKey::from_secret(KEY),
+        )
+        .unwrap();
+        assert!(matches!(refused(&via_jsonwebtoken), AuthError::Invalid(m) if m.contains("HS384")));
+        // RS256 in the header, HMAC with our secret underneath: the key-confusion attack.
+        let confused = raw(json!({"alg": "RS256"}), &claims(), KEY, Algorithm::HS256);
+        assert!(
+            matches!(refused(&confused), AuthError::Invalid(m) if m.contains("\"RS256\" is not accepted"))
+        );
+        // An HS256 signature labelled "hs256" (case games) is not HS256 either.
+        let lower = raw(json!({"alg": "hs256"}), &claims(), KEY, Algorithm::HS256);
+        assert!(matches!(refused(&lower), AuthError::Invalid(_)));
+    }
+
+    #[test]
+    fn required_claims_must_be_present() {
+        for missing in ["exp", "sub", "aud", "iat"] {
+            let mut c = claims();
+            c.as_object_mut().unwrap().remove(missing);
+            let e = refused(&hs256(&c));
+            assert!(
+                matches!(&e, AuthError::Invalid(m) if m.contains(missing)),
+                "{missing}: {e:?}"
+            );
+        }
+        // An `exp` that is not a number does not make the token eternal.
+        assert!(matches!(
+            refused(&hs256(&with("exp", json!("never")))),
+            AuthError::Invalid(_)
+        ));
+        assert!(matches!(
+            refused(&hs256(&with("exp", json!(null)))),
+            AuthError::Invalid(_)
+        ));
+    }
+
+    #[test]
+    fn revoked_ids_and_garbage_are_refused() {
+        assert_eq!(
+            refused(&hs256(&with("jti", json!("revoked-id")))),
+            AuthError::Revoked("revoked-id".into())
+        );
+        for garbage in [
+            "",
+            ".",
+            "..",
+            "a.b.c",
+            "not a token",
+            "eyJhbGciOiJIUzI1NiJ9",
+        ] {
+            assert!(
+                matches!(refused(garbage), AuthError::Invalid(_)),
+                "{garbage:?}"
+            );
+        }
+    }
+
+    /// `let x = v.tap(|x| …)`: change a value in an expression.
+    trait Tap: Sized {
+        fn tap(mut self, f: impl FnOnce(&mut Self)) -> Self {
+            f(&mut self);
+            self
+        }
+    }
+    impl Tap for serde_json::Value {}
 }
