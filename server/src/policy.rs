@@ -215,4 +215,219 @@ mod tests {
         let p = Policy::new(Some(&PolicyConfig::default()), "f");
         assert!(p.check("x", "y", "z").is_ok() && p.warning().is_some());
     }
+
+    /// The policy of the bypass tests: team-a may verify on the prod destinations, in one namespace.
+    fn strict() -> Policy {
+        let cfg = PolicyConfig {
+            rules: vec![
+                rule(&["team-a"], &["prod-*"], &["verification"]),
+                rule(&["team-a"], &["staging"], &["team-a-*"]),
+                rule(&["team-b*"], &["dev"], &["*"]),
+            ],
+        };
+        Policy::new(Some(&cfg), "f")
+    }
+
+    #[test]
+    fn a_namespace_outside_the_allowed_set_is_denied() {
+        let p = strict();
+        assert!(p.check("team-a", "prod-eu", "verification").is_ok());
+        for ns in [
+            "default",
+            "kube-system",
+            "verification-2",
+            "verificatio",
+            "Verification",
+            "verification ",
+            " verification",
+            "verification\n",
+            "",
+            "*",
+            "verif*",
+            "verification,default",
+            "verification/../kube-system",
+            "../verification",
+        ] {
+            let e = p.check("team-a", "prod-eu", ns).unwrap_err();
+            assert!(
+                e.why.contains("allow namespaces verification"),
+                "{ns:?}: {e}"
+            );
+        }
+        // A namespace glob allows its prefix's namespaces only.
+        assert!(p.check("team-a", "staging", "team-a-checks").is_ok());
+        for ns in ["team-a", "team-ab-checks", "team-b-checks", "kube-system"] {
+            assert!(p.check("team-a", "staging", ns).is_err(), "{ns:?}");
+        }
+    }
+
+    #[test]
+    fn rules_do_not_combine_across_each_other() {
+        // Rule 1 gives prod-* with `verification`, rule 2 gives staging with team-a-*: neither
+        // gives prod-eu with team-a-checks.
+        let p = strict();
+        let e = p.check("team-a", "prod-eu", "team-a-checks").unwrap_err();
+        assert!(e.why.contains("allow namespaces verification"), "{e}");
+        assert!(p.check("team-a", "staging", "verification").is_err());
+        // Nor does team-b's `*` namespace leak to team-a's destinations.
+        assert!(p.check("team-b", "prod-eu", "verification").is_err());
+    }
+
+    #[test]
+    fn destination_globs_are_not_fooled() {
+        let p = strict();
+        for ok in ["prod-eu", "prod-us-east-1", "prod-"] {
+            assert!(p.check("team-a", ok, "verification").is_ok(), "{ok:?}");
+        }
+        for bad in [
+            "prod",            // `prod-*` needs the dash
+            "production",      // … and the dash right after `prod`
+            "xprod-eu",        // anchored at the start
+            " prod-eu",        // no trimming
+            "Prod-eu",         // case matters
+            "PROD-EU",         //
+            "prоd-eu",         // Cyrillic о
+            "ｐrod-eu",        // fullwidth p
+            "prod\u{2010}eu",  // Unicode hyphen
+            "prod\u{200b}-eu", // zero-width space
+            "",                // empty
+            "../prod-eu",      // path tricks
+            "staging,prod-eu", // a list is one (unknown) name here
+            "dev",             // team-b's destination
+        ] {
+            let e = p.check("team-a", bad, "verification").unwrap_err();
+            assert!(e.why.contains("allow destinations"), "{bad:?}: {e}");
+        }
+        // A comma-separated string is one name to the policy: allowing `prod-eu` exactly does
+        // not allow `prod-eu,evil` (the plugin block's lists are split and checked per name
+        // before the policy sees them).
+        let exact = Policy::new(
+            Some(&PolicyConfig {
+                rules: vec![rule(&["team-a"], &["prod-eu"], &["*"])],
+            }),
+            "f",
+        );
+        assert!(exact.check("team-a", "prod-eu", "x").is_ok());
+        for bad in [
+            "prod-eu,evil",
+            "evil,prod-eu",
+            "prod-eu evil",
+            "prod-eu/evil",
+            "prod-eu\0",
+        ] {
+            assert!(exact.check("team-a", bad, "x").is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn wildcards_in_a_requested_name_are_literal() {
+        // Only the rule's pattern is a glob: a requested `*` or `?` is a character like any other.
+        let exact = Policy::new(
+            Some(&PolicyConfig {
+                rules: vec![rule(&["team-a"], &["prod-eu"], &["verification"])],
+            }),
+            "f",
+        );
+        for (d, ns) in [
+            ("*", "verification"),
+            ("prod-*", "verification"),
+            ("prod-e?", "verification"),
+            ("?????-eu", "verification"),
+            ("prod-eu", "*"),
+            ("prod-eu", "verif*"),
+            ("prod-eu", "????????????"),
+        ] {
+            assert!(exact.check("team-a", d, ns).is_err(), "{d:?} {ns:?}");
+        }
+        for project in ["*", "team-?", "team-*"] {
+            assert!(
+                exact.check(project, "prod-eu", "verification").is_err(),
+                "{project:?}"
+            );
+        }
+        for (pattern, text) in [("abc", "*"), ("abc", "a*"), ("abc", "???"), ("a?c", "a*")] {
+            assert!(!glob_match(pattern, text), "{pattern} vs {text}");
+        }
+        // A `*` in the name is still matched by a `*` in the rule, as any character is.
+        assert!(glob_match("prod-*", "prod-*"));
+    }
+
+    #[test]
+    fn project_globs_match_exactly_what_they_say() {
+        let cfg = PolicyConfig {
+            rules: vec![
+                rule(&["team-a"], &["a-dest"], &["*"]),
+                rule(&["team-a*"], &["a-star-dest"], &["*"]),
+                rule(&["team-a-*"], &["a-dash-dest"], &["*"]),
+            ],
+        };
+        let p = Policy::new(Some(&cfg), "f");
+        // `team-a` (exact) is team-a only.
+        assert!(p.check("team-a", "a-dest", "ns").is_ok());
+        for project in [
+            "team-ab", "team-a-x", "team-", "team", "Team-a", "team-a ", "xteam-a",
+        ] {
+            assert!(p.check(project, "a-dest", "ns").is_err(), "{project:?}");
+        }
+        // `team-a*` is team-a and everything that starts with it (team-ab included: that is
+        // what the glob says; `team-a-*` is the way to keep team-ab out).
+        for project in ["team-a", "team-ab", "team-a-x"] {
+            assert!(p.check(project, "a-star-dest", "ns").is_ok(), "{project:?}");
+        }
+        for project in ["team-", "team-b", "Team-a", "TEAM-AB", "xteam-a"] {
+            assert!(
+                p.check(project, "a-star-dest", "ns").is_err(),
+                "{project:?}"
+            );
+        }
+        // `team-a-*` is neither team-a nor team-ab.
+        assert!(p.check("team-a-x", "a-dash-dest", "ns").is_ok());
+        for project in ["team-a", "team-ab", "team-b-x"] {
+            assert!(
+                p.check(project, "a-dash-dest", "ns").is_err(),
+                "{project:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn matching_is_case_sensitive_everywhere() {
+        // Kubernetes names are lowercase; a rule never matches another spelling.
+        let p = strict();
+        assert!(p.check("Team-A", "prod-eu", "verification").is_err());
+        assert!(p.check("team-a", "Prod-EU", "verification").is_err());
+        assert!(p.check("team-a", "prod-eu", "VERIFICATION").is_err());
+        assert!(!glob_match("Prod-*", "prod-eu"));
+        assert!(!glob_match("prod-*", "PROD-EU"));
+        // Case folding that changes length (ß → SS) does not sneak in either.
+        assert!(!glob_match("strasse", "straße"));
+    }
+
+    #[test]
+    fn denials_quote_hostile_names() {
+        // Names go into logs and API errors quoted and escaped: no forged log lines.
+        let e = strict()
+            .check(
+                "team-a\nlevel=info msg=allowed",
+                "prod-eu\r\n",
+                "x\u{1b}[2J",
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            !e.contains('\n') && !e.contains('\r') && !e.contains('\u{1b}'),
+            "{e}"
+        );
+        assert!(e.contains(r#""team-a\nlevel=info msg=allowed""#), "{e}");
+    }
+
+    #[test]
+    fn globs_stay_fast_on_hostile_input() {
+        // Backtracking is bounded: a pathological pattern against a long name answers at once.
+        let pattern = "*a*a*a*a*a*a*a*a*a*a*b";
+        let text = "a".repeat(10_000);
+        let start = std::time::Instant::now();
+        assert!(!glob_match(pattern, &text));
+        assert!(start.elapsed() < std::time::Duration::from_secs(2));
+    }
 }
