@@ -61,7 +61,10 @@ async fn run(mode: u8, feed: u8, wire: &[u8]) {
             assert_eq!(version, 0, "frame version");
             match ty {
                 0 | 1 => {
-                    assert!(stream % 2 == 1, "frame for stream {stream}: not one the host opened");
+                    assert!(
+                        stream % 2 == 1,
+                        "frame for stream {stream}: not one the host opened"
+                    );
                     if ty == 0 {
                         assert!(length <= INITIAL_WINDOW, "data frame of {length} bytes");
                         payload.resize(length as usize, 0);
