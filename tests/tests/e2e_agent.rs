@@ -24,6 +24,7 @@ use dispatch_tests::cluster::argo::{self, ArgoRollouts, MetricPlugin};
 use dispatch_tests::cluster::process::tail;
 use dispatch_tests::cluster::Cluster;
 use e2e_support::*;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -155,6 +156,7 @@ fn spawn_agent(
         .arg(token_file)
         .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
         .args(["--poll-wait", "10s"])
+        .env("ROLLOUTS_DISPATCH_LOG", "dispatch_server=debug,info")
         .env("KUBECONFIG", &b.kubeconfig);
     b.spawn_process(name, cmd)?;
     Ok(admin)
@@ -180,6 +182,39 @@ async fn log_shows(path: &Path, needle: &str) -> Result<()> {
     })
     .await
     .with_context(|| tail(path, 20))
+}
+
+/// Writes `message` into the terminated state of Job `job`'s container, as a kubelet does under
+/// `terminationMessagePolicy: FallbackToLogsOnError`.
+async fn set_termination_message(cluster: &Cluster, job: &str, message: &str) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(cluster.client().await?, "default");
+    for _ in 0..10 {
+        let list = pods
+            .list(&ListParams::default().labels(&format!("job-name={job}")))
+            .await?;
+        let Some(mut pod) = list.items.into_iter().next() else {
+            bail!("no pod of job {job}");
+        };
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let terminated = pod
+            .status
+            .as_mut()
+            .and_then(|s| s.container_statuses.as_mut())
+            .and_then(|cs| cs.iter_mut().find(|c| c.name == "check"))
+            .and_then(|c| c.state.as_mut())
+            .and_then(|s| s.terminated.as_mut())
+            .context("container check is not terminated")?;
+        terminated.message = Some(message.to_string());
+        match pods
+            .replace_status(&name, &PostParams::default(), &pod)
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) => return Err(e).context("writing the termination message"),
+        }
+    }
+    bail!("the pod of job {job} kept changing")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -305,6 +340,35 @@ async fn verifications_run_on_a_cluster_only_its_agent_reaches() -> Result<()> {
         "the failure names the destination: {}",
         measurement_message(&bad)
     );
+    // The log tail travels from the agent: what a kubelet writes as the termination message
+    // (kwok writes none) reaches the DispatchJob's status through the agent's report.
+    let bad_uid = bad.metadata.uid.clone().unwrap_or_default();
+    let bad_job = jobs_of(&b, &bad_uid).await?;
+    let bad_job = bad_job
+        .first()
+        .context("the failing run's Job on cluster-b")?;
+    let bad_name = bad_job.metadata.name.clone().unwrap_or_default();
+    set_termination_message(&b, &bad_name, "GET https://svc/health\nHTTP 503 from svc\n").await?;
+    let records: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        DJ_NAMESPACE,
+        &dispatch_server::store::kubernetes::api_resource(),
+    );
+    eventually("the log tail in the DispatchJob status", || async {
+        let list = records.list(&ListParams::default()).await?;
+        Ok(list.items.iter().any(|r| {
+            r.data
+                .pointer("/spec/jobName")
+                .and_then(serde_json::Value::as_str)
+                == Some(bad_name.as_str())
+                && r.data
+                    .pointer("/status/state/detail/log")
+                    .and_then(serde_json::Value::as_str)
+                    .is_some_and(|l| l.contains("HTTP 503 from svc"))
+        }))
+    })
+    .await
+    .with_context(|| format!("agent log:\n{}", tail(&b.log_path("agent"), 15)))?;
     let uid = ok.metadata.uid.clone().unwrap_or_default();
     let on = (
         jobs_of(&a, &uid).await?.len(),
@@ -390,11 +454,6 @@ async fn verifications_run_on_a_cluster_only_its_agent_reaches() -> Result<()> {
     control.kill_process(&one.name)?;
     let slow = wait_done(&runs, slow.metadata.name.as_deref().unwrap_or_default()).await?;
     let jobs = jobs_of(&b, &slow_uid).await?.len();
-    let records: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        DJ_NAMESPACE,
-        &dispatch_server::store::kubernetes::api_resource(),
-    );
     let stored = records.list(&ListParams::default()).await?.items.len();
     println!(
         "e2e-agent: replica killed mid-Job → {} with {jobs} Job; {stored} DispatchJobs stored",

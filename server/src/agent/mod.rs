@@ -294,6 +294,9 @@ async fn sync(
         if reports.is_empty() {
             continue;
         }
+        for r in &reports {
+            tracing::debug!(%destination, record = %r.name, state = ?r.state, "reporting");
+        }
         let request = ReportRequest { reports };
         match client.post::<_, ReportReply>(&path, &request).await {
             Ok(reply) => {

@@ -329,6 +329,36 @@ mod tests {
     use super::*;
     use crate::store::tests::job;
 
+    /// The API server prunes fields a structural schema does not declare: a field missing from
+    /// the CRD would silently read back as its default (it happened to `logTail`).
+    #[test]
+    fn the_crd_declares_every_field_of_spec_and_status() {
+        let crd: Value =
+            serde_saphyr::from_str(include_str!("../../../config/crds/dispatchjobs.yaml")).unwrap();
+        let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"];
+        let mut j = job("n", "d", "u", 1);
+        j.spec.delete = true;
+        j.status = Some(DispatchJobStatus::observed(None, "agent:d"));
+        let value = serde_json::to_value(&j).unwrap();
+        for part in ["spec", "status"] {
+            let declared = schema[part]["properties"].as_object().unwrap();
+            for field in value[part].as_object().unwrap().keys() {
+                assert!(
+                    declared.contains_key(field),
+                    "{part}.{field} is not in the CRD schema"
+                );
+            }
+        }
+        assert_eq!(
+            crd,
+            serde_saphyr::from_str::<Value>(include_str!(
+                "../../../charts/rollouts-dispatch/crds/dispatchjobs.yaml"
+            ))
+            .unwrap(),
+            "the chart ships the same CRD as config/crds"
+        );
+    }
+
     #[test]
     fn records_round_trip_through_the_resource() {
         let mut j = job("u.m.1.abcd0123", "edge-1", "u", 1);
