@@ -52,7 +52,12 @@ impl Broker {
         while buf.len() < 4 {
             match stream.read().await {
                 Some(chunk) => buf.extend_from_slice(&chunk),
-                None => return,
+                None => {
+                    // Closed before naming an id: close our side too, or the session would keep
+                    // the stream (and count it against its stream limit) until the end.
+                    stream.writer().close();
+                    return;
+                }
             }
         }
         let id_bytes = buf.split_to(4);
@@ -75,5 +80,71 @@ impl Broker {
             "mux broker: serving plugin stream"
         );
         serve_stream(stream, Arc::from(vec![service]), buf).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+    use crate::yamux::{Session, MAX_STREAMS};
+
+    /// A yamux frame header: version 0, type, flags, stream id, length.
+    fn frame(ty: u8, flags: u16, id: u32, length: u32) -> Vec<u8> {
+        let mut f = vec![0, ty];
+        f.extend_from_slice(&flags.to_be_bytes());
+        f.extend_from_slice(&id.to_be_bytes());
+        f.extend_from_slice(&length.to_be_bytes());
+        f
+    }
+
+    /// The next frame from the session: its flags and stream id.
+    async fn next_frame(host: &mut tokio::io::DuplexStream) -> (u16, u32) {
+        let mut h = [0u8; 12];
+        tokio::time::timeout(Duration::from_secs(5), host.read_exact(&mut h))
+            .await
+            .expect("a frame in time")
+            .unwrap();
+        (
+            u16::from_be_bytes([h[2], h[3]]),
+            u32::from_be_bytes([h[4], h[5], h[6], h[7]]),
+        )
+    }
+
+    #[tokio::test]
+    async fn streams_closed_before_their_id_do_not_pile_up() {
+        const SYN: u16 = 1;
+        const ACK: u16 = 2;
+        const FIN: u16 = 4;
+        let (server, mut host) = tokio::io::duplex(1 << 20);
+        let broker = Arc::new(Broker::default());
+        tokio::spawn({
+            let broker = Arc::clone(&broker);
+            async move {
+                let mut session = Session::server(server);
+                while let Some(stream) = session.accept().await {
+                    tokio::spawn(Arc::clone(&broker).serve(stream));
+                }
+            }
+        });
+        // More streams than the session holds at once, each opened and closed with no id sent.
+        for i in 0..(MAX_STREAMS as u32 + 10) {
+            let id = 2 * i + 1;
+            host.write_all(&frame(1, SYN, id, 0)).await.unwrap();
+            host.write_all(&frame(1, FIN, id, 0)).await.unwrap();
+            assert_eq!(
+                next_frame(&mut host).await,
+                (ACK, id),
+                "stream {id} accepted"
+            );
+            assert_eq!(
+                next_frame(&mut host).await,
+                (FIN, id),
+                "stream {id} closed by us"
+            );
+        }
     }
 }
