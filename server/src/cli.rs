@@ -199,6 +199,11 @@ pub struct ServeArgs {
     /// How long to wait for destinations to sync before reporting ready anyway.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub sync_timeout: Duration,
+    /// Every this long, delete the Jobs whose AnalysisRun no longer exists on the control plane
+    /// (needs list on analysisruns there). Off by default: only enable it when no other control
+    /// plane's runs create Jobs on the same destinations.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_SWEEP_ORPHANS_EVERY", value_parser = parse_duration)]
+    pub sweep_orphans_every: Option<Duration>,
 }
 
 /// `rollouts-dispatch token …`

@@ -29,6 +29,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         revoked_tokens,
         token_review_allow,
         sync_timeout,
+        sweep_orphans_every,
     } = args;
     let config = match &config {
         Some(path) => ServerConfig::load(path)?,
@@ -70,6 +71,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             }
         }
     });
+    let sweeper = sweep_orphans_every.filter(|d| !d.is_zero()).map(|every| {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if let Err(e) = engine.sweep_orphans().await {
+                    warn!(error = %e, "orphan sweep failed; retrying at the next interval");
+                }
+            }
+        })
+    });
     // Open long polls of agents answer at once on shutdown, so that the drain does not wait.
     tokio::spawn({
         let dispatcher = dispatcher.clone();
@@ -106,6 +118,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     shutdown.await;
     readiness.set_unready("shutting down");
     counts.abort();
+    if let Some(s) = sweeper {
+        s.abort();
+    }
     let (a, b) = tokio::join!(api, admin);
     a??;
     b??;

@@ -120,6 +120,12 @@ where
         counts
     }
 
+    /// Every cached object.
+    pub fn all(&self) -> Vec<Arc<K>> {
+        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+        state.objects.values().cloned().collect()
+    }
+
     /// How many objects are cached.
     pub fn len(&self) -> usize {
         self.state

@@ -229,6 +229,10 @@ impl Store for KubeStore {
         self.index.for_run(run_uid)
     }
 
+    fn all(&self) -> Vec<DispatchJob> {
+        self.index.all()
+    }
+
     fn len(&self) -> usize {
         self.index.len()
     }

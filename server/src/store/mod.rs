@@ -187,6 +187,8 @@ pub trait Store: Send + Sync + 'static {
     fn for_destination(&self, destination: &str) -> Vec<DispatchJob>;
     /// Every record of AnalysisRun `run_uid`.
     fn for_run(&self, run_uid: &str) -> Vec<DispatchJob>;
+    /// Every record.
+    fn all(&self) -> Vec<DispatchJob>;
     /// Number of records.
     fn len(&self) -> usize;
     /// Whether there is no record.
@@ -331,6 +333,11 @@ impl Index {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// Every record.
+    pub fn all(&self) -> Vec<DispatchJob> {
+        self.read().by_name.values().cloned().collect()
     }
 
     /// Number of records.

@@ -142,6 +142,7 @@ pub async fn start_server(
         revoked_tokens: Vec::new(),
         token_review_allow: Vec::new(),
         sync_timeout: Duration::from_secs(30),
+        sweep_orphans_every: None,
     };
     let server = Server::start(args).await?;
     Ok((format!("http://127.0.0.1:{port}"), token_file, server))
