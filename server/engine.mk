@@ -52,3 +52,12 @@ bench-agents: ## one server replica (release) with 500 simulated agents long-pol
 	ROLLOUTS_DISPATCH_BINARY=$(abspath target/release/rollouts-dispatch) BENCH_SUMMARY_FILE=$$summary \
 	  $(CARGO) test --locked -p dispatch-tests --test bench_agents -- --ignored --nocapture; \
 	tail -n 1 "$$summary"
+
+.PHONY: chaos
+chaos: k8s-bin plugin-release ## 50 verifications on a direct and an agent destination while servers, agent, plugin and controller are killed (-9); last line: verifications=50 correct=N duplicate_jobs=D orphans=O
+	$(CARGO) build --locked -p dispatch-server --bin rollouts-dispatch
+	@set -euo pipefail; \
+	summary=$$(mktemp); trap 'rm -f "$$summary"' EXIT; \
+	K8S_BIN_ENV=$(K8S_BIN_ENV) PLUGIN_BINARY=$(abspath $(PLUGIN_BIN)) BENCH_SUMMARY_FILE=$$summary \
+	  $(CARGO) test --locked -p dispatch-tests --test chaos -- --ignored --nocapture 2>&1 | grep -E '^(chaos|verifications=|test |Error)' ; \
+	tail -n 1 "$$summary"

@@ -2,6 +2,8 @@
 //! serve`, Kargo-shaped AnalysisRuns with a Freight owner, and polling helpers.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod agents;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

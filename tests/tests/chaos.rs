@@ -1,0 +1,241 @@
+//! `make chaos`: 50 Kargo-shaped verifications across a direct destination (cluster-a) and an
+//! agent destination (cluster-b) while a killer sends SIGKILL, at random moments, to a server
+//! replica, the agent, the plugin process or the Argo Rollouts controller (and starts them
+//! again; Argo starts a new plugin itself). Nothing is mocked: the scene is `AgentWorld` (two
+//! server replicas on the Kubernetes store behind a TCP front, the real controller).
+//!
+//! Then: every AnalysisRun has its correct verdict (exit code 0 → Successful, else Failed);
+//! each measurement has exactly one Job, on its own destination only; and after the runs are
+//! deleted, the servers' orphan sweep (`--sweep-orphans-every 3s`) leaves no Job and no
+//! DispatchJob behind. Last line (also to `$BENCH_SUMMARY_FILE`):
+//! `verifications=50 correct=N duplicate_jobs=D orphans=O`.
+
+mod e2e_support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use dispatch_tests::cluster::argo;
+use e2e_support::agents::*;
+use e2e_support::*;
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use rand::Rng;
+
+const RUNS: usize = 50;
+
+/// The plan of run `i`: destination, exit code, Job duration.
+fn plan(i: usize, rng: &mut impl Rng) -> (&'static str, i32, String) {
+    let destination = if i % 2 == 0 { "cluster-a" } else { "cluster-b" };
+    let exit = if i % 4 == 3 { 1 } else { 0 };
+    (
+        destination,
+        exit,
+        format!("{}ms", rng.random_range(1000..6000)),
+    )
+}
+
+/// PIDs of the plugin processes the controller started (their binary is in its `plugin-bin/`).
+fn plugin_pids(work_dir: &std::path::Path) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let needle = work_dir.join("plugin-bin").display().to_string();
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).starts_with(&needle))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+async fn managed_jobs(cluster: &dispatch_tests::cluster::Cluster) -> Result<Vec<Job>> {
+    let api: Api<Job> = Api::all(cluster.client().await?);
+    Ok(api
+        .list(&ListParams::default().labels("rollouts-dispatch.io/managed=true"))
+        .await?
+        .items)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "kills and restarts components for minutes: run `make chaos`"]
+async fn fifty_verifications_survive_kills() -> Result<()> {
+    let mut w = AgentWorld::start(&["--sweep-orphans-every", "3s"]).await?;
+    let runs = argo::analysis_runs(&w.client, PROJECT);
+    let mut rng = rand::rng();
+    let plans: Vec<(&str, i32, String)> = (0..RUNS).map(|i| plan(i, &mut rng)).collect();
+
+    // Submit the runs over ~40 s while the killer works.
+    let mut submitter = Some({
+        let (runs, freight, plans) = (runs.clone(), w.freight.clone(), plans.clone());
+        tokio::spawn(async move {
+            let mut names = Vec::new();
+            for (i, (destination, exit, duration)) in plans.iter().enumerate() {
+                let ar = kargo_run_with(
+                    &format!("stage-{i:02}"),
+                    &format!("01jchaos{i:018}"),
+                    &freight,
+                    destination,
+                    serde_json::json!({"destination": "{{args.destination}}"}),
+                    *exit,
+                    duration,
+                )?;
+                let created = runs.create(&PostParams::default(), &ar).await?;
+                names.push(created.metadata.name.unwrap_or_default());
+                tokio::time::sleep(Duration::from_millis(800)).await;
+            }
+            Ok::<_, anyhow::Error>(names)
+        })
+    });
+
+    let victims = ["server-1", "server-2", "agent", "plugin", "controller"];
+    let mut kills: BTreeMap<&str, u32> = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let mut names: Option<Vec<String>> = None;
+    loop {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(3000..7000))).await;
+        if let Some(s) = submitter.take_if(|s| s.is_finished()) {
+            names = Some(s.await.context("submitter")??);
+            continue;
+        }
+        if let Some(names) = &names {
+            let mut done = 0;
+            for n in names {
+                if matches!(
+                    phase(&runs.get(n).await?).as_str(),
+                    "Successful" | "Failed" | "Error" | "Inconclusive"
+                ) {
+                    done += 1;
+                }
+            }
+            if done == names.len() {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("only {done} of {RUNS} runs finished within 10 minutes");
+            }
+        }
+        let victim = victims[rng.random_range(0..victims.len())];
+        let down = Duration::from_millis(rng.random_range(300..2000));
+        match victim {
+            "server-1" | "server-2" => {
+                let i = usize::from(victim == "server-2");
+                w.control.kill_process(victim)?;
+                tokio::time::sleep(down).await;
+                w.restart_replica(i).await?;
+            }
+            "agent" => {
+                w.b.kill_process("agent")?;
+                tokio::time::sleep(down).await;
+                let token = w.agent_token.clone();
+                w.spawn_agent("agent", &token)?;
+            }
+            "plugin" => {
+                for pid in plugin_pids(&w.rollouts.work_dir) {
+                    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                }
+            }
+            _ => w.rollouts.restart(&mut w.control).await?,
+        }
+        *kills.entry(victim).or_default() += 1;
+        println!("chaos: killed {victim} ({kills:?})");
+    }
+    let names = names.unwrap_or_default();
+
+    // Verdicts.
+    let mut correct = 0;
+    let mut wrong = Vec::new();
+    let mut uids = BTreeMap::new();
+    for (n, (destination, exit, _)) in names.iter().zip(&plans) {
+        let ar = runs.get(n).await?;
+        let want = if *exit == 0 { "Successful" } else { "Failed" };
+        if phase(&ar) == want {
+            correct += 1;
+        } else {
+            wrong.push(format!(
+                "{n} on {destination}: {} (want {want}): {}",
+                phase(&ar),
+                ar.data["status"]
+            ));
+        }
+        uids.insert(
+            ar.metadata.uid.clone().unwrap_or_default(),
+            (*destination, n.clone()),
+        );
+    }
+    // One Job per measurement, on its own destination only.
+    let mut duplicates = 0;
+    let mut per_name: BTreeMap<String, usize> = BTreeMap::new();
+    for (cluster, name) in [
+        (&w.a, "cluster-a"),
+        (&w.b, "cluster-b"),
+        (&w.control, "control"),
+    ] {
+        for j in managed_jobs(cluster).await? {
+            let uid = j
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("analysisrun.argoproj.io/uid"))
+                .cloned()
+                .unwrap_or_default();
+            match uids.get(&uid) {
+                Some((destination, _)) if *destination == name => {}
+                other => {
+                    duplicates += 1;
+                    wrong.push(format!(
+                        "job {:?} on {name} belongs to {other:?}",
+                        j.metadata.name
+                    ));
+                }
+            }
+            *per_name
+                .entry(j.metadata.name.clone().unwrap_or_default())
+                .or_default() += 1;
+        }
+    }
+    duplicates += per_name
+        .values()
+        .filter(|c| **c > 1)
+        .map(|c| c - 1)
+        .sum::<usize>();
+    let jobs_total: usize = per_name.values().sum();
+
+    // Delete the runs: the orphan sweep must remove every Job and DispatchJob.
+    for n in &names {
+        runs.delete(n, &DeleteParams::default()).await?;
+    }
+    let records = w.records();
+    let sweep_deadline = Instant::now() + Duration::from_secs(120);
+    let orphans = loop {
+        let left = managed_jobs(&w.a).await?.len()
+            + managed_jobs(&w.b).await?.len()
+            + records.list(&ListParams::default()).await?.items.len();
+        if left == 0 || Instant::now() > sweep_deadline {
+            break left;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+
+    println!("chaos: kills {kills:?}; {jobs_total} Jobs for {RUNS} runs");
+    for line in &wrong {
+        println!("chaos: {line}");
+    }
+    let summary = format!(
+        "verifications={RUNS} correct={correct} duplicate_jobs={duplicates} orphans={orphans}"
+    );
+    println!("{summary}");
+    if let Some(file) = std::env::var_os("BENCH_SUMMARY_FILE") {
+        std::fs::write(file, format!("{summary}\n"))?;
+    }
+    if correct != RUNS || duplicates != 0 || orphans != 0 {
+        bail!("{summary}");
+    }
+    Ok(())
+}

@@ -1,0 +1,376 @@
+//! The agent scene shared by `e2e_agent` and `chaos`: clusters control, a and b; the
+//! DispatchJob CRD on control; two `rollouts-dispatch serve` replicas (real processes, the
+//! Kubernetes store) behind a TCP front; cluster-a a direct destination, cluster-b reachable only
+//! through its agent (a real process with B's kubeconfig); the real Argo Rollouts controller with
+//! the plugin pointed at the front.
+#![allow(dead_code, unreachable_pub)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, ensure, Context, Result};
+use dispatch_tests::cluster::argo::{self, ArgoRollouts, MetricPlugin};
+use dispatch_tests::cluster::process::tail;
+use dispatch_tests::cluster::Cluster;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::*;
+
+pub const KEY: &str = "e2e-agent-signing-key-0123456789abcdef0123456789";
+pub const DJ_NAMESPACE: &str = "rollouts-dispatch";
+
+/// Installs the DispatchJob CRD of `config/crds` and waits until it is served.
+pub async fn install_crd(client: &kube::Client) -> Result<()> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/crds/dispatchjobs.yaml");
+    let crd: CustomResourceDefinition =
+        serde_saphyr::from_str(&std::fs::read_to_string(&path)?).context("parsing the CRD")?;
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    api.create(&PostParams::default(), &crd)
+        .await
+        .context("creating the DispatchJob CRD")?;
+    let records: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        DJ_NAMESPACE,
+        &dispatch_server::store::kubernetes::api_resource(),
+    );
+    eventually("the DispatchJob CRD to be served", || async {
+        Ok(records.list(&ListParams::default()).await.is_ok())
+    })
+    .await
+}
+
+/// A TCP front for the server replicas: each connection goes to the first backend that
+/// accepts it, as a Service does with its ready endpoints.
+pub async fn front(backends: Vec<u16>) -> Result<u16> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            let backends = backends.clone();
+            tokio::spawn(async move {
+                for port in backends {
+                    if let Ok(mut outbound) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", port)).await
+                    {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Ok(port)
+}
+
+/// POST `body` to `path` on 127.0.0.1:`port` with `token`: the status and body.
+pub async fn post(port: u16, path: &str, token: &str, body: &str) -> Result<(u16, String)> {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    s.write_all(
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .context("no HTTP status")?;
+    Ok((status, text))
+}
+
+pub fn token(destination: Option<&str>, subject: &str, exp_offset: i64) -> Result<String> {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs() as i64;
+    let claims = dispatch_server::http::auth::Claims {
+        sub: subject.into(),
+        aud: dispatch_server::http::auth::AUDIENCE.into(),
+        exp: (now + exp_offset) as u64,
+        iat: (now - 7200).max(0) as u64,
+        jti: format!("{subject}-{now}"),
+        destination: destination.map(str::to_string),
+    };
+    Ok(dispatch_server::http::auth::issue(KEY.as_bytes(), &claims)?)
+}
+
+pub struct Replica {
+    pub name: String,
+    pub port: u16,
+    pub admin: u16,
+}
+
+pub fn spawn_server(
+    control: &mut Cluster,
+    binary: &Path,
+    config: &Path,
+    key: &Path,
+    name: &str,
+    extra: &[String],
+) -> Result<Replica> {
+    let (port, admin) = (free_port()?, free_port()?);
+    spawn_server_on(control, binary, config, key, name, port, admin, extra)?;
+    Ok(Replica {
+        name: name.into(),
+        port,
+        admin,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn spawn_server_on(
+    control: &mut Cluster,
+    binary: &Path,
+    config: &Path,
+    key: &Path,
+    name: &str,
+    port: u16,
+    admin: u16,
+    extra: &[String],
+) -> Result<()> {
+    let mut cmd = Command::new(binary);
+    cmd.args(["serve", "--config"])
+        .arg(config)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+        .arg("--jwt-key-file")
+        .arg(key)
+        .args(["--sync-timeout", "30s"])
+        .env_remove("KUBECONFIG")
+        .env("ROLLOUTS_DISPATCH_LOG", "info")
+        .args(extra);
+    control.spawn_process(name, cmd)?;
+    Ok(())
+}
+
+pub fn spawn_agent(
+    b: &mut Cluster,
+    binary: &Path,
+    url: &str,
+    token_file: &Path,
+    name: &str,
+) -> Result<u16> {
+    let admin = free_port()?;
+    let mut cmd = Command::new(binary);
+    cmd.args(["agent", "--server", url, "--token-file"])
+        .arg(token_file)
+        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+        .args(["--poll-wait", "10s"])
+        .env("ROLLOUTS_DISPATCH_LOG", "dispatch_server=debug,info")
+        .env("KUBECONFIG", &b.kubeconfig);
+    b.spawn_process(name, cmd)?;
+    Ok(admin)
+}
+
+pub async fn wait_ready(what: &str, admin: u16) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while http_status(admin, "/ready").await != Some(200) {
+        if Instant::now() > deadline {
+            bail!("{what} did not become ready within 60s");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// Waits until `path`'s log holds `needle`.
+pub async fn log_shows(path: &Path, needle: &str) -> Result<()> {
+    eventually(&format!("{needle:?} in {}", path.display()), || async {
+        Ok(std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .contains(needle))
+    })
+    .await
+    .with_context(|| tail(path, 20))
+}
+
+/// Writes `message` into the terminated state of Job `job`'s container, as a kubelet does under
+/// `terminationMessagePolicy: FallbackToLogsOnError`.
+pub async fn set_termination_message(cluster: &Cluster, job: &str, message: &str) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(cluster.client().await?, "default");
+    for _ in 0..10 {
+        let list = pods
+            .list(&ListParams::default().labels(&format!("job-name={job}")))
+            .await?;
+        let Some(mut pod) = list.items.into_iter().next() else {
+            bail!("no pod of job {job}");
+        };
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let terminated = pod
+            .status
+            .as_mut()
+            .and_then(|s| s.container_statuses.as_mut())
+            .and_then(|cs| cs.iter_mut().find(|c| c.name == "check"))
+            .and_then(|c| c.state.as_mut())
+            .and_then(|s| s.terminated.as_mut())
+            .context("container check is not terminated")?;
+        terminated.message = Some(message.to_string());
+        match pods
+            .replace_status(&name, &PostParams::default(), &pod)
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) => return Err(e).context("writing the termination message"),
+        }
+    }
+    bail!("the pod of job {job} kept changing")
+}
+
+/// Everything of the agent scene.
+pub struct AgentWorld {
+    pub control: Cluster,
+    pub a: Cluster,
+    pub b: Cluster,
+    pub client: kube::Client,
+    pub binary: PathBuf,
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    pub key: PathBuf,
+    pub replicas: Vec<Replica>,
+    pub url: String,
+    pub plugin_token: PathBuf,
+    pub agent_token: PathBuf,
+    pub rollouts: ArgoRollouts,
+    pub freight: (String, String),
+}
+
+impl AgentWorld {
+    /// Starts the scene; `serve_args` are extra `rollouts-dispatch serve` flags.
+    pub async fn start(serve_args: &[&str]) -> Result<Self> {
+        let binary = dispatch_tests::rollouts_dispatch_binary()?;
+        let plugin = plugin_binary()?;
+        let mut clusters = dispatch_tests::cluster::start_many(&["control", "a", "b"]).await?;
+        let mut b = clusters.pop().context("cluster b")?;
+        let a = clusters.pop().context("cluster a")?;
+        let mut control = clusters.pop().context("cluster control")?;
+        let client = control.client().await?;
+        argo::apply_namespace(&client, DJ_NAMESPACE).await?;
+        install_crd(&client).await?;
+
+        // The server knows cluster-a directly and cluster-b only as an agent destination.
+        let dir: PathBuf = control.dir.join("dispatch");
+        std::fs::create_dir_all(&dir)?;
+        let key = dir.join("jwt.key");
+        std::fs::write(&key, KEY)?;
+        let config = dir.join("server.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "controlPlane: {{kubeconfig: {}}}\n\
+                 destinations:\n- name: cluster-a\n  kubeconfig: {}\n\
+                 agents:\n  store: kubernetes\n  namespace: {DJ_NAMESPACE}\n  offlineAfter: 20s\n  \
+                 destinations:\n  - name: cluster-b\n    labels: {{env: edge}}\n\
+                 policy:\n  rules:\n  - projects: [\"{PROJECT}\"]\n    destinations: [\"cluster-*\"]\n",
+                control.kubeconfig.display(),
+                a.kubeconfig.display(),
+            ),
+        )?;
+        std::fs::write(dir.join("serve-args"), serve_args.join("\n"))?;
+        let extra: Vec<String> = serve_args.iter().map(|s| s.to_string()).collect();
+        let one = spawn_server(&mut control, &binary, &config, &key, "server-1", &extra)?;
+        let two = spawn_server(&mut control, &binary, &config, &key, "server-2", &extra)?;
+        wait_ready("server-1", one.admin).await?;
+        wait_ready("server-2", two.admin).await?;
+        let front_port = front(vec![one.port, two.port]).await?;
+        let url = format!("http://127.0.0.1:{front_port}");
+
+        let plugin_token = dir.join("plugin.token");
+        std::fs::write(
+            &plugin_token,
+            token(None, "argo-rollouts-controller", 3600)?,
+        )?;
+        let agent_token = dir.join("agent-b.token");
+        let issued = Command::new(&binary)
+            .args([
+                "token",
+                "issue",
+                "--destination",
+                "cluster-b",
+                "--ttl",
+                "1h",
+                "--key-file",
+            ])
+            .arg(&key)
+            .output()?;
+        ensure!(issued.status.success(), "token issue: {issued:?}");
+        std::fs::write(&agent_token, &issued.stdout)?;
+        let agent_admin = spawn_agent(&mut b, &binary, &url, &agent_token, "agent")?;
+        wait_ready("the agent", agent_admin).await?;
+
+        let plugin_token_s = plugin_token.display().to_string();
+        let plugin = MetricPlugin::file(PLUGIN_NAME, &plugin)?.with_args([
+            "--server",
+            url.as_str(),
+            "--token-file",
+            &plugin_token_s,
+        ]);
+        let rollouts = ArgoRollouts::install(&mut control, &[plugin]).await?;
+        argo::apply_namespace(&client, PROJECT).await?;
+        let freight = freight(&client).await?;
+        Ok(Self {
+            control,
+            a,
+            b,
+            client,
+            binary,
+            dir,
+            config,
+            key,
+            replicas: vec![one, two],
+            url,
+            plugin_token,
+            agent_token,
+            rollouts,
+            freight,
+        })
+    }
+
+    /// The DispatchJobs on the control plane.
+    pub fn records(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(
+            self.client.clone(),
+            DJ_NAMESPACE,
+            &dispatch_server::store::kubernetes::api_resource(),
+        )
+    }
+
+    /// (Re)starts replica `i` (after a kill) on its ports; waits until it is ready.
+    pub async fn restart_replica(&mut self, i: usize) -> Result<()> {
+        let r = &self.replicas[i];
+        let (name, port, admin) = (r.name.clone(), r.port, r.admin);
+        let extra = self.serve_args();
+        spawn_server_on(
+            &mut self.control,
+            &self.binary,
+            &self.config,
+            &self.key,
+            &name,
+            port,
+            admin,
+            &extra,
+        )?;
+        wait_ready(&name, admin).await
+    }
+
+    fn serve_args(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.join("serve-args"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// (Re)starts B's agent under process name `name` with `token_file`; returns its admin port.
+    pub fn spawn_agent(&mut self, name: &str, token_file: &Path) -> Result<u16> {
+        spawn_agent(&mut self.b, &self.binary, &self.url, token_file, name)
+    }
+}
