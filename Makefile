@@ -77,6 +77,10 @@ fuzz-smoke: ## run every fuzz target for FUZZ_SECONDS (default 20), seeded with 
 fmt: ## format Rust and Go code
 	$(CARGO) fmt --all
 
+.PHONY: docs
+docs: ## regenerate docs/configuration.md from the config types (server/src/config.rs)
+	UPDATE_DOCS=1 $(CARGO) test --locked -q -p dispatch-server --lib config::reference_tests
+
 -include tests/conformance/conformance.mk
 -include tests/k8s/k8s.mk
 -include server/engine.mk
