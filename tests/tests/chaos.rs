@@ -94,12 +94,15 @@ async fn fifty_verifications_survive_kills() -> Result<()> {
         })
     });
 
-    let victims = ["server-1", "server-2", "agent", "plugin", "controller"];
+    // Every victim in turn, in a shuffled order per round; after 8 kills server-2 stays down for
+    // good (the server goes from 2 replicas to 1 mid-run).
+    let mut victims: Vec<&str> = Vec::new();
+    let mut scaled_down = false;
     let mut kills: BTreeMap<&str, u32> = BTreeMap::new();
     let deadline = Instant::now() + Duration::from_secs(600);
     let mut names: Option<Vec<String>> = None;
     loop {
-        tokio::time::sleep(Duration::from_millis(rng.random_range(3000..7000))).await;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(2000..5000))).await;
         if let Some(s) = submitter.take_if(|s| s.is_finished()) {
             names = Some(s.await.context("submitter")??);
             continue;
@@ -121,8 +124,22 @@ async fn fifty_verifications_survive_kills() -> Result<()> {
                 bail!("only {done} of {RUNS} runs finished within 10 minutes");
             }
         }
-        let victim = victims[rng.random_range(0..victims.len())];
+        if victims.is_empty() {
+            victims = vec!["server-1", "agent", "plugin", "controller"];
+            if !scaled_down {
+                victims.push("server-2");
+            }
+            rand::seq::SliceRandom::shuffle(&mut victims[..], &mut rng);
+        }
+        let victim = victims.pop().unwrap_or("agent");
         let down = Duration::from_millis(rng.random_range(300..2000));
+        if !scaled_down && kills.values().sum::<u32>() >= 8 {
+            scaled_down = true;
+            w.control.kill_process("server-2")?;
+            victims.retain(|v| *v != "server-2");
+            println!("chaos: server-2 stopped for good: 1 replica from now on");
+            continue;
+        }
         match victim {
             "server-1" | "server-2" => {
                 let i = usize::from(victim == "server-2");
