@@ -143,6 +143,29 @@ fn secret_values(run: &AnalysisRun) -> Vec<String> {
         .collect()
 }
 
+/// The name of a secret-backed arg whose value the plugin block contains: `{{args.x}}` of a
+/// `valueFrom.secretKeyRef` arg, resolved by the controller. Such a block is refused: the value
+/// would land in the Job spec on the destination, readable by anyone who can read Jobs there, and
+/// in the server's requests.
+fn secret_in_block(run: &AnalysisRun, block: &serde_json::Value) -> Option<String> {
+    let text = block.to_string();
+    run.spec
+        .args
+        .iter()
+        .filter(|a| {
+            a.value_from
+                .as_ref()
+                .is_some_and(|v| v.secret_key_ref.is_some())
+        })
+        .find(|a| {
+            a.value.as_deref().is_some_and(|v| {
+                let escaped = serde_json::to_string(v).unwrap_or_default();
+                v.len() >= 3 && (text.contains(v) || text.contains(escaped.trim_matches('"')))
+            })
+        })
+        .map(|a| a.name.clone())
+}
+
 /// Replaces every secret value in `message` with `*****`.
 pub fn redact(message: &str, secrets: &[String]) -> String {
     secrets
@@ -250,6 +273,17 @@ impl DispatchProvider {
                 return Measurement::error(message);
             }
         };
+        if let Some(arg) = secret_in_block(run, &block) {
+            warn!(run = %run.object_meta.name, metric = %metric.name, %arg,
+                  "refused: a secret arg's value is in the plugin block");
+            return Measurement::error(format!(
+                "the rollouts-dispatch/job block of metric {:?} contains the value of secret arg {arg:?}; \
+                 secret values are never copied into Jobs (anyone who can read Jobs on the destination \
+                 would see it): create the Secret on the destination and read it in the Job with \
+                 env[].valueFrom.secretKeyRef instead of {{{{args.{arg}}}}}",
+                metric.name
+            ));
+        }
         let req = Self::measurement_ref(run, metric, block, &BTreeMap::new());
         match self.call::<_, Ensured>(api::ENSURE, &req).await {
             Ok(e) => {
@@ -478,6 +512,55 @@ mod tests {
             redact("curl -H 'x: s3cr3t-value' to cluster-a failed", &secrets),
             "curl -H 'x: *****' to cluster-a failed"
         );
+    }
+
+    #[tokio::test]
+    async fn a_block_holding_a_secret_value_is_refused_before_anything_is_sent() {
+        let mut run = AnalysisRun::default();
+        run.spec.args = vec![Argument {
+            name: "token".into(),
+            value: Some("s3cr3t-value".into()),
+            value_from: Some(ValueFrom {
+                secret_key_ref: Some(SecretKeyRef {
+                    name: "s".into(),
+                    key: "k".into(),
+                }),
+                field_ref: None,
+            }),
+        }];
+        let mut metric = Metric {
+            name: "smoke".into(),
+            ..Default::default()
+        };
+        let block = |env: &str| {
+            dispatch_plugin::gob::GoBytes(
+                format!(
+                    r#"{{"destination":"a","spec":{{"template":{{"spec":{{"containers":[{{"name":"c","image":"x","env":[{{"name":"T","value":"{env}"}}]}}]}}}}}}}}"#
+                )
+                .into_bytes(),
+            )
+        };
+        metric.provider.plugin.insert(
+            crate::config::PLUGIN_NAME.into(),
+            block("Bearer s3cr3t-value"),
+        );
+        // No server is configured: a call would say so, so this message proves nothing was sent.
+        let provider = Arc::new(DispatchProvider::new(ProviderConfig::default()));
+        let m = provider.clone().run(run.clone(), metric.clone()).await;
+        assert_eq!(m.phase, "Error");
+        assert!(
+            m.message.contains("secret arg \"token\"")
+                && m.message.contains("valueFrom.secretKeyRef")
+                && !m.message.contains("s3cr3t-value"),
+            "{}",
+            m.message
+        );
+        metric
+            .provider
+            .plugin
+            .insert(crate::config::PLUGIN_NAME.into(), block("plain"));
+        let m = provider.run(run, metric).await;
+        assert!(!m.message.contains("secret arg"), "{}", m.message);
     }
 
     #[test]
