@@ -29,7 +29,11 @@ const RUNS: usize = 50;
 
 /// The plan of run `i`: destination, exit code, Job duration.
 fn plan(i: usize, rng: &mut impl Rng) -> (&'static str, i32, String) {
-    let destination = if i % 2 == 0 { "cluster-a" } else { "cluster-b" };
+    let destination = if i.is_multiple_of(2) {
+        "cluster-a"
+    } else {
+        "cluster-b"
+    };
     let exit = if i % 4 == 3 { 1 } else { 0 };
     (
         destination,
