@@ -23,7 +23,26 @@ use dispatch_tests::cluster::argo;
 use dispatch_tests::cluster::process::tail;
 use e2e_support::agents::*;
 use e2e_support::*;
-use kube::api::{ListParams, PostParams};
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
+
+/// Starts an 8 s verification on cluster-b and waits until its Job runs there.
+async fn start_slow_run(
+    runs: &Api<DynamicObject>,
+    freight: &(String, String),
+    b: &dispatch_tests::cluster::Cluster,
+    stage: &str,
+    ulid: &str,
+) -> Result<(DynamicObject, String)> {
+    let routing = serde_json::json!({"destination": "{{args.destination}}"});
+    let run = kargo_run_with(stage, ulid, freight, "cluster-b", routing, 0, "8s")?;
+    let slow = runs.create(&PostParams::default(), &run).await?;
+    let uid = slow.metadata.uid.clone().unwrap_or_default();
+    eventually("the slow Job on cluster-b", || async {
+        Ok(jobs_of(b, &uid).await?.len() == 1)
+    })
+    .await?;
+    Ok((slow, uid))
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs the Go-built cluster binaries, the release plugin and the debug binary: run `make e2e-agent`"]
@@ -146,25 +165,8 @@ async fn verifications_run_on_a_cluster_only_its_agent_reaches() -> Result<()> {
     );
 
     // 2. The agent killed (-9) while its Job runs, then restarted: one Job, the verdict arrives.
-    let slow = runs
-        .create(
-            &post_params,
-            &kargo_run_with(
-                "edge",
-                "01jagent00000000000000000c",
-                &freight,
-                "cluster-b",
-                serde_json::json!({"destination": "{{args.destination}}"}),
-                0,
-                "8s",
-            )?,
-        )
-        .await?;
-    let slow_uid = slow.metadata.uid.clone().unwrap_or_default();
-    eventually("the slow Job on cluster-b", || async {
-        Ok(jobs_of(&w.b, &slow_uid).await?.len() == 1)
-    })
-    .await?;
+    let (slow, slow_uid) =
+        start_slow_run(&runs, &freight, &w.b, "edge", "01jagent00000000000000000c").await?;
     w.b.kill_process("agent")?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let agent_admin = w.spawn_agent("agent", &agent_token)?;
@@ -182,24 +184,13 @@ async fn verifications_run_on_a_cluster_only_its_agent_reaches() -> Result<()> {
     );
 
     // 3. The replica serving the agent killed (-9): the other replica takes over from the store.
-    let slow = runs
-        .create(
-            &post_params,
-            &kargo_run_with(
-                "canary",
-                "01jagent00000000000000000d",
-                &freight,
-                "cluster-b",
-                serde_json::json!({"destination": "{{args.destination}}"}),
-                0,
-                "8s",
-            )?,
-        )
-        .await?;
-    let slow_uid = slow.metadata.uid.clone().unwrap_or_default();
-    eventually("the Job on cluster-b", || async {
-        Ok(jobs_of(&w.b, &slow_uid).await?.len() == 1)
-    })
+    let (slow, slow_uid) = start_slow_run(
+        &runs,
+        &freight,
+        &w.b,
+        "canary",
+        "01jagent00000000000000000d",
+    )
     .await?;
     w.control.kill_process("server-1")?;
     let slow = wait_done(&runs, slow.metadata.name.as_deref().unwrap_or_default()).await?;

@@ -319,33 +319,14 @@ async fn settled_requests(engine: &dispatch_server::Engine) -> Result<u64> {
     bail!("the engine keeps sending API requests while idle")
 }
 
-/// Writes `message` into the terminated state of container `check`, as a kubelet does under
-/// `terminationMessagePolicy: FallbackToLogsOnError` (container statuses are an atomic list:
-/// read, change, write back).
 async fn set_termination_message(cluster: &Cluster, pod: Pod, message: &str) -> Result<()> {
-    let pods: Api<Pod> = Api::namespaced(cluster.client().await?, "default");
-    let name = pod.metadata.name.clone().unwrap_or_default();
-    let mut pod = pod;
-    for _ in 0..5 {
-        let terminated = pod
-            .status
-            .as_mut()
-            .and_then(|s| s.container_statuses.as_mut())
-            .and_then(|cs| cs.iter_mut().find(|c| c.name == "check"))
-            .and_then(|c| c.state.as_mut())
-            .and_then(|s| s.terminated.as_mut())
-            .context("container check is not terminated")?;
-        terminated.message = Some(message.to_string());
-        match pods
-            .replace_status(&name, &PostParams::default(), &pod)
-            .await
-        {
-            Ok(_) => return Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 409 => pod = pods.get(&name).await?,
-            Err(e) => return Err(e).context("writing the termination message"),
-        }
-    }
-    bail!("pod {name}: status kept changing")
+    dispatch_tests::cluster::kwok::set_termination_message(
+        &cluster.client().await?,
+        pod,
+        "check",
+        message,
+    )
+    .await
 }
 
 fn dest(names: &str) -> Value {

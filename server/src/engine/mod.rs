@@ -873,24 +873,7 @@ impl Engine {
         let Some(record) = store.get(&name) else {
             // The record is gone while Argo still asks: the in-memory store of a restarted
             // server. Ask the agent to adopt the Job it has (never to create one).
-            let adopt = DispatchJob {
-                name: name.clone(),
-                spec: DispatchJobSpec {
-                    destination: agent.name.clone(),
-                    namespace: p.namespace.clone(),
-                    job_name: job.name.clone(),
-                    run_uid: job.run_uid.clone(),
-                    run: String::new(),
-                    metric: String::new(),
-                    measurement: measurement_of(&job.name),
-                    log_tail: job.log_tail,
-                    job: None,
-                    delete: false,
-                },
-                status: None,
-                resource_version: None,
-            };
-            return match store.create(adopt).await {
+            return match store.create(bare_record(agent, job, p, false)).await {
                 Ok(_) => DestState::Running(Some(format!(
                     "waiting for the agent of {} to report job {}/{}{}",
                     agent.name,
@@ -946,24 +929,10 @@ impl Engine {
                 Err(e) => Err(e.to_string()),
             },
             None => {
-                let delete = DispatchJob {
-                    name,
-                    spec: DispatchJobSpec {
-                        destination: agent.name.clone(),
-                        namespace: p.namespace.clone(),
-                        job_name: job.name.clone(),
-                        run_uid: job.run_uid.clone(),
-                        run: String::new(),
-                        metric: String::new(),
-                        measurement: measurement_of(&job.name),
-                        log_tail: 0,
-                        job: None,
-                        delete: true,
-                    },
-                    status: None,
-                    resource_version: None,
-                };
-                store.create(delete).await.map_err(|e| e.to_string())?;
+                store
+                    .create(bare_record(agent, job, p, true))
+                    .await
+                    .map_err(|e| e.to_string())?;
                 Ok(true)
             }
         }
@@ -1449,6 +1418,28 @@ fn analysis_run_resource() -> ApiResource {
         api_version: "argoproj.io/v1alpha1".into(),
         kind: "AnalysisRun".into(),
         plural: "analysisruns".into(),
+    }
+}
+
+/// A record without a Job spec, for a measurement whose record is gone (the in-memory store of a
+/// restarted server): the agent adopts the Job it has (`delete: false`) or deletes it.
+fn bare_record(agent: &AgentDestination, job: &JobRef, p: &Placement, delete: bool) -> DispatchJob {
+    DispatchJob {
+        name: store::record_name(&job.name, &agent.name),
+        spec: DispatchJobSpec {
+            destination: agent.name.clone(),
+            namespace: p.namespace.clone(),
+            job_name: job.name.clone(),
+            run_uid: job.run_uid.clone(),
+            run: String::new(),
+            metric: String::new(),
+            measurement: measurement_of(&job.name),
+            log_tail: job.log_tail,
+            job: None,
+            delete,
+        },
+        status: None,
+        resource_version: None,
     }
 }
 

@@ -217,28 +217,8 @@ async fn informer(
 }
 
 impl Store for KubeStore {
-    fn get(&self, name: &str) -> Option<DispatchJob> {
-        self.index.get(name)
-    }
-
-    fn for_destination(&self, destination: &str) -> Vec<DispatchJob> {
-        self.index.for_destination(destination)
-    }
-
-    fn for_run(&self, run_uid: &str) -> Vec<DispatchJob> {
-        self.index.for_run(run_uid)
-    }
-
-    fn all(&self) -> Vec<DispatchJob> {
-        self.index.all()
-    }
-
-    fn len(&self) -> usize {
-        self.index.len()
-    }
-
-    fn subscribe(&self, destination: &str) -> watch::Receiver<u64> {
-        self.index.subscribe(destination)
+    fn index(&self) -> &Index {
+        &self.index
     }
 
     fn create(&self, job: DispatchJob) -> BoxFuture<'_, Result<Created, StoreError>> {

@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-use tokio::sync::watch;
-
 use super::{Created, DispatchJob, DispatchJobStatus, Index, Store, StoreError};
 use crate::http::BoxFuture;
 
@@ -33,28 +31,8 @@ impl MemoryStore {
 }
 
 impl Store for MemoryStore {
-    fn get(&self, name: &str) -> Option<DispatchJob> {
-        self.index.get(name)
-    }
-
-    fn for_destination(&self, destination: &str) -> Vec<DispatchJob> {
-        self.index.for_destination(destination)
-    }
-
-    fn for_run(&self, run_uid: &str) -> Vec<DispatchJob> {
-        self.index.for_run(run_uid)
-    }
-
-    fn all(&self) -> Vec<DispatchJob> {
-        self.index.all()
-    }
-
-    fn len(&self) -> usize {
-        self.index.len()
-    }
-
-    fn subscribe(&self, destination: &str) -> watch::Receiver<u64> {
-        self.index.subscribe(destination)
+    fn index(&self) -> &Index {
+        &self.index
     }
 
     fn create(&self, job: DispatchJob) -> BoxFuture<'_, Result<Created, StoreError>> {

@@ -179,24 +179,38 @@ pub enum StoreError {
     Backend(String),
 }
 
-/// Where the records live.
+/// Where the records live. Reads come from the backend's [`Index`]; writes go to the backend.
 pub trait Store: Send + Sync + 'static {
+    /// The in-memory view of the records.
+    fn index(&self) -> &Index;
     /// The record called `name`.
-    fn get(&self, name: &str) -> Option<DispatchJob>;
+    fn get(&self, name: &str) -> Option<DispatchJob> {
+        self.index().get(name)
+    }
     /// Every record of `destination`, by name.
-    fn for_destination(&self, destination: &str) -> Vec<DispatchJob>;
+    fn for_destination(&self, destination: &str) -> Vec<DispatchJob> {
+        self.index().for_destination(destination)
+    }
     /// Every record of AnalysisRun `run_uid`.
-    fn for_run(&self, run_uid: &str) -> Vec<DispatchJob>;
+    fn for_run(&self, run_uid: &str) -> Vec<DispatchJob> {
+        self.index().for_run(run_uid)
+    }
     /// Every record.
-    fn all(&self) -> Vec<DispatchJob>;
+    fn all(&self) -> Vec<DispatchJob> {
+        self.index().all()
+    }
     /// Number of records.
-    fn len(&self) -> usize;
+    fn len(&self) -> usize {
+        self.index().len()
+    }
     /// Whether there is no record.
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
     /// Changes whenever a record of `destination` changes.
-    fn subscribe(&self, destination: &str) -> watch::Receiver<u64>;
+    fn subscribe(&self, destination: &str) -> watch::Receiver<u64> {
+        self.index().subscribe(destination)
+    }
     /// Creates `job` unless a record of that name exists.
     fn create(&self, job: DispatchJob) -> BoxFuture<'_, Result<Created, StoreError>>;
     /// Replaces the status of record `name`.

@@ -89,3 +89,43 @@ pub fn node_is_ready(node: &Node) -> bool {
                     .any(|c| c.type_ == "Ready" && c.status == "True")
             })
 }
+
+/// Writes `message` into the terminated state of container `container` of `pod`, as a kubelet
+/// does under `terminationMessagePolicy: FallbackToLogsOnError` (kwok terminates containers but
+/// writes no message). Container statuses are an atomic list: read, change, write back.
+pub async fn set_termination_message(
+    client: &Client,
+    pod: k8s_openapi::api::core::v1::Pod,
+    container: &str,
+    message: &str,
+) -> Result<()> {
+    use k8s_openapi::api::core::v1::Pod;
+    let namespace = pod
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let mut pod = pod;
+    for _ in 0..5 {
+        let terminated = pod
+            .status
+            .as_mut()
+            .and_then(|s| s.container_statuses.as_mut())
+            .and_then(|cs| cs.iter_mut().find(|c| c.name == container))
+            .and_then(|c| c.state.as_mut())
+            .and_then(|s| s.terminated.as_mut())
+            .with_context(|| format!("container {container} of pod {name} is not terminated"))?;
+        terminated.message = Some(message.to_string());
+        match pods
+            .replace_status(&name, &PostParams::default(), &pod)
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => pod = pods.get(&name).await?,
+            Err(e) => return Err(e).context("writing the termination message"),
+        }
+    }
+    anyhow::bail!("pod {name}: status kept changing")
+}

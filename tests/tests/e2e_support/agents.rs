@@ -192,37 +192,19 @@ pub async fn log_shows(path: &Path, needle: &str) -> Result<()> {
     .with_context(|| tail(path, 20))
 }
 
-/// Writes `message` into the terminated state of Job `job`'s container, as a kubelet does under
-/// `terminationMessagePolicy: FallbackToLogsOnError`.
+/// Writes `message` into the terminated state of Job `job`'s container `check`.
 pub async fn set_termination_message(cluster: &Cluster, job: &str, message: &str) -> Result<()> {
-    let pods: Api<Pod> = Api::namespaced(cluster.client().await?, "default");
-    for _ in 0..10 {
-        let list = pods
-            .list(&ListParams::default().labels(&format!("job-name={job}")))
-            .await?;
-        let Some(mut pod) = list.items.into_iter().next() else {
-            bail!("no pod of job {job}");
-        };
-        let name = pod.metadata.name.clone().unwrap_or_default();
-        let terminated = pod
-            .status
-            .as_mut()
-            .and_then(|s| s.container_statuses.as_mut())
-            .and_then(|cs| cs.iter_mut().find(|c| c.name == "check"))
-            .and_then(|c| c.state.as_mut())
-            .and_then(|s| s.terminated.as_mut())
-            .context("container check is not terminated")?;
-        terminated.message = Some(message.to_string());
-        match pods
-            .replace_status(&name, &PostParams::default(), &pod)
-            .await
-        {
-            Ok(_) => return Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 409 => continue,
-            Err(e) => return Err(e).context("writing the termination message"),
-        }
-    }
-    bail!("the pod of job {job} kept changing")
+    let client = cluster.client().await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let list = pods
+        .list(&ListParams::default().labels(&format!("job-name={job}")))
+        .await?;
+    let pod = list
+        .items
+        .into_iter()
+        .next()
+        .with_context(|| format!("no pod of job {job}"))?;
+    dispatch_tests::cluster::kwok::set_termination_message(&client, pod, "check", message).await
 }
 
 /// Everything of the agent scene.
