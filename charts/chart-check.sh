@@ -218,6 +218,9 @@ can no  list dispatchjobs.rollouts-dispatch.io
 can no  patch dispatchjobs/status.rollouts-dispatch.io default
 can no  get secrets kstore
 can no  create jobs.batch verification
+# The orphan sweep (server.sweepOrphansEvery) lists AnalysisRuns, and nothing more on them.
+can yes list analysisruns.argoproj.io team-a
+can no  delete analysisruns.argoproj.io team-a
 # The agent alone (agent values): Jobs, Pods and logs in every namespace; never Secrets.
 as edge edge-rollouts-dispatch-agent
 for verb in create get list watch delete; do can yes "$verb" jobs.batch verification; done
