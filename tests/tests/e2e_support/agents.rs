@@ -151,6 +151,54 @@ pub fn spawn_server_on(
     Ok(())
 }
 
+/// Applies `config/agent-rbac.yaml` to `cluster` and writes a kubeconfig that authenticates as
+/// its ServiceAccount (a TokenRequest token): the agent runs with exactly the documented rights.
+pub async fn agent_kubeconfig(cluster: &Cluster) -> Result<PathBuf> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/agent-rbac.yaml");
+    let applied = Command::new(&cluster.binaries.kubectl)
+        .arg("--kubeconfig")
+        .arg(&cluster.kubeconfig)
+        .args(["apply", "-f"])
+        .arg(&path)
+        .output()?;
+    ensure!(
+        applied.status.success(),
+        "kubectl apply -f {}: {}",
+        path.display(),
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    let token = Command::new(&cluster.binaries.kubectl)
+        .arg("--kubeconfig")
+        .arg(&cluster.kubeconfig)
+        .args([
+            "create",
+            "token",
+            "rollouts-dispatch-agent",
+            "-n",
+            "rollouts-dispatch",
+            "--duration",
+            "2h",
+        ])
+        .output()?;
+    ensure!(
+        token.status.success(),
+        "kubectl create token: {}",
+        String::from_utf8_lossy(&token.stderr)
+    );
+    let kubeconfig = cluster.dir.join("agent.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority: {}\n\
+             users:\n- name: agent\n  user:\n    token: {}\ncontexts:\n- name: c\n  context: {{cluster: c, user: agent}}\ncurrent-context: c\n",
+            cluster.server,
+            cluster.ca_file.display(),
+            String::from_utf8_lossy(&token.stdout).trim()
+        ),
+    )?;
+    Ok(kubeconfig)
+}
+
 pub fn spawn_agent(
     b: &mut Cluster,
     binary: &Path,
@@ -165,7 +213,7 @@ pub fn spawn_agent(
         .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
         .args(["--poll-wait", "10s"])
         .env("ROLLOUTS_DISPATCH_LOG", "dispatch_server=debug,info")
-        .env("KUBECONFIG", &b.kubeconfig);
+        .env("KUBECONFIG", b.dir.join("agent.kubeconfig"));
     b.spawn_process(name, cmd)?;
     Ok(admin)
 }
@@ -285,6 +333,7 @@ impl AgentWorld {
             .output()?;
         ensure!(issued.status.success(), "token issue: {issued:?}");
         std::fs::write(&agent_token, &issued.stdout)?;
+        agent_kubeconfig(&b).await?;
         let agent_admin = spawn_agent(&mut b, &binary, &url, &agent_token, "agent")?;
         wait_ready("the agent", agent_admin).await?;
 
