@@ -1,7 +1,8 @@
 //! `make chaos`: 50 Kargo-shaped verifications across a direct destination (cluster-a) and an
 //! agent destination (cluster-b) while a killer sends SIGKILL, at random moments, to a server
-//! replica, the agent, the plugin process or the Argo Rollouts controller (and starts them
-//! again; Argo starts a new plugin itself). Nothing is mocked: the scene is `AgentWorld` (two
+//! replica, the agent, the plugin process, the Argo Rollouts controller or cluster-a's API server
+//! (and starts them again; Argo starts a new plugin itself); midway one replica stays down for
+//! good, so the server goes from 2 replicas to 1. Nothing is mocked: the scene is `AgentWorld` (two
 //! server replicas on the Kubernetes store behind a TCP front, the real controller).
 //!
 //! Then: every AnalysisRun has its correct verdict (exit code 0 → Successful, else Failed);
@@ -129,7 +130,7 @@ async fn fifty_verifications_survive_kills() -> Result<()> {
             }
         }
         if victims.is_empty() {
-            victims = vec!["server-1", "agent", "plugin", "controller"];
+            victims = vec!["server-1", "agent", "plugin", "controller", "apiserver-a"];
             if !scaled_down {
                 victims.push("server-2");
             }
@@ -162,6 +163,8 @@ async fn fifty_verifications_survive_kills() -> Result<()> {
                     let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
                 }
             }
+            // cluster-a's API server goes away mid-Job and comes back.
+            "apiserver-a" => w.a.restart_apiserver(down).await?,
             _ => w.rollouts.restart(&mut w.control).await?,
         }
         *kills.entry(victim).or_default() += 1;

@@ -102,6 +102,8 @@ pub struct Cluster {
     pub binaries: Binaries,
     processes: ProcessGroup,
     keep_dir: bool,
+    /// the kube-apiserver's arguments, to start it again after a kill
+    apiserver_args: Vec<String>,
 }
 
 /// Name of the fake node that kwok manages in every cluster.
@@ -201,8 +203,7 @@ impl Cluster {
         ]);
         processes.spawn("etcd", etcd)?;
 
-        let mut apiserver = Command::new(&binaries.kube_apiserver);
-        apiserver.args([
+        let apiserver_args: Vec<String> = vec![
             format!("--etcd-servers={etcd_client}"),
             "--bind-address=127.0.0.1".into(),
             "--advertise-address=127.0.0.1".into(),
@@ -226,7 +227,9 @@ impl Cluster {
             "--disable-admission-plugins=TaintNodesByCondition".into(),
             "--enable-priority-and-fairness=false".into(),
             "--profiling=false".into(),
-        ]);
+        ];
+        let mut apiserver = Command::new(&binaries.kube_apiserver);
+        apiserver.args(&apiserver_args);
         processes.spawn("kube-apiserver", apiserver)?;
 
         let kc = kubeconfig.display().to_string();
@@ -291,7 +294,35 @@ impl Cluster {
             processes,
             keep_dir: options.keep_dir,
             dir,
+            apiserver_args,
         })
+    }
+
+    /// Kills the kube-apiserver (SIGKILL), keeps it down for `down`, starts it again with the
+    /// same arguments (etcd keeps the state) and waits until it answers `/readyz`: a destination
+    /// that goes away mid-Job.
+    pub async fn restart_apiserver(&mut self, down: Duration) -> Result<()> {
+        self.processes.kill("kube-apiserver")?;
+        tokio::time::sleep(down).await;
+        let mut apiserver = Command::new(&self.binaries.kube_apiserver);
+        apiserver.args(&self.apiserver_args);
+        self.processes.spawn("kube-apiserver", apiserver)?;
+        let client = self.client().await?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            self.processes.check_alive()?;
+            let request = http::Request::get("/readyz").body(Vec::new())?;
+            if matches!(client.request_text(request).await, Ok(body) if body.trim() == "ok") {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "kube-apiserver of {} not ready 60s after its restart",
+                    self.name
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     async fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
