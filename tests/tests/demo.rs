@@ -52,8 +52,13 @@ async fn demo() -> Result<()> {
         created.push((dest, run.metadata.name.clone().unwrap_or_default()));
     }
     let mut rows = Vec::new();
+    let mut tails = Vec::new();
     for (dest, name) in &created {
         let ar = wait_done(&runs, name).await?;
+        let full = measurement_message(&ar);
+        if full.lines().count() > 1 {
+            tails.push((name.clone(), full));
+        }
         rows.push((
             name.clone(),
             dest.to_string(),
@@ -68,6 +73,14 @@ async fn demo() -> Result<()> {
     );
     for (name, dest, phase, msg) in &rows {
         println!("{name:<42} {dest:<11} {phase:<11} {msg}");
+    }
+    // The rest of a failure's message: the failed container's log tail, from its cluster.
+    for (name, message) in &tails {
+        println!();
+        println!("demo: {name}, the rest of its message:");
+        for line in message.lines().skip(1) {
+            println!("demo:   {line}");
+        }
     }
     println!();
     println!(

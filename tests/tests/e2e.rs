@@ -99,6 +99,9 @@ async fn kargo_verification_runs_on_the_destination_cluster() -> Result<()> {
     if !message(&bad).contains("cluster-b") {
         bail!("the failure message does not name the destination: {report}");
     }
+    if !message(&bad).contains("check failed: svc is not healthy") {
+        bail!("the failure message lacks the failed container's log tail: {report}");
+    }
     // `nowhere` is not a destination: Error naming it and listing the known ones.
     let lost_msg = lost
         .data

@@ -24,6 +24,9 @@ use kube::Client;
 pub const EXIT_CODE_ANNOTATION: &str = "test.rollouts-dispatch.io/exit-code";
 /// How long the containers run before they terminate (Go duration string, default `"1s"`).
 pub const DURATION_ANNOTATION: &str = "test.rollouts-dispatch.io/duration";
+/// Pod-template annotation: the termination message of every container (what a kubelet writes
+/// from the log tail under `terminationMessagePolicy: FallbackToLogsOnError`).
+pub const TERMINATION_MESSAGE_ANNOTATION: &str = "test.rollouts-dispatch.io/termination-message";
 
 /// Name of the fake node in every test cluster.
 pub const NODE_NAME: &str = "kwok-node-0";

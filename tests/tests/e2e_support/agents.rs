@@ -13,7 +13,6 @@ use anyhow::{bail, ensure, Context, Result};
 use dispatch_tests::cluster::argo::{self, ArgoRollouts, MetricPlugin};
 use dispatch_tests::cluster::process::tail;
 use dispatch_tests::cluster::Cluster;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -238,21 +237,6 @@ pub async fn log_shows(path: &Path, needle: &str) -> Result<()> {
     })
     .await
     .with_context(|| tail(path, 20))
-}
-
-/// Writes `message` into the terminated state of Job `job`'s container `check`.
-pub async fn set_termination_message(cluster: &Cluster, job: &str, message: &str) -> Result<()> {
-    let client = cluster.client().await?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    let list = pods
-        .list(&ListParams::default().labels(&format!("job-name={job}")))
-        .await?;
-    let pod = list
-        .items
-        .into_iter()
-        .next()
-        .with_context(|| format!("no pod of job {job}"))?;
-    dispatch_tests::cluster::kwok::set_termination_message(&client, pod, "check", message).await
 }
 
 /// Everything of the agent scene.

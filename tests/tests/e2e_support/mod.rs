@@ -233,7 +233,7 @@ pub fn kargo_run_with(
                 "provider": {"plugin": {PLUGIN_NAME: block(routing, json!({
                     "logTail": 5,
                     "spec": {"backoffLimit": 0, "template": {
-                        "metadata": {"annotations": lifecycle_annotations(exit_code, duration)},
+                        "metadata": {"annotations": failing_with_log(lifecycle_annotations(exit_code, duration), exit_code)},
                         "spec": {"restartPolicy": "Never",
                                  "containers": [{"name": "check", "image": "example.invalid/check:1", "command": ["sh", "-c", "curl -f http://svc"]}]}
                     }}
@@ -241,6 +241,24 @@ pub fn kargo_run_with(
             }]
         }
     }))?)
+}
+
+/// The log a failing check prints (the container's termination message in the test clusters).
+pub const FAILED_CHECK_LOG: &str =
+    "GET http://svc/health\nHTTP 503 Service Unavailable\ncheck failed: svc is not healthy\n";
+
+/// Lifecycle annotations plus, for a failing container, its log as the termination message.
+fn failing_with_log(
+    mut annotations: std::collections::BTreeMap<String, String>,
+    exit_code: i32,
+) -> std::collections::BTreeMap<String, String> {
+    if exit_code != 0 {
+        annotations.insert(
+            dispatch_tests::cluster::kwok::TERMINATION_MESSAGE_ANNOTATION.to_string(),
+            FAILED_CHECK_LOG.to_string(),
+        );
+    }
+    annotations
 }
 
 /// The plugin block: routing fields merged into the rest.
