@@ -242,17 +242,20 @@ can no  create pods/exec verification
 can no  get configmaps edge
 can no  create dispatchjobs.rollouts-dispatch.io edge
 can no  create tokenreviews.authentication.k8s.io
-# The agent with agent.namespaces: [edge-jobs, verification]: those namespaces only.
+# The agent with agent.namespaces: [edge-jobs, verification]: Jobs and logs in those namespaces
+# only; its caches still read Jobs and Pods everywhere (what the agent lists and watches).
 as edge2 edge-agent
 can yes create jobs.batch edge-jobs
 can yes delete jobs.batch verification
 can yes list pods edge-jobs
 can yes watch pods verification
 can yes get pods/log edge-jobs
+can yes list jobs.batch
+can yes watch pods
 can no  create jobs.batch default
 can no  create jobs.batch edge2
-can no  list jobs.batch
-can no  list pods
+can no  delete jobs.batch default
+can no  get pods/log default
 can no  get secrets edge-jobs
 can no  list secrets
 [ "$rbac_fail" = 0 ] || { echo "chart: RBAC check FAILED" >&2; exit 1; }
