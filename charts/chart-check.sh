@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# `make chart` (charts/chart.mk): helm lint and helm template of charts/rollouts-dispatch with the
+# `make chart` (charts/chart.mk): the README's values table up to date (charts/chart-docs.sh check:
+# helm-docs into a temp dir, diffed with the committed README; checked first, its line printed
+# just before the last line), then helm lint and helm template of charts/rollouts-dispatch with the
 # default values and each ci/*-values.yaml (every one is a "variant"), renderings that must fail
 # with a clear message, then against a real kube-apiserver started by the Rust launcher
 # (tests/src/bin/test-cluster.rs): the DispatchJob CRD (crds/) applied for real and established,
@@ -10,10 +12,10 @@
 # server's ServiceAccount. The cluster is stopped at the end, also on failure: SIGTERM to the PID
 # started here, never by name.
 #
-# Environment (set by chart.mk): HELM, CARGO, K8S_BIN_ENV, CHART_DIR, CHART_OUT.
+# Environment (set by chart.mk): HELM, HELM_DOCS, CARGO, K8S_BIN_ENV, CHART_DIR, CHART_OUT.
 set -euo pipefail
 
-: "${HELM:?}" "${CARGO:?}" "${K8S_BIN_ENV:?}" "${CHART_DIR:?}" "${CHART_OUT:?}"
+: "${HELM:?}" "${HELM_DOCS:?}" "${CARGO:?}" "${K8S_BIN_ENV:?}" "${CHART_DIR:?}" "${CHART_OUT:?}"
 RELEASE=rollouts-dispatch
 NAMESPACE=rollouts-dispatch
 # Renderings: "default" (values.yaml alone) and one per ci/<name>-values.yaml ("<name>").
@@ -35,6 +37,9 @@ mkdir -p "$CHART_OUT"
 rm -f "$CHART_OUT"/*.yaml "$CHART_OUT"/*.log
 t0=$(date +%s)
 since() { echo "$(( $(date +%s) - $1 ))s"; }
+
+# --- README: helm-docs' values table (fails with "… is out of date: run `make chart-docs`") ----
+docs_line=$(HELM_DOCS="$HELM_DOCS" CHART_DIR="$CHART_DIR" bash charts/chart-docs.sh check)
 
 # --- lint -----------------------------------------------------------------------------------
 t=$(date +%s)
@@ -283,4 +288,5 @@ echo "chart: DispatchJob created, status patched, deleted as the kubernetes-stor
 
 stop_cluster
 cluster_pid=""
+echo "$docs_line"
 echo "chart: lint=ok template=ok dry_run=ok apply=ok rbac=ok ($sars SubjectAccessReviews) variants=${#VARIANTS[@]}"
