@@ -486,21 +486,26 @@ mod tests {
         );
     }
 
+    /// Arg `token`, from a Secret, resolved by the controller to `s3cr3t-value`.
+    fn secret_arg() -> Argument {
+        Argument {
+            name: "token".into(),
+            value: Some("s3cr3t-value".into()),
+            value_from: Some(ValueFrom {
+                secret_key_ref: Some(SecretKeyRef {
+                    name: "s".into(),
+                    key: "k".into(),
+                }),
+                field_ref: None,
+            }),
+        }
+    }
+
     #[test]
     fn secret_arg_values_are_redacted() {
         let mut run = AnalysisRun::default();
         run.spec.args = vec![
-            Argument {
-                name: "token".into(),
-                value: Some("s3cr3t-value".into()),
-                value_from: Some(ValueFrom {
-                    secret_key_ref: Some(SecretKeyRef {
-                        name: "s".into(),
-                        key: "k".into(),
-                    }),
-                    field_ref: None,
-                }),
-            },
+            secret_arg(),
             Argument {
                 name: "destination".into(),
                 value: Some("cluster-a".into()),
@@ -517,17 +522,7 @@ mod tests {
     #[tokio::test]
     async fn a_block_holding_a_secret_value_is_refused_before_anything_is_sent() {
         let mut run = AnalysisRun::default();
-        run.spec.args = vec![Argument {
-            name: "token".into(),
-            value: Some("s3cr3t-value".into()),
-            value_from: Some(ValueFrom {
-                secret_key_ref: Some(SecretKeyRef {
-                    name: "s".into(),
-                    key: "k".into(),
-                }),
-                field_ref: None,
-            }),
-        }];
+        run.spec.args = vec![secret_arg()];
         let mut metric = Metric {
             name: "smoke".into(),
             ..Default::default()

@@ -124,17 +124,25 @@ impl KubeStore {
         match tokio::time::timeout(self.timeout, fut).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(kube::Error::Api(s))) if s.code == 404 => Err(StoreError::NotFound(what)),
-            Ok(Err(e)) => Err(StoreError::Backend(format!(
+            Ok(Err(e)) => Err(self.failure(&what, Some(&e))),
+            Err(_) => Err(self.failure(&what, None)),
+        }
+    }
+
+    /// A failed call (`None`: no answer in time), naming the namespace.
+    fn failure(&self, what: &str, error: Option<&kube::Error>) -> StoreError {
+        StoreError::Backend(match error {
+            Some(e) => format!(
                 "{what} in namespace {}: {}",
                 self.namespace,
-                crate::destinations::client::describe(&e)
-            ))),
-            Err(_) => Err(StoreError::Backend(format!(
+                crate::destinations::client::describe(e)
+            ),
+            None => format!(
                 "{what} in namespace {}: no answer within {}s",
                 self.namespace,
                 self.timeout.as_secs()
-            ))),
-        }
+            ),
+        })
     }
 
     fn applied(&self, obj: DynamicObject) {
@@ -245,16 +253,8 @@ impl Store for KubeStore {
                     self.index.upsert(existing.clone());
                     Ok(Created::Existing(Box::new(existing)))
                 }
-                Ok(Err(e)) => Err(StoreError::Backend(format!(
-                    "{what} in namespace {}: {}",
-                    self.namespace,
-                    crate::destinations::client::describe(&e)
-                ))),
-                Err(_) => Err(StoreError::Backend(format!(
-                    "{what} in namespace {}: no answer within {}s",
-                    self.namespace,
-                    self.timeout.as_secs()
-                ))),
+                Ok(Err(e)) => Err(self.failure(&what, Some(&e))),
+                Err(_) => Err(self.failure(&what, None)),
             }
         })
     }

@@ -257,6 +257,15 @@ impl IndexState {
         }
     }
 
+    /// The records called `names`, in name order.
+    fn named(&self, names: Option<&BTreeSet<String>>) -> Vec<DispatchJob> {
+        names
+            .into_iter()
+            .flatten()
+            .filter_map(|n| self.by_name.get(n).cloned())
+            .collect()
+    }
+
     fn touch(&mut self, destination: &str) {
         self.notify
             .entry(destination.to_string())
@@ -324,29 +333,13 @@ impl Index {
     /// The records of `destination`.
     pub fn for_destination(&self, destination: &str) -> Vec<DispatchJob> {
         let s = self.read();
-        s.by_destination
-            .get(destination)
-            .map(|names| {
-                names
-                    .iter()
-                    .filter_map(|n| s.by_name.get(n).cloned())
-                    .collect()
-            })
-            .unwrap_or_default()
+        s.named(s.by_destination.get(destination))
     }
 
     /// The records of run `run_uid`.
     pub fn for_run(&self, run_uid: &str) -> Vec<DispatchJob> {
         let s = self.read();
-        s.by_run
-            .get(run_uid)
-            .map(|names| {
-                names
-                    .iter()
-                    .filter_map(|n| s.by_name.get(n).cloned())
-                    .collect()
-            })
-            .unwrap_or_default()
+        s.named(s.by_run.get(run_uid))
     }
 
     /// Every record.
