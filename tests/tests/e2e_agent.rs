@@ -9,7 +9,8 @@
 //! mid-Job and restarted → the verdict arrives and there is one Job; the replica serving the
 //! agent killed (-9) → the verdict arrives via the other replica; B's token asking for C's work
 //! → 403; an expired token → 401; a clear log line on both sides; `rollouts-dispatch
-//! destinations` shows B as an agent destination, connected.
+//! destinations` shows B as an agent destination, connected. The API is TLS end to end: agents,
+//! the plugin and the CLI trust the server through `--ca-file`.
 //!
 //! `#[ignore]`d for plain `cargo test`; `make e2e-agent` runs it.
 
@@ -212,17 +213,18 @@ async fn verifications_run_on_a_cluster_only_its_agent_reaches() -> Result<()> {
 
     // 4. Hostile and stale agents: B's token asking for C's work → 403; an expired token → 401;
     //    a log line on both sides.
-    let b_token = std::fs::read_to_string(&agent_token)?.trim().to_string();
-    let (status, body) = post(
-        w.replicas[1].port,
+    let replica_two = format!("https://127.0.0.1:{}", w.replicas[1].port);
+    let answer = call_as(
+        &replica_two,
+        &agent_token,
+        &w.ca,
         "/v1/agents/cluster-c/work",
-        &b_token,
-        "{}",
     )
     .await?;
     ensure!(
-        status == 403 && body.contains("is for destination \\\"cluster-b\\\""),
-        "B's token for C's work: {status} {body}"
+        answer.starts_with("rejected forbidden: ")
+            && answer.contains("is for destination \"cluster-b\""),
+        "B's token for C's work: {answer}"
     );
     let server_log = w.control.log_path("server-2");
     log_shows(&server_log, "refused: agent token of another destination").await?;
@@ -231,16 +233,10 @@ async fn verifications_run_on_a_cluster_only_its_agent_reaches() -> Result<()> {
         &expired,
         token(Some("cluster-b"), "agent:cluster-b", -3600)?,
     )?;
-    let (status, body) = post(
-        w.replicas[1].port,
-        "/v1/agents/cluster-b/work",
-        &std::fs::read_to_string(&expired)?,
-        "{}",
-    )
-    .await?;
+    let answer = call_as(&replica_two, &expired, &w.ca, "/v1/agents/cluster-b/work").await?;
     ensure!(
-        status == 401 && body.contains("token expired"),
-        "expired token: {status} {body}"
+        answer.contains("token expired") && answer.contains("401"),
+        "expired token: {answer}"
     );
     w.spawn_agent("agent-expired", &expired)?;
     log_shows(&w.b.log_path("agent-expired"), "token expired").await?;
@@ -252,6 +248,8 @@ async fn verifications_run_on_a_cluster_only_its_agent_reaches() -> Result<()> {
     let listed = Command::new(&binary)
         .args(["destinations", "--server", &url, "--token-file"])
         .arg(&plugin_token)
+        .arg("--ca-file")
+        .arg(&w.ca)
         .output()?;
     let table = String::from_utf8_lossy(&listed.stdout).into_owned();
     println!("{table}");

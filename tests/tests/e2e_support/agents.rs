@@ -15,7 +15,6 @@ use dispatch_tests::cluster::process::tail;
 use dispatch_tests::cluster::Cluster;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::*;
 
@@ -65,27 +64,26 @@ pub async fn front(backends: Vec<u16>) -> Result<u16> {
     Ok(port)
 }
 
-/// POST `body` to `path` on 127.0.0.1:`port` with `token`: the status and body.
-pub async fn post(port: u16, path: &str, token: &str, body: &str) -> Result<(u16, String)> {
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    s.write_all(
-        format!(
-            "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
-             Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-        .as_bytes(),
+/// POSTs `{}` to `path` of the server at `url` (TLS, trusting `ca`) with the token in
+/// `token_file`; describes the answer: `ok …`, `rejected <code>: <message>` or `transient: …`.
+pub async fn call_as(url: &str, token_file: &Path, ca: &Path, path: &str) -> Result<String> {
+    use dispatch_server::provider::client::{CallError, ClientConfig, ServerClient};
+    let client = ServerClient::new(&ClientConfig {
+        server: url.to_string(),
+        token_file: Some(token_file.to_path_buf()),
+        ca_file: Some(ca.to_path_buf()),
+        timeout: Duration::from_secs(20),
+    })?;
+    Ok(
+        match client
+            .post::<_, serde_json::Value>(path, &serde_json::json!({}))
+            .await
+        {
+            Ok(v) => format!("ok {v}"),
+            Err(CallError::Rejected(e)) => format!("rejected {}: {}", e.code, e.message),
+            Err(CallError::Transient(m)) => format!("transient: {m}"),
+        },
     )
-    .await?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).await?;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .context("no HTTP status")?;
-    Ok((status, text))
 }
 
 pub fn token(destination: Option<&str>, subject: &str, exp_offset: i64) -> Result<String> {
@@ -202,6 +200,7 @@ pub fn spawn_agent(
     b: &mut Cluster,
     binary: &Path,
     url: &str,
+    ca: &Path,
     token_file: &Path,
     name: &str,
 ) -> Result<u16> {
@@ -211,6 +210,8 @@ pub fn spawn_agent(
         .arg(token_file)
         .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
         .args(["--poll-wait", "10s"])
+        .arg("--ca-file")
+        .arg(ca)
         .env("ROLLOUTS_DISPATCH_LOG", "dispatch_server=debug,info")
         .env("KUBECONFIG", b.dir.join("agent.kubeconfig"));
     b.spawn_process(name, cmd)?;
@@ -251,6 +252,8 @@ pub struct AgentWorld {
     pub key: PathBuf,
     pub replicas: Vec<Replica>,
     pub url: String,
+    /// the CA of the server's TLS certificate
+    pub ca: PathBuf,
     pub plugin_token: PathBuf,
     pub agent_token: PathBuf,
     pub rollouts: ArgoRollouts,
@@ -288,14 +291,22 @@ impl AgentWorld {
                 a.kubeconfig.display(),
             ),
         )?;
-        std::fs::write(dir.join("serve-args"), serve_args.join("\n"))?;
-        let extra: Vec<String> = serve_args.iter().map(|s| s.to_string()).collect();
+        // The API is TLS, with the control cluster's serving certificate (127.0.0.1 is in its
+        // SANs) and CA: agents and the plugin trust it through --ca-file.
+        let pki = control.dir.join("pki");
+        let ca = pki.join("ca.crt");
+        let mut extra: Vec<String> = serve_args.iter().map(|s| s.to_string()).collect();
+        extra.extend([
+            format!("--tls-cert={}", pki.join("apiserver.crt").display()),
+            format!("--tls-key={}", pki.join("apiserver.key").display()),
+        ]);
+        std::fs::write(dir.join("serve-args"), extra.join("\n"))?;
         let one = spawn_server(&mut control, &binary, &config, &key, "server-1", &extra)?;
         let two = spawn_server(&mut control, &binary, &config, &key, "server-2", &extra)?;
         wait_ready("server-1", one.admin).await?;
         wait_ready("server-2", two.admin).await?;
         let front_port = front(vec![one.port, two.port]).await?;
-        let url = format!("http://127.0.0.1:{front_port}");
+        let url = format!("https://127.0.0.1:{front_port}");
 
         let plugin_token = dir.join("plugin.token");
         std::fs::write(
@@ -318,7 +329,7 @@ impl AgentWorld {
         ensure!(issued.status.success(), "token issue: {issued:?}");
         std::fs::write(&agent_token, &issued.stdout)?;
         agent_kubeconfig(&b).await?;
-        let agent_admin = spawn_agent(&mut b, &binary, &url, &agent_token, "agent")?;
+        let agent_admin = spawn_agent(&mut b, &binary, &url, &ca, &agent_token, "agent")?;
         wait_ready("the agent", agent_admin).await?;
 
         let plugin_token_s = plugin_token.display().to_string();
@@ -327,6 +338,8 @@ impl AgentWorld {
             url.as_str(),
             "--token-file",
             &plugin_token_s,
+            "--ca-file",
+            &ca.display().to_string(),
         ]);
         let rollouts = ArgoRollouts::install(&mut control, &[plugin]).await?;
         argo::apply_namespace(&client, PROJECT).await?;
@@ -342,6 +355,7 @@ impl AgentWorld {
             key,
             replicas: vec![one, two],
             url,
+            ca,
             plugin_token,
             agent_token,
             rollouts,
@@ -386,6 +400,13 @@ impl AgentWorld {
 
     /// (Re)starts B's agent under process name `name` with `token_file`; returns its admin port.
     pub fn spawn_agent(&mut self, name: &str, token_file: &Path) -> Result<u16> {
-        spawn_agent(&mut self.b, &self.binary, &self.url, token_file, name)
+        spawn_agent(
+            &mut self.b,
+            &self.binary,
+            &self.url,
+            &self.ca,
+            token_file,
+            name,
+        )
     }
 }
