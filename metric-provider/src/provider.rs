@@ -127,9 +127,9 @@ fn measurement_index(run: &AnalysisRun, metric: &str) -> u32 {
         .map_or(1, |r| (r.count.max(0) + r.error.max(0)) as u32 + 1)
 }
 
-/// Values of secret-backed args, which the controller resolves into the run we receive: they must
-/// never appear in a message we return.
-fn secret_values(run: &AnalysisRun) -> Vec<String> {
+/// The secret-backed args (`valueFrom.secretKeyRef`) with the value the controller resolved;
+/// values shorter than 3 characters are not treated as secrets (redacting them would mangle text).
+fn secret_args(run: &AnalysisRun) -> impl Iterator<Item = (&str, &str)> {
     run.spec
         .args
         .iter()
@@ -138,9 +138,14 @@ fn secret_values(run: &AnalysisRun) -> Vec<String> {
                 .as_ref()
                 .is_some_and(|v| v.secret_key_ref.is_some())
         })
-        .filter_map(|a| a.value.clone())
-        .filter(|v| v.len() >= 3)
-        .collect()
+        .filter_map(|a| Some((a.name.as_str(), a.value.as_deref()?)))
+        .filter(|(_, v)| v.len() >= 3)
+}
+
+/// Values of secret-backed args, which the controller resolves into the run we receive: they must
+/// never appear in a message we return.
+fn secret_values(run: &AnalysisRun) -> Vec<String> {
+    secret_args(run).map(|(_, v)| v.to_string()).collect()
 }
 
 /// The name of a secret-backed arg whose value the plugin block contains: `{{args.x}}` of a
@@ -149,21 +154,12 @@ fn secret_values(run: &AnalysisRun) -> Vec<String> {
 /// in the server's requests.
 fn secret_in_block(run: &AnalysisRun, block: &serde_json::Value) -> Option<String> {
     let text = block.to_string();
-    run.spec
-        .args
-        .iter()
-        .filter(|a| {
-            a.value_from
-                .as_ref()
-                .is_some_and(|v| v.secret_key_ref.is_some())
+    secret_args(run)
+        .find(|(_, v)| {
+            let escaped = serde_json::to_string(v).unwrap_or_default();
+            text.contains(v) || text.contains(escaped.trim_matches('"'))
         })
-        .find(|a| {
-            a.value.as_deref().is_some_and(|v| {
-                let escaped = serde_json::to_string(v).unwrap_or_default();
-                v.len() >= 3 && (text.contains(v) || text.contains(escaped.trim_matches('"')))
-            })
-        })
-        .map(|a| a.name.clone())
+        .map(|(name, _)| name.to_string())
 }
 
 /// Replaces every secret value in `message` with `*****`.

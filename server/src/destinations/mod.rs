@@ -167,7 +167,8 @@ impl Drop for Destination {
     }
 }
 
-fn job_group(job: &Job) -> Option<String> {
+/// The run UID a Job of ours belongs to (its `analysisrun.argoproj.io/uid` label).
+pub(crate) fn job_group(job: &Job) -> Option<String> {
     job.metadata.labels.as_ref()?.get(LABEL_RUN_UID).cloned()
 }
 

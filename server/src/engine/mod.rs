@@ -1504,7 +1504,7 @@ impl Engine {
         let mut report = GcReport::default();
         for (d, jobs) in direct {
             for j in jobs {
-                let Some(uid) = job_group_uid(&j) else {
+                let Some(uid) = destinations::job_group(&j) else {
                     continue;
                 };
                 if live.contains(&uid) || j.metadata.deletion_timestamp.is_some() {
@@ -1545,10 +1545,6 @@ impl Engine {
         }
         Ok(report)
     }
-}
-
-fn job_group_uid(job: &Job) -> Option<String> {
-    job.metadata.labels.as_ref()?.get(LABEL_RUN_UID).cloned()
 }
 
 fn adopt_or_refuse(existing: &Job, run_uid: &str, namespace: &str, name: &str) -> Outcome {
