@@ -8,6 +8,8 @@
 //! through `status`, so a fast but wrong server fails. Last line (also written to
 //! `$BENCH_SUMMARY_FILE`): `agents=500 dispatch_p99_ms=X server_rss_mib=Y`.
 
+mod e2e_support;
+
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -21,6 +23,7 @@ use dispatch_server::agent::api::{
 use dispatch_server::provider::api::{Ensured, MeasurementRef, RunRef, Verdict};
 use dispatch_server::provider::client::{ClientConfig, ServerClient};
 use dispatch_server::verdict::DestState;
+use e2e_support::free_port;
 
 const AGENTS: usize = 500;
 const JOBS: usize = 2_000;
@@ -34,12 +37,6 @@ impl Drop for KillOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 fn peak_rss_mib(pid: u32) -> Result<f64> {

@@ -308,18 +308,24 @@ impl Cluster {
         apiserver.args(&self.apiserver_args);
         self.processes.spawn("kube-apiserver", apiserver)?;
         let client = self.client().await?;
-        let deadline = Instant::now() + Duration::from_secs(60);
+        self.wait_apiserver(&client, Duration::from_secs(60))
+            .await
+            .with_context(|| format!("restarting the kube-apiserver of {}", self.name))
+    }
+
+    /// Waits up to `timeout` until the API server answers `/readyz` with "ok".
+    async fn wait_apiserver(&mut self, client: &Client, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
         loop {
             self.processes.check_alive()?;
             let request = http::Request::get("/readyz").body(Vec::new())?;
-            if matches!(client.request_text(request).await, Ok(body) if body.trim() == "ok") {
-                return Ok(());
-            }
+            let last = match client.request_text(request).await {
+                Ok(body) if body.trim() == "ok" => return Ok(()),
+                Ok(body) => body,
+                Err(err) => err.to_string(),
+            };
             if Instant::now() > deadline {
-                bail!(
-                    "kube-apiserver of {} not ready 60s after its restart",
-                    self.name
-                );
+                bail!("kube-apiserver /readyz not ok after {timeout:?}: {last}");
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -329,19 +335,7 @@ impl Cluster {
         let deadline = Instant::now() + timeout;
         let client = self.client().await?;
         // 1. The API server answers /readyz with "ok".
-        loop {
-            self.processes.check_alive()?;
-            let request = http::Request::get("/readyz").body(Vec::new())?;
-            let last = match client.request_text(request).await {
-                Ok(body) if body.trim() == "ok" => break,
-                Ok(body) => body,
-                Err(err) => err.to_string(),
-            };
-            if Instant::now() > deadline {
-                bail!("kube-apiserver /readyz not ok after {timeout:?}: {last}");
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        self.wait_apiserver(&client, timeout).await?;
         // 2. The fake node exists (kwok then makes it Ready).
         kwok::create_node(&client).await?;
         // 3. The ServiceAccount controller made `default/default`, and the node is Ready.

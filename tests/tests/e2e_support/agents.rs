@@ -7,9 +7,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use dispatch_tests::cluster::argo::{self, ArgoRollouts, MetricPlugin};
 use dispatch_tests::cluster::process::tail;
 use dispatch_tests::cluster::Cluster;
@@ -216,17 +216,6 @@ pub fn spawn_agent(
         .env("KUBECONFIG", b.dir.join("agent.kubeconfig"));
     b.spawn_process(name, cmd)?;
     Ok(admin)
-}
-
-pub async fn wait_ready(what: &str, admin: u16) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while http_status(admin, "/ready").await != Some(200) {
-        if Instant::now() > deadline {
-            bail!("{what} did not become ready within 60s");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    Ok(())
 }
 
 /// Waits until `path`'s log holds `needle`.

@@ -70,6 +70,18 @@ pub async fn http_get(port: u16, path: &str) -> Option<String> {
     http_request(port, path).await.map(|(_, body)| body)
 }
 
+/// Waits up to 60 s until the admin port `admin` answers `/ready` with 200.
+pub async fn wait_ready(what: &str, admin: u16) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while http_status(admin, "/ready").await != Some(200) {
+        if Instant::now() > deadline {
+            bail!("{what} did not become ready within 60s");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
 /// `rollouts-dispatch serve` running in this process.
 pub struct Server {
     pub args: dispatch_server::cli::ServeArgs,
@@ -85,13 +97,7 @@ impl Server {
                 eprintln!("rollouts-dispatch serve stopped: {e:#}");
             }
         });
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while http_status(admin, "/ready").await != Some(200) {
-            if Instant::now() > deadline {
-                bail!("rollouts-dispatch serve did not become ready within 60s");
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        wait_ready("rollouts-dispatch serve", admin).await?;
         Ok(Self { args, task })
     }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
 use super::super::frame::{flags, FrameType, Header, INITIAL_WINDOW};
-use super::{Session, MAX_DATA_FRAME, MAX_QUEUED_BYTES, MAX_STREAMS, WRITE_STALL_TIMEOUT};
+use super::{Session, Stream, MAX_DATA_FRAME, MAX_QUEUED_BYTES, MAX_STREAMS, WRITE_STALL_TIMEOUT};
 
 struct Client {
     io: DuplexStream,
@@ -60,6 +60,26 @@ fn pair_with_buffer(buffer: usize) -> (Session, Client) {
     (Session::server(a), Client { io: b })
 }
 
+/// The host opens stream 1; the session ACKs it and the application accepts it.
+async fn accept_stream_one(session: &mut Session, client: &mut Client) -> Stream {
+    client.open(1).await;
+    client.recv().await;
+    session.accept().await.unwrap()
+}
+
+/// The host grants stream 1 the largest send window yamux can express (u32::MAX).
+async fn grant_max_window(client: &mut Client) {
+    client
+        .send(
+            FrameType::WindowUpdate,
+            0,
+            1,
+            u32::MAX - INITIAL_WINDOW,
+            &[],
+        )
+        .await;
+}
+
 /// Waits for the GoAway that ends the session, and the end itself; returns the reason.
 async fn expect_protocol_error(session: &Session, client: &mut Client) -> String {
     loop {
@@ -110,9 +130,7 @@ async fn pings_are_answered_while_the_application_is_busy() {
 #[tokio::test]
 async fn receive_window_is_granted_back_as_data_is_consumed() {
     let (mut session, mut client) = pair();
-    client.open(1).await;
-    client.recv().await;
-    let mut stream = session.accept().await.unwrap();
+    let mut stream = accept_stream_one(&mut session, &mut client).await;
     let chunk = vec![7u8; 64 * 1024];
     for _ in 0..4 {
         client.data(1, &chunk).await; // exactly the initial window
@@ -152,9 +170,7 @@ async fn exceeding_the_window_is_a_protocol_error() {
 #[tokio::test]
 async fn writes_wait_for_send_window_credit() {
     let (mut session, mut client) = pair();
-    client.open(1).await;
-    client.recv().await;
-    let stream = session.accept().await.unwrap();
+    let stream = accept_stream_one(&mut session, &mut client).await;
     let writer = stream.writer();
     let big = vec![1u8; INITIAL_WINDOW as usize + 1000];
     let write = tokio::spawn(async move { writer.write(&big).await });
@@ -179,9 +195,7 @@ async fn writes_wait_for_send_window_credit() {
 #[tokio::test]
 async fn fin_ends_reads_and_close_sends_fin() {
     let (mut session, mut client) = pair();
-    client.open(1).await;
-    client.recv().await;
-    let mut stream = session.accept().await.unwrap();
+    let mut stream = accept_stream_one(&mut session, &mut client).await;
     client.data(1, b"last words").await;
     client
         .send(FrameType::WindowUpdate, flags::FIN, 1, 0, &[])
@@ -199,9 +213,7 @@ async fn fin_ends_reads_and_close_sends_fin() {
 #[tokio::test]
 async fn rst_fails_pending_writes() {
     let (mut session, mut client) = pair();
-    client.open(1).await;
-    client.recv().await;
-    let stream = session.accept().await.unwrap();
+    let stream = accept_stream_one(&mut session, &mut client).await;
     let writer = stream.writer();
     let big = vec![1u8; INITIAL_WINDOW as usize * 2];
     let write = tokio::spawn(async move { writer.write(&big).await });
@@ -236,9 +248,7 @@ async fn duplicate_syn_and_bad_frames_end_the_session() {
 #[tokio::test]
 async fn eof_closes_the_session_and_its_streams() {
     let (mut session, mut client) = pair();
-    client.open(1).await;
-    client.recv().await;
-    let mut stream = session.accept().await.unwrap();
+    let mut stream = accept_stream_one(&mut session, &mut client).await;
     drop(client);
     assert!(stream.read().await.is_none());
     assert!(session.accept().await.is_none());
@@ -353,19 +363,9 @@ async fn stream_ids_must_grow_and_be_odd() {
 #[tokio::test]
 async fn an_overflowing_window_update_is_a_protocol_error() {
     let (mut session, mut client) = pair();
-    client.open(1).await;
-    client.recv().await;
-    let _stream = session.accept().await.unwrap();
+    let _stream = accept_stream_one(&mut session, &mut client).await;
     // Up to u32::MAX is accepted …
-    client
-        .send(
-            FrameType::WindowUpdate,
-            0,
-            1,
-            u32::MAX - INITIAL_WINDOW,
-            &[],
-        )
-        .await;
+    grant_max_window(&mut client).await;
     client.send(FrameType::Ping, flags::SYN, 0, 1, &[]).await;
     let (h, _) = client.recv().await;
     assert_eq!(h.ty, FrameType::Ping, "still alive at a window of u32::MAX");
@@ -378,18 +378,8 @@ async fn an_overflowing_window_update_is_a_protocol_error() {
 #[tokio::test]
 async fn a_huge_window_still_sends_bounded_frames() {
     let (mut session, mut client) = pair();
-    client.open(1).await;
-    client.recv().await;
-    let stream = session.accept().await.unwrap();
-    client
-        .send(
-            FrameType::WindowUpdate,
-            0,
-            1,
-            u32::MAX - INITIAL_WINDOW,
-            &[],
-        )
-        .await;
+    let stream = accept_stream_one(&mut session, &mut client).await;
+    grant_max_window(&mut client).await;
     let data = vec![3u8; 3 * MAX_DATA_FRAME as usize + 10];
     let writer = stream.writer();
     let write = tokio::spawn({
@@ -451,18 +441,8 @@ async fn a_host_that_pings_without_reading_is_throttled_then_dropped() {
 #[tokio::test(start_paused = true)]
 async fn writes_wait_for_the_connection_whatever_the_window() {
     let (mut session, mut client) = pair_with_buffer(64 * 1024);
-    client.open(1).await;
-    client.recv().await;
-    let stream = session.accept().await.unwrap();
-    client
-        .send(
-            FrameType::WindowUpdate,
-            0,
-            1,
-            u32::MAX - INITIAL_WINDOW,
-            &[],
-        )
-        .await;
+    let stream = accept_stream_one(&mut session, &mut client).await;
+    grant_max_window(&mut client).await;
     let writer = stream.writer();
     let total = 8 * MAX_QUEUED_BYTES;
     let write = tokio::spawn(async move { writer.write(&vec![9u8; total]).await });
