@@ -401,11 +401,14 @@ impl Dispatcher for EngineDispatcher {
             let deadline = tokio::time::Instant::now() + wait;
             loop {
                 changes.mark_unchanged();
-                let records = store.for_destination(&destination);
-                let fingerprint = crate::store::work_fingerprint(&records);
                 let stop = *stopping.borrow();
-                if fingerprint != req.fingerprint || stop || tokio::time::Instant::now() >= deadline
+                if store.fingerprint(&destination) != req.fingerprint
+                    || stop
+                    || tokio::time::Instant::now() >= deadline
                 {
+                    // Copy the records only to answer; the reply's fingerprint is theirs.
+                    let records = store.for_destination(&destination);
+                    let fingerprint = crate::store::work_fingerprint(&records);
                     return Ok(WorkReply {
                         fingerprint,
                         jobs: records

@@ -207,6 +207,10 @@ pub trait Store: Send + Sync + 'static {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// [`work_fingerprint`] of `destination`'s records, without copying them.
+    fn fingerprint(&self, destination: &str) -> String {
+        self.index().fingerprint(destination)
+    }
     /// Changes whenever a record of `destination` changes.
     fn subscribe(&self, destination: &str) -> watch::Receiver<u64> {
         self.index().subscribe(destination)
@@ -336,6 +340,19 @@ impl Index {
         s.named(s.by_destination.get(destination))
     }
 
+    /// [`work_fingerprint`] of `destination`'s records, read in place: a long poll woken by a
+    /// status report checks it without copying the records (and their Job specs).
+    pub fn fingerprint(&self, destination: &str) -> String {
+        let s = self.read();
+        work_fingerprint(
+            s.by_destination
+                .get(destination)
+                .into_iter()
+                .flatten()
+                .filter_map(|n| s.by_name.get(n)),
+        )
+    }
+
     /// The records of run `run_uid`.
     pub fn for_run(&self, run_uid: &str) -> Vec<DispatchJob> {
         let s = self.read();
@@ -416,16 +433,18 @@ impl Index {
 
 /// A short digest of a destination's work (names, delete requests, whether the agent reported),
 /// so that a long poll answers only when the work changed, not on every status update.
-pub fn work_fingerprint(jobs: &[DispatchJob]) -> String {
+pub fn work_fingerprint<'a>(jobs: impl IntoIterator<Item = &'a DispatchJob>) -> String {
     let mut text = String::new();
+    let mut count = 0;
     for j in jobs {
+        count += 1;
         text.push_str(&j.name);
         text.push(if j.spec.delete { 'd' } else { '-' });
         text.push(if j.status.is_some() { 'r' } else { '-' });
         text.push(if j.spec.job.is_some() { 'j' } else { '-' });
         text.push('\n');
     }
-    format!("{:016x}-{}", crate::job::fnv1a(text.as_bytes()), jobs.len())
+    format!("{:016x}-{count}", crate::job::fnv1a(text.as_bytes()))
 }
 
 /// Records of a run per `(destination, metric)`, oldest measurement first.
@@ -524,6 +543,13 @@ mod tests {
         assert_eq!(reported, work_fingerprint(std::slice::from_ref(&j)));
         j.spec.delete = true;
         assert_ne!(reported, work_fingerprint(std::slice::from_ref(&j)));
+        let index = Index::default();
+        index.upsert(j.clone());
+        index.upsert(job("k", "a", "r", 2));
+        assert_eq!(
+            index.fingerprint("a"),
+            work_fingerprint(&index.for_destination("a"))
+        );
     }
 
     #[test]
