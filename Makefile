@@ -64,12 +64,12 @@ fuzz-smoke: ## run every fuzz target for FUZZ_SECONDS (default 20), seeded with 
 	@for t in $(FUZZ_TARGETS); do \
 	  mkdir -p $(FUZZ_CORPUS)/$$t; \
 	  case $$t in plugin_block) printf '%s' '{"destination":"a","spec":{"template":{}}}' > $(FUZZ_CORPUS)/$$t/seed.json ;; \
-	    yamux_frames) cp plugin/fuzz/seeds/yamux_frames/* $(FUZZ_CORPUS)/$$t/ ;; \
+	    yamux_frames) cp fuzz/seeds/yamux_frames/* $(FUZZ_CORPUS)/$$t/ ;; \
 	    *) cp metric-provider/tests/fixtures/gob/*.gob $(FUZZ_CORPUS)/$$t/ ; rm -f $(FUZZ_CORPUS)/$$t/bench_stream.gob ;; esac; \
 	  echo "fuzz: $$t for $(FUZZ_SECONDS)s"; \
-	  (cd plugin && $(CARGO) fuzz run -s none -O $$t $(FUZZ_CORPUS)/$$t -- \
+	  ($(CARGO) fuzz run --fuzz-dir fuzz -s none -O $$t $(FUZZ_CORPUS)/$$t -- \
 	    -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=1024 -max_len=65536 -timeout=10 2>&1) > $(CACHE_DIR)/fuzz-$$t.log || \
-	    { tail -40 $(CACHE_DIR)/fuzz-$$t.log; echo "fuzz: $$t FAILED (artifacts in plugin/fuzz/artifacts/$$t)"; exit 1; }; \
+	    { tail -40 $(CACHE_DIR)/fuzz-$$t.log; echo "fuzz: $$t FAILED (artifacts in fuzz/artifacts/$$t)"; exit 1; }; \
 	  grep -E '^Done [0-9]+ runs' $(CACHE_DIR)/fuzz-$$t.log | sed "s/^/fuzz: $$t: /"; \
 	done
 

@@ -8,23 +8,18 @@
 //!
 //! * [`rollouts`]: Argo's RPC names and types, the [`rollouts::MetricProvider`] trait and the
 //!   net/rpc `Plugin` service.
-//! * [`config`]: the plugin block of an AnalysisTemplate, validated into [`config::JobConfig`].
-//! * [`selector`]: label selectors for `destinationSelector`.
-//! * [`provider`]: the provider: local validation, then the server via [`client`] and [`api`].
+//! * [`provider`]: the provider: local validation of the plugin block
+//!   ([`dispatch_api::JobConfig`]), then the server through [`dispatch_api::client`].
 //! * [`log`]: hclog-style JSON logging on stderr.
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
-pub mod api;
-pub mod client;
-pub mod config;
 pub mod log;
 pub mod provider;
 pub mod rollouts;
-pub mod selector;
 
-use client::{ClientConfig, ServerClient};
+use dispatch_api::client::{ClientConfig, ServerClient};
 use dispatch_plugin::{HandshakeConfig, ServeConfig};
 use provider::{DispatchProvider, ProviderConfig};
 use rollouts::PluginService;
@@ -65,8 +60,8 @@ pub struct Args {
     pub log_level: String,
 }
 
-fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    config::parse_go_duration(s)
+fn parse_duration(s: &str) -> Result<std::time::Duration, dispatch_api::duration::DurationError> {
+    dispatch_api::parse_go_duration(s)
 }
 
 /// The go-plugin handshake Argo Rollouts uses for metric providers.

@@ -15,12 +15,12 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tracing::{info, warn};
 
-use crate::api::{self, Ensured, GcRequest, MeasurementRef, RunRef, Verdict};
-use crate::client::{CallError, ServerClient};
-use crate::config::JobConfig;
 use crate::rollouts::{
     phase, AnalysisRun, Measurement, Metric, MetricProvider, RpcError, PROVIDER_TYPE,
 };
+use dispatch_api::client::{CallError, ServerClient};
+use dispatch_api::v1::{self as api, Ensured, GcRequest, MeasurementRef, RunRef, Verdict};
+use dispatch_api::{JobConfig, Redactor, PLUGIN_NAME};
 
 /// The message of every measurement while no server is configured.
 pub const NO_SERVER: &str = "no server configured (set --server / ROLLOUTS_DISPATCH_SERVER)";
@@ -142,10 +142,10 @@ fn secret_args(run: &AnalysisRun) -> impl Iterator<Item = (&str, &str)> {
         .filter(|(_, v)| v.len() >= 3)
 }
 
-/// Values of secret-backed args, which the controller resolves into the run we receive: they must
-/// never appear in a message we return.
-fn secret_values(run: &AnalysisRun) -> Vec<String> {
-    secret_args(run).map(|(_, v)| v.to_string()).collect()
+/// Hides the values of secret-backed args, which the controller resolves into the run we
+/// receive: they must never appear in a message we return.
+fn secret_values(run: &AnalysisRun) -> Redactor {
+    Redactor::new(secret_args(run).map(|(_, v)| v))
 }
 
 /// The name of a secret-backed arg whose value the plugin block contains: `{{args.x}}` of a
@@ -160,13 +160,6 @@ fn secret_in_block(run: &AnalysisRun, block: &serde_json::Value) -> Option<Strin
             text.contains(v) || text.contains(escaped.trim_matches('"'))
         })
         .map(|(name, _)| name.to_string())
-}
-
-/// Replaces every secret value in `message` with `*****`.
-pub fn redact(message: &str, secrets: &[String]) -> String {
-    secrets
-        .iter()
-        .fold(message.to_string(), |m, s| m.replace(s.as_str(), "*****"))
 }
 
 impl DispatchProvider {
@@ -189,7 +182,7 @@ impl DispatchProvider {
         let raw = metric
             .provider
             .plugin
-            .get(crate::config::PLUGIN_NAME)
+            .get(PLUGIN_NAME)
             .and_then(|b| serde_json::from_slice(&b.0).ok())
             .unwrap_or_default();
         Ok((cfg, raw))
@@ -307,7 +300,7 @@ impl DispatchProvider {
             Err(CallError::Rejected(e)) => {
                 warn!(run = %run.object_meta.name, metric = %metric.name, code = %e.code, message = %e.message,
                       "measurement rejected");
-                let mut err = Measurement::error(redact(&e.message, &secret_values(run)));
+                let mut err = Measurement::error(secret_values(run).redact(&e.message));
                 err.started_at = m.started_at.or(Some(now));
                 err
             }
@@ -347,7 +340,7 @@ impl MetricProvider for DispatchProvider {
             Ok(v) => finish(m, v, now, &secrets, self.config.max_resume_interval),
             Err(CallError::Transient(reason)) => self.outage(m, &reason, now),
             Err(CallError::Rejected(e)) => {
-                let mut err = Measurement::error(redact(&e.message, &secrets));
+                let mut err = Measurement::error(secrets.redact(&e.message));
                 err.started_at = m.started_at;
                 err.metadata = m.metadata;
                 err
@@ -373,7 +366,7 @@ impl MetricProvider for DispatchProvider {
                     return self.outage(m, &format!("terminating: {reason}"), now)
                 }
                 Err(CallError::Rejected(e)) => {
-                    let mut err = Measurement::error(redact(&e.message, &secret_values(&run)));
+                    let mut err = Measurement::error(secret_values(&run).redact(&e.message));
                     err.metadata = m.metadata;
                     return err;
                 }
@@ -439,12 +432,12 @@ fn finish(
     mut m: Measurement,
     v: Verdict,
     now: GoTime,
-    secrets: &[String],
+    secrets: &Redactor,
     max_resume: Duration,
 ) -> Measurement {
     m.metadata.remove(keys::OUTAGE_SINCE);
     m.metadata.extend(v.metadata);
-    m.message = redact(&v.message, secrets);
+    m.message = secrets.redact(&v.message);
     match v.phase.as_str() {
         phase::SUCCESSFUL | phase::FAILED | phase::INCONCLUSIVE | phase::ERROR => {
             m.phase = v.phase;
@@ -510,7 +503,7 @@ mod tests {
         ];
         let secrets = secret_values(&run);
         assert_eq!(
-            redact("curl -H 'x: s3cr3t-value' to cluster-a failed", &secrets),
+            secrets.redact("curl -H 'x: s3cr3t-value' to cluster-a failed"),
             "curl -H 'x: *****' to cluster-a failed"
         );
     }
@@ -531,10 +524,10 @@ mod tests {
                 .into_bytes(),
             )
         };
-        metric.provider.plugin.insert(
-            crate::config::PLUGIN_NAME.into(),
-            block("Bearer s3cr3t-value"),
-        );
+        metric
+            .provider
+            .plugin
+            .insert(PLUGIN_NAME.into(), block("Bearer s3cr3t-value"));
         // No server is configured: a call would say so, so this message proves nothing was sent.
         let provider = Arc::new(DispatchProvider::new(ProviderConfig::default()));
         let m = provider.clone().run(run.clone(), metric.clone()).await;
@@ -549,7 +542,7 @@ mod tests {
         metric
             .provider
             .plugin
-            .insert(crate::config::PLUGIN_NAME.into(), block("plain"));
+            .insert(PLUGIN_NAME.into(), block("plain"));
         let m = provider.run(run, metric).await;
         assert!(!m.message.contains("secret arg"), "{}", m.message);
     }
@@ -566,7 +559,7 @@ mod tests {
             message: "a: running".into(),
             metadata: [("a".to_string(), "Running".to_string())].into(),
         };
-        let m = finish(m, v, now, &[], Duration::from_secs(60));
+        let m = finish(m, v, now, &Redactor::default(), Duration::from_secs(60));
         assert_eq!(m.phase, "Running");
         assert_eq!(m.resume_at, Some(GoTime::from_unix(1_010, 0)));
         assert_eq!(m.finished_at, None);
@@ -578,7 +571,7 @@ mod tests {
                 metadata: BTreeMap::new(),
             },
             now,
-            &[],
+            &Redactor::default(),
             Duration::from_secs(60),
         );
         assert_eq!(

@@ -226,8 +226,8 @@ pub enum TokenCommand {
     },
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    dispatch_metric_provider::config::parse_go_duration(s)
+fn parse_duration(s: &str) -> Result<Duration, dispatch_api::duration::DurationError> {
+    dispatch_api::parse_go_duration(s)
 }
 
 /// Runs `fut` (which returns the exit code) on a fresh multi-threaded runtime.
@@ -305,7 +305,7 @@ pub fn run(cli: Cli) -> ExitCode {
                 destination: args.destination,
                 admin_listen: args.admin_listen,
                 poll_wait: args.poll_wait.min(Duration::from_secs(u64::from(
-                    crate::agent::api::MAX_WAIT_SECONDS,
+                    dispatch_api::agent::MAX_WAIT_SECONDS,
                 ))),
             };
             match crate::agent::run(opts).await {

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use dispatch_metric_provider::config::{JobConfig, PLUGIN_NAME};
+use dispatch_api::block::{JobConfig, PLUGIN_NAME};
 use serde_json::Value;
 
 use crate::cli::RunArgs;

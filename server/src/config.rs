@@ -38,7 +38,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use dispatch_metric_provider::config::parse_go_duration;
+use dispatch_api::parse_go_duration;
 use serde::Deserialize;
 
 /// A configuration that cannot be used: one message naming the file and the field.

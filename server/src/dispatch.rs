@@ -4,25 +4,26 @@
 //! engine's redactor is empty here. A verdict that is `Error` only because a destination is
 //! unreachable becomes `503 unavailable`, which the plugin turns into a retry, not an error.
 
-use dispatch_metric_provider::api::{self, GcRequest, MeasurementRef};
-use dispatch_metric_provider::config::JobConfig;
+use dispatch_api::block::JobConfig;
+use dispatch_api::v1::{self as api, GcRequest, MeasurementRef};
 
 use std::sync::Arc;
 
-use dispatch_plugin::gob::GoTime;
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::jiff::Timestamp;
 
-use crate::agent::api::{
-    self as agent_api, ReportReply, ReportRequest, WorkItem, WorkReply, WorkRequest,
-};
 use crate::destinations::{AgentDestination, Entry};
 use crate::engine::{Engine, EngineError, JobRef, MeasureRequest, REF_KEY};
 use crate::http::metrics::Metrics;
-use crate::http::{BoxFuture, DestinationInfo, DispatchError, Dispatcher, Principal};
+use crate::http::{BoxFuture, DispatchError, Dispatcher, Principal};
 use crate::job::RunContext;
 use crate::logs::Redactor;
 use crate::store::{DispatchJobStatus, Store};
 use crate::verdict::{Phase, Verdict};
+use dispatch_api::agent::{
+    self as agent_api, ReportReply, ReportRequest, WorkItem, WorkReply, WorkRequest,
+};
+use dispatch_api::v1::DestinationInfo;
 
 /// The engine behind the API.
 pub struct EngineDispatcher {
@@ -48,14 +49,11 @@ pub fn job_phase(job: &Job) -> &'static str {
 }
 
 /// When the Job finished (its Complete/Failed condition), from the watch cache.
-fn finished_at(job: &Job) -> Option<GoTime> {
+fn finished_at(job: &Job) -> Option<Timestamp> {
     let cs = job.status.as_ref()?.conditions.as_ref()?;
     cs.iter()
         .filter(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
-        .filter_map(|c| {
-            let t = serde_json::to_value(c.last_transition_time.as_ref()?).ok()?;
-            GoTime::parse_rfc3339(t.as_str()?)
-        })
+        .filter_map(|c| Some(c.last_transition_time.as_ref()?.0))
         .max()
 }
 
@@ -143,7 +141,7 @@ impl EngineDispatcher {
 
     /// Records how long after its Jobs finished a verdict was handed out.
     fn observe_latency(&self, job: &JobRef) {
-        let now = GoTime::now();
+        let now = Timestamp::now();
         let latest = job
             .placements
             .iter()
@@ -156,8 +154,7 @@ impl EngineDispatcher {
             })
             .max();
         if let Some(t) = latest {
-            let secs = (now.unix_seconds - t.unix_seconds) as f64
-                + (f64::from(now.nanos) - f64::from(t.nanos)) / 1e9;
+            let secs = now.duration_since(t).as_secs_f64();
             self.metrics.observe_verdict_latency(secs.max(0.0));
         }
     }
@@ -370,10 +367,8 @@ impl Dispatcher for EngineDispatcher {
                 last_contact: match &e {
                     Entry::Agent(a) => a
                         .last_contact()
-                        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                        .map(|d| {
-                            GoTime::from_unix(d.as_secs() as i64, d.subsec_nanos()).to_rfc3339()
-                        }),
+                        .and_then(|t| Timestamp::try_from(t).ok())
+                        .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
                     _ => None,
                 },
             })

@@ -6,8 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use dispatch_metric_provider::config::JobConfig;
-use dispatch_metric_provider::rollouts::AnalysisRun;
+use dispatch_api::block::JobConfig;
 use k8s_openapi::api::batch::v1::Job;
 use serde_json::{json, Map, Value};
 
@@ -78,18 +77,6 @@ pub struct KargoContext {
 }
 
 impl RunContext {
-    /// The context of the AnalysisRun object the controller sent.
-    pub fn from_analysis_run(run: &AnalysisRun) -> Self {
-        let m = &run.object_meta;
-        Self {
-            name: m.name.clone(),
-            namespace: m.namespace.clone(),
-            uid: m.uid.clone(),
-            labels: m.labels.clone(),
-            annotations: m.annotations.clone(),
-        }
-    }
-
     /// The Stage name: Kargo's annotation (present when the label was shortened), else the label.
     pub fn kargo_stage(&self) -> Option<&str> {
         self.annotations

@@ -38,9 +38,6 @@ pub mod telemetry;
 pub mod token;
 pub mod verdict;
 
-/// The plugin-side crate: [`provider::config::JobConfig`] (the validated plugin block) and
-/// [`provider::selector::Selector`] are inputs of the engine.
-pub use dispatch_metric_provider as provider;
 pub use engine::{Engine, EngineError, Ensured, JobRef, MeasureRequest};
 pub use verdict::{Phase, Verdict};
 

@@ -13,53 +13,10 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, LogParams};
 
+pub use dispatch_api::redact::{Redactor, REDACTED};
+
 /// The most bytes of log text a message carries.
 pub const MAX_LOG_BYTES: usize = 4096;
-/// What a secret value is replaced with.
-pub const REDACTED: &str = "*****";
-
-/// Replaces the values of a run's secret args wherever they appear.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct Redactor {
-    secrets: Vec<String>,
-}
-
-impl std::fmt::Debug for Redactor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Redactor({} values)", self.secrets.len())
-    }
-}
-
-impl Redactor {
-    /// A redactor for `values` (empty values are ignored).
-    pub fn new<I, S>(values: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        let mut secrets: Vec<String> = values
-            .into_iter()
-            .map(Into::into)
-            .filter(|s| !s.is_empty())
-            .collect();
-        // Longest first, so that a secret containing another is replaced whole.
-        secrets.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
-        secrets.dedup();
-        Self { secrets }
-    }
-
-    /// `text` with every secret value replaced by [`REDACTED`].
-    pub fn redact(&self, text: &str) -> String {
-        let mut out = text.to_string();
-        for s in &self.secrets {
-            if out.contains(s.as_str()) {
-                out = out.replace(s.as_str(), REDACTED);
-            }
-        }
-        out
-    }
-}
-
 /// The container whose failure decided the Job's fate.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FailedContainer {

@@ -17,12 +17,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use dispatch_server::agent::api::{
-    self, Report, ReportReply, ReportRequest, WorkReply, WorkRequest,
+use dispatch_api::agent::{
+    self as api, Report, ReportReply, ReportRequest, WorkReply, WorkRequest,
 };
-use dispatch_server::provider::api::{Ensured, MeasurementRef, RunRef, Verdict};
-use dispatch_server::provider::client::{ClientConfig, ServerClient};
-use dispatch_server::verdict::DestState;
+use dispatch_api::client::{ClientConfig, ServerClient};
+use dispatch_api::v1::{Ensured, MeasurementRef, RunRef, Verdict};
+use dispatch_api::DestState;
 use e2e_support::free_port;
 
 const AGENTS: usize = 500;
@@ -210,7 +210,7 @@ async fn five_hundred_agents_two_thousand_jobs() -> Result<()> {
                 }
                 let at = Instant::now();
                 let ensured: Ensured = plugin
-                    .post(dispatch_server::provider::api::ENSURE, &measurement(i))
+                    .post(dispatch_api::v1::ENSURE, &measurement(i))
                     .await
                     .map_err(|e| anyhow::anyhow!("ensure {i}: {e}"))?;
                 sent.lock()
@@ -238,10 +238,7 @@ async fn five_hundred_agents_two_thousand_jobs() -> Result<()> {
     let mut successful = 0;
     for i in 0..JOBS {
         let v: Verdict = loop {
-            match plugin
-                .post(dispatch_server::provider::api::STATUS, &measurement(i))
-                .await
-            {
+            match plugin.post(dispatch_api::v1::STATUS, &measurement(i)).await {
                 Ok(v) => {
                     let v: Verdict = v;
                     if v.phase != "Running" {

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
-use dispatch_server::provider::config::{JobConfig, PLUGIN_NAME};
+use dispatch_api::{JobConfig, PLUGIN_NAME};
 use serde_json::Value;
 
 fn config_dir() -> PathBuf {
@@ -118,7 +118,7 @@ fn the_argo_rollouts_config_snippet_registers_the_plugin_with_valid_flags() {
 
 /// The plugin's own argument parser accepts the snippet's args.
 fn dispatch_metric_provider_args(argv: &[String]) -> String {
-    let args = dispatch_server::provider::Args::try_parse_from(argv)
+    let args = dispatch_metric_provider::Args::try_parse_from(argv)
         .unwrap_or_else(|e| panic!("plugin args {argv:?}: {e}"));
     assert!(
         args.server

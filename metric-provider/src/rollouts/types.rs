@@ -304,18 +304,21 @@ gob_struct! {
     }
 }
 
-/// Measurement phases (`v1alpha1.AnalysisPhase`).
+/// Measurement phases (`v1alpha1.AnalysisPhase`) as the strings the gob wire carries, spelled
+/// once in [`dispatch_api::Phase`].
 pub mod phase {
+    use dispatch_api::Phase;
+
     /// in flight
-    pub const RUNNING: &str = "Running";
+    pub const RUNNING: &str = Phase::Running.as_str();
     /// passed
-    pub const SUCCESSFUL: &str = "Successful";
+    pub const SUCCESSFUL: &str = Phase::Successful.as_str();
     /// failed
-    pub const FAILED: &str = "Failed";
+    pub const FAILED: &str = Phase::Failed.as_str();
     /// could not be measured; counts toward `consecutiveErrorLimit`
-    pub const ERROR: &str = "Error";
+    pub const ERROR: &str = Phase::Error.as_str();
     /// neither passed nor failed
-    pub const INCONCLUSIVE: &str = "Inconclusive";
+    pub const INCONCLUSIVE: &str = Phase::Inconclusive.as_str();
 }
 
 impl Measurement {

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use dispatch_metric_provider::client::{ClientConfig, ServerClient};
+use dispatch_api::client::{ClientConfig, ServerClient};
 
-use crate::http::DestinationInfo;
+use dispatch_api::v1::DestinationInfo;
 
 /// Prints the destinations of the server at `server` as a table (or JSON); exit 0 when the
 /// server answered.

@@ -7,7 +7,6 @@
 //! state change. It keeps nothing that matters: after a restart it lists its Jobs, adopts them,
 //! and reports again.
 
-pub mod api;
 pub mod client;
 
 use std::collections::{HashMap, HashSet};
@@ -18,8 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use dispatch_metric_provider::client::{CallError, ClientConfig, ServerClient};
-use dispatch_metric_provider::config::Require;
+use dispatch_api::block::Require;
+use dispatch_api::client::{CallError, ClientConfig, ServerClient};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tracing::{error, info, warn};
@@ -30,7 +29,9 @@ use crate::http::admin::{self, Readiness};
 use crate::http::metrics::Metrics;
 use crate::logs::Redactor;
 use crate::verdict::DestState;
-use api::{Report, ReportReply, ReportRequest, WorkItem, WorkReply, WorkRequest};
+use dispatch_api::agent::{
+    self as api, Report, ReportReply, ReportRequest, WorkItem, WorkReply, WorkRequest,
+};
 
 /// What `rollouts-dispatch agent` needs.
 #[derive(Debug, Clone)]

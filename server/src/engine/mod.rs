@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dispatch_metric_provider::config::{JobConfig, Require, Target, PLUGIN_NAME};
+use dispatch_api::block::{JobConfig, Require, Target, PLUGIN_NAME};
 use futures::future::join_all;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
@@ -99,7 +99,7 @@ pub struct JobRef {
 }
 
 mod require_serde {
-    use dispatch_metric_provider::config::Require;
+    use dispatch_api::block::Require;
     use serde::{Deserialize, Deserializer, Serializer};
 
     pub(super) fn serialize<S: Serializer>(r: &Require, s: S) -> Result<S::Ok, S::Error> {

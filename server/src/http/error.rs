@@ -3,7 +3,7 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use dispatch_metric_provider::api::ApiError;
+use dispatch_api::v1::ApiError;
 use tracing::error;
 
 /// Why the engine could not do what was asked.

@@ -24,13 +24,13 @@ use axum::extract::{DefaultBodyLimit, FromRequest, Path, Request, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{middleware, Extension, Json, Router};
-use dispatch_metric_provider::api::{self, Ensured, GcRequest, MeasurementRef, Verdict};
-use serde::{Deserialize, Serialize};
+use dispatch_api::v1::{self as api, Ensured, GcRequest, MeasurementRef, Verdict};
+use dispatch_api::v1::{DestinationInfo, GcReply};
 use tokio::net::TcpListener;
 use tracing::{debug, info, warn};
 
-use crate::agent::api::{self as agent_api, ReportReply, ReportRequest, WorkReply, WorkRequest};
 pub use auth::{Authenticator, Principal};
+use dispatch_api::agent::{self as agent_api, ReportReply, ReportRequest, WorkReply, WorkRequest};
 pub use error::{ApiFailure, DispatchError};
 use metrics::Metrics;
 
@@ -89,33 +89,6 @@ pub trait Dispatcher: Send + Sync + 'static {
             "{destination} is not an agent destination of this server"
         )))))
     }
-}
-
-/// One row of `GET /v1/destinations`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DestinationInfo {
-    /// the name used in plugin blocks
-    pub name: String,
-    /// where it was defined: `config`, `kubeconfig`, `argocd-secret` or `agent`
-    pub source: String,
-    /// labels for `destinationSelector`
-    #[serde(default)]
-    pub labels: std::collections::BTreeMap<String, String>,
-    /// the namespace Jobs go to when the block sets none
-    pub default_namespace: String,
-    /// whether the destination (or its agent) is reachable now
-    pub connected: bool,
-    /// RFC 3339 time of the last successful contact, if any
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_contact: Option<String>,
-}
-
-/// Reply of `POST /v1/gc`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GcReply {
-    /// how many Jobs were deleted
-    pub deleted: u32,
 }
 
 /// Shared state of the API handlers.

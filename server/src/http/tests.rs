@@ -7,13 +7,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
-use dispatch_metric_provider::api::{ApiError, Ensured, GcRequest, MeasurementRef, Verdict};
+use dispatch_api::v1::{ApiError, Ensured, GcRequest, MeasurementRef, Verdict};
 use tower::ServiceExt;
 
 use super::admin::{self, Readiness};
 use super::auth::{issue, Chain, Claims, JwtAuthenticator};
 use super::*;
-use crate::agent::api::{ReportReply, ReportRequest, WorkReply, WorkRequest};
+use dispatch_api::agent::{ReportReply, ReportRequest, WorkReply, WorkRequest};
 
 struct Scripted {
     calls: Mutex<Vec<(String, Principal, String)>>,
@@ -522,9 +522,9 @@ async fn a_client_trickling_its_headers_is_cut_off() {
 /// the server never reaches an agent destination itself.
 mod agent_api_over_the_engine {
     use super::*;
-    use crate::agent::api::{Report, WorkItem};
     use crate::dispatch::EngineDispatcher;
     use crate::verdict::DestState;
+    use dispatch_api::agent::{Report, WorkItem};
 
     fn agent_token(destination: &str) -> String {
         issue(

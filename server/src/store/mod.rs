@@ -35,38 +35,7 @@ pub const KIND: &str = "DispatchJob";
 /// Plural (the resource name in URLs and RBAC).
 pub const PLURAL: &str = "dispatchjobs";
 
-/// What the server asks an agent to do for one Job.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DispatchJobSpec {
-    /// the agent destination
-    pub destination: String,
-    /// namespace of the Job there
-    pub namespace: String,
-    /// name of the Job (the same on every destination of the measurement)
-    pub job_name: String,
-    /// UID of the AnalysisRun: the Job's `analysisrun.argoproj.io/uid` label
-    pub run_uid: String,
-    /// `namespace/name` of the AnalysisRun, for people
-    #[serde(default)]
-    pub run: String,
-    /// the metric
-    #[serde(default)]
-    pub metric: String,
-    /// the measurement index (the `n` of the Job name); orders garbage collection
-    #[serde(default)]
-    pub measurement: u32,
-    /// log lines of a failed container the agent puts into its report
-    #[serde(default)]
-    pub log_tail: u32,
-    /// the Job to create; `None`: only adopt an existing Job (a record recreated after the
-    /// in-memory store was lost) or delete it
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub job: Option<serde_json::Value>,
-    /// delete the Job (terminate, garbage collection), then report `deleted`
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub delete: bool,
-}
+pub use dispatch_api::agent::DispatchJobSpec;
 
 /// What the agent last reported.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -104,7 +73,9 @@ impl DispatchJobStatus {
             deleted: state.is_none(),
             state,
             message,
-            observed_at: dispatch_plugin::gob::GoTime::now().to_rfc3339(),
+            observed_at: k8s_openapi::jiff::Timestamp::now()
+                .strftime("%Y-%m-%dT%H:%M:%SZ")
+                .to_string(),
             agent: agent.to_string(),
         }
     }

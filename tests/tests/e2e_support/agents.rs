@@ -67,7 +67,7 @@ pub async fn front(backends: Vec<u16>) -> Result<u16> {
 /// POSTs `{}` to `path` of the server at `url` (TLS, trusting `ca`) with the token in
 /// `token_file`; describes the answer: `ok …`, `rejected <code>: <message>` or `transient: …`.
 pub async fn call_as(url: &str, token_file: &Path, ca: &Path, path: &str) -> Result<String> {
-    use dispatch_server::provider::client::{CallError, ClientConfig, ServerClient};
+    use dispatch_api::client::{CallError, ClientConfig, ServerClient};
     let client = ServerClient::new(&ClientConfig {
         server: url.to_string(),
         token_file: Some(token_file.to_path_buf()),

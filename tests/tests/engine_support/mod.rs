@@ -8,11 +8,11 @@ use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use dispatch_api::JobConfig;
 use dispatch_server::config::ServerConfig;
 use dispatch_server::engine::{Engine, JobRef, MeasureRequest};
 use dispatch_server::job::RunContext;
 use dispatch_server::logs::Redactor;
-use dispatch_server::provider::config::JobConfig;
 use dispatch_server::verdict::Verdict;
 use dispatch_tests::cluster::kwok::lifecycle_annotations;
 use dispatch_tests::cluster::Cluster;

@@ -1,7 +1,7 @@
 //! Fuzz the plugin-block parser: arbitrary JSON-ish bytes give a config or an error message.
 #![no_main]
 
-use dispatch_metric_provider::config::JobConfig;
+use dispatch_api::JobConfig;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -7,6 +7,15 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+/// A selector that does not parse; the message names the part that is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SelectorError(pub String);
+
+fn fail<T>(reason: impl Into<String>) -> Result<T, SelectorError> {
+    Err(SelectorError(reason.into()))
+}
+
 /// One requirement of a selector.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Requirement {
@@ -26,17 +35,17 @@ pub struct Selector(pub Vec<Requirement>);
 
 impl Selector {
     /// Parses a selector string.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, SelectorError> {
         let mut reqs = Vec::new();
         for part in split_top_level(s)? {
             let part = part.trim();
             if part.is_empty() {
-                return Err(format!("empty requirement in {s:?}"));
+                return fail(format!("empty requirement in {s:?}"));
             }
             reqs.push(parse_requirement(part)?);
         }
         if reqs.is_empty() {
-            return Err("the selector is empty (expected e.g. env=prod)".into());
+            return fail("the selector is empty (expected e.g. env=prod)");
         }
         Ok(Self(reqs))
     }
@@ -71,7 +80,7 @@ impl fmt::Display for Selector {
     }
 }
 
-fn split_top_level(s: &str) -> Result<Vec<&str>, String> {
+fn split_top_level(s: &str) -> Result<Vec<&str>, SelectorError> {
     let mut parts = Vec::new();
     let (mut depth, mut start) = (0i32, 0usize);
     for (i, c) in s.char_indices() {
@@ -80,7 +89,7 @@ fn split_top_level(s: &str) -> Result<Vec<&str>, String> {
             ')' => {
                 depth -= 1;
                 if depth < 0 {
-                    return Err(format!("unbalanced ')' in {s:?}"));
+                    return fail(format!("unbalanced ')' in {s:?}"));
                 }
             }
             ',' if depth == 0 => {
@@ -91,13 +100,13 @@ fn split_top_level(s: &str) -> Result<Vec<&str>, String> {
         }
     }
     if depth != 0 {
-        return Err(format!("unbalanced '(' in {s:?}"));
+        return fail(format!("unbalanced '(' in {s:?}"));
     }
     parts.push(&s[start..]);
     Ok(parts)
 }
 
-fn parse_requirement(part: &str) -> Result<Requirement, String> {
+fn parse_requirement(part: &str) -> Result<Requirement, SelectorError> {
     if let Some(key) = part.strip_prefix('!') {
         return Ok(Requirement::NotExists(key_of(key.trim())?));
     }
@@ -122,7 +131,9 @@ fn parse_requirement(part: &str) -> Result<Requirement, String> {
                     .strip_prefix('(')
                     .and_then(|l| l.strip_suffix(')'))
                     .ok_or_else(|| {
-                        format!("expected a parenthesised list after `{op}` in {part:?}")
+                        SelectorError(format!(
+                            "expected a parenthesised list after `{op}` in {part:?}"
+                        ))
                     })?;
                 let values = inner
                     .split(',')
@@ -136,14 +147,14 @@ fn parse_requirement(part: &str) -> Result<Requirement, String> {
                 });
             }
         }
-        return Err(format!(
+        return fail(format!(
             "unknown operator in {part:?} (use =, ==, !=, in, notin)"
         ));
     }
     Ok(Requirement::Exists(key_of(part)?))
 }
 
-fn key_of(k: &str) -> Result<String, String> {
+fn key_of(k: &str) -> Result<String, SelectorError> {
     let valid = !k.is_empty()
         && k.len() <= 317
         && k.chars()
@@ -152,20 +163,20 @@ fn key_of(k: &str) -> Result<String, String> {
     if valid {
         Ok(k.to_string())
     } else {
-        Err(format!("invalid label key {k:?}"))
+        fail(format!("invalid label key {k:?}"))
     }
 }
 
-fn value_of(v: &str, op: &str) -> Result<String, String> {
+fn value_of(v: &str, op: &str) -> Result<String, SelectorError> {
     if v.is_empty() {
-        return Err(format!("missing value after `{op}`"));
+        return fail(format!("missing value after `{op}`"));
     }
     if v.len() > 63
         || !v
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
     {
-        return Err(format!("invalid label value {v:?}"));
+        return fail(format!("invalid label value {v:?}"));
     }
     Ok(v.to_string())
 }

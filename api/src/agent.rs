@@ -1,10 +1,9 @@
-//! The agent's side of the `/v1` API (pure types): the agent long-polls its destination's work
+//! The agent's side of the `/v1` API (wire types): the agent long-polls its destination's work
 //! and reports what it observed. Both calls need an agent token for that destination.
 
 use serde::{Deserialize, Serialize};
 
-use crate::store::DispatchJobSpec;
-use crate::verdict::DestState;
+use crate::state::DestState;
 
 /// `POST`: the work of a destination ([`WorkRequest`] → [`WorkReply`]).
 pub const WORK: &str = "/v1/agents/{destination}/work";
@@ -91,6 +90,39 @@ pub struct ReportReply {
     /// records that no longer exist (the agent forgets them)
     #[serde(default)]
     pub unknown: Vec<String>,
+}
+
+/// What the server asks an agent to do for one Job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DispatchJobSpec {
+    /// the agent destination
+    pub destination: String,
+    /// namespace of the Job there
+    pub namespace: String,
+    /// name of the Job (the same on every destination of the measurement)
+    pub job_name: String,
+    /// UID of the AnalysisRun: the Job's `analysisrun.argoproj.io/uid` label
+    pub run_uid: String,
+    /// `namespace/name` of the AnalysisRun, for people
+    #[serde(default)]
+    pub run: String,
+    /// the metric
+    #[serde(default)]
+    pub metric: String,
+    /// the measurement index (the `n` of the Job name); orders garbage collection
+    #[serde(default)]
+    pub measurement: u32,
+    /// log lines of a failed container the agent puts into its report
+    #[serde(default)]
+    pub log_tail: u32,
+    /// the Job to create; `None`: only adopt an existing Job (a record recreated after the
+    /// in-memory store was lost) or delete it
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<serde_json::Value>,
+    /// delete the Job (terminate, garbage collection), then report `deleted`
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub delete: bool,
 }
 
 #[cfg(test)]

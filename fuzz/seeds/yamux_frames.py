@@ -3,7 +3,7 @@
 
 Each seed is two control bytes (the application's mode, how the bytes are fed; see
 fuzz_targets/yamux_frames.rs) followed by the host's byte stream. Run from anywhere:
-    python3 plugin/fuzz/seeds/yamux_frames.py
+    python3 fuzz/seeds/yamux_frames.py
 """
 import os
 import struct

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::api::ApiError;
+use crate::v1::ApiError;
 
 /// How to reach the server.
 #[derive(Debug, Clone)]

@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use crate::duration::parse_go_duration;
 use crate::selector::Selector;
 
 /// The key under `provider.plugin` in AnalysisTemplates, also the name in `argo-rollouts-config`.
@@ -61,6 +62,15 @@ pub struct JobConfig {
     pub spec: Map<String, Value>,
 }
 
+/// What is wrong with a block and how to fix it (one field, named).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BlockError(pub String);
+
+fn fail<T>(reason: impl Into<String>) -> Result<T, BlockError> {
+    Err(BlockError(reason.into()))
+}
+
 /// A plugin block that cannot be used; the message is shown to the template's author.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid {PLUGIN_NAME} block in metric {metric:?}: {reason}")]
@@ -106,7 +116,7 @@ impl JobConfig {
         let mut others = Vec::new();
         for (name, json) in plugins {
             if name == PLUGIN_NAME {
-                return Self::parse(json).map_err(err);
+                return Self::parse(json).map_err(|e| err(e.0));
             }
             others.push(name.as_str());
         }
@@ -124,36 +134,35 @@ impl JobConfig {
     }
 
     /// Parses one block (compact JSON, args already substituted by the controller).
-    pub fn parse(json: &[u8]) -> Result<Self, String> {
+    pub fn parse(json: &[u8]) -> Result<Self, BlockError> {
         let value: Value = serde_json::from_slice(json)
-            .map_err(|e| format!("the block is not valid JSON: {e}"))?;
+            .map_err(|e| BlockError(format!("the block is not valid JSON: {e}")))?;
         if !value.is_object() {
-            return Err(format!(
+            return fail(format!(
                 "the block must be an object with `destination` and `spec`, got {}",
                 json_kind(&value)
             ));
         }
         let raw: RawBlock = serde_json::from_value(value)
-            .map_err(|e| format!("{e}; fix the field in the AnalysisTemplate"))?;
+            .map_err(|e| BlockError(format!("{e}; fix the field in the AnalysisTemplate")))?;
         let target = match (raw.destination, raw.destination_selector) {
             (Some(_), Some(_)) => {
-                return Err("fields `destination` and `destinationSelector` are mutually exclusive: keep one".into())
+                return fail("fields `destination` and `destinationSelector` are mutually exclusive: keep one")
             }
             (None, None) => {
-                return Err("field `destination` is missing: set it to a destination name, a comma-separated list \
-                            or \"stage\", or set `destinationSelector`"
-                    .into())
+                return fail("field `destination` is missing: set it to a destination name, a comma-separated list \
+                            or \"stage\", or set `destinationSelector`")
             }
             (Some(d), None) => parse_destination(&d)?,
             (None, Some(s)) => Target::Selector(
-                Selector::parse(&s).map_err(|e| format!("field `destinationSelector` is invalid: {e}"))?,
+                Selector::parse(&s).map_err(|e| BlockError(format!("field `destinationSelector` is invalid: {e}")))?,
             ),
         };
         let require = match raw.require.as_deref() {
             None | Some("all") => Require::All,
             Some("any") => Require::Any,
             Some(other) => {
-                return Err(format!(
+                return fail(format!(
                     "field `require` must be \"all\" or \"any\", got {other:?}"
                 ))
             }
@@ -163,7 +172,7 @@ impl JobConfig {
             Some(ns) if ns.is_empty() => None,
             Some(ns) if is_dns_label(&ns) => Some(ns),
             Some(ns) => {
-                return Err(format!(
+                return fail(format!(
                     "field `namespace` is not a valid namespace name: {ns:?} (lowercase letters, digits and '-', at most 63)"
                 ))
             }
@@ -171,12 +180,12 @@ impl JobConfig {
         let active_deadline = match raw.active_deadline {
             None => None,
             Some(d) => Some(parse_go_duration(&d).map_err(|e| {
-                format!("field `activeDeadline` is not a duration: {d:?} ({e}; use Go syntax such as 20m or 1h30m)")
+                BlockError(format!("field `activeDeadline` is not a duration: {d:?} ({e}; use Go syntax such as 20m or 1h30m)"))
             })?),
         };
         let log_tail = raw.log_tail.unwrap_or(DEFAULT_LOG_TAIL);
         if log_tail > MAX_LOG_TAIL {
-            return Err(format!(
+            return fail(format!(
                 "field `logTail` must be at most {MAX_LOG_TAIL}, got {log_tail}"
             ));
         }
@@ -186,14 +195,13 @@ impl JobConfig {
             .unwrap_or_default();
         let spec = match raw.spec {
             None => {
-                return Err(
-                    "field `spec` is missing: add a batch/v1 JobSpec, as in provider.job.spec"
-                        .into(),
+                return fail(
+                    "field `spec` is missing: add a batch/v1 JobSpec, as in provider.job.spec",
                 )
             }
             Some(Value::Object(spec)) => spec,
             Some(other) => {
-                return Err(format!(
+                return fail(format!(
                     "field `spec` must be a batch/v1 JobSpec object, got {}",
                     json_kind(&other)
                 ))
@@ -201,9 +209,8 @@ impl JobConfig {
         };
         match spec.get("template") {
             Some(Value::Object(_)) => {}
-            _ => return Err(
-                "field `spec.template` is missing: a JobSpec needs a pod template with containers"
-                    .into(),
+            _ => return fail(
+                "field `spec.template` is missing: a JobSpec needs a pod template with containers",
             ),
         }
         Ok(Self {
@@ -228,9 +235,9 @@ impl JobConfig {
     }
 }
 
-fn parse_destination(d: &str) -> Result<Target, String> {
+fn parse_destination(d: &str) -> Result<Target, BlockError> {
     if d.contains("{{") {
-        return Err(format!(
+        return fail(format!(
             "field `destination` still contains {d:?}: the arg was not resolved; pass `destination` from the \
              Stage's verification.args or give the AnalysisTemplate arg a value"
         ));
@@ -242,12 +249,11 @@ fn parse_destination(d: &str) -> Result<Target, String> {
         .map(String::from)
         .collect();
     if names.is_empty() {
-        return Err("field `destination` is empty: set it to a destination name, a comma-separated list or \"stage\" \
-                    (an empty value usually means the Stage passed an empty verification arg)"
-            .into());
+        return fail("field `destination` is empty: set it to a destination name, a comma-separated list or \"stage\" \
+                    (an empty value usually means the Stage passed an empty verification arg)");
     }
     if let Some(bad) = names.iter().find(|n| n.chars().any(char::is_whitespace)) {
-        return Err(format!(
+        return fail(format!(
             "field `destination` has a name with white space: {bad:?}"
         ));
     }
@@ -255,13 +261,11 @@ fn parse_destination(d: &str) -> Result<Target, String> {
         return Ok(Target::Stage);
     }
     if names.iter().any(|n| n == "stage") {
-        return Err(
-            "field `destination`: \"stage\" cannot be combined with other destinations".into(),
-        );
+        return fail("field `destination`: \"stage\" cannot be combined with other destinations");
     }
     let mut seen = std::collections::BTreeSet::new();
     if let Some(dup) = names.iter().find(|n| !seen.insert(n.as_str())) {
-        return Err(format!("field `destination` names {dup:?} twice"));
+        return fail(format!("field `destination` names {dup:?} twice"));
     }
     Ok(Target::Names(names))
 }
@@ -287,60 +291,13 @@ pub(crate) fn is_dns_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
-/// Parses Go's `time.ParseDuration` syntax: `300ms`, `1.5h`, `2h45m`.
-pub fn parse_go_duration(s: &str) -> Result<Duration, String> {
-    let mut rest = s.trim();
-    if rest.is_empty() {
-        return Err("empty duration".into());
-    }
-    if rest == "0" {
-        return Ok(Duration::ZERO);
-    }
-    if rest.starts_with('-') {
-        return Err("negative durations are not allowed".into());
-    }
-    rest = rest.strip_prefix('+').unwrap_or(rest);
-    let mut total = 0f64;
-    while !rest.is_empty() {
-        let num_len = rest
-            .bytes()
-            .take_while(|b| b.is_ascii_digit() || *b == b'.')
-            .count();
-        if num_len == 0 {
-            return Err(format!("expected a number at {rest:?}"));
-        }
-        let n: f64 = rest[..num_len]
-            .parse()
-            .map_err(|_| format!("bad number {:?}", &rest[..num_len]))?;
-        rest = &rest[num_len..];
-        let unit_len = rest
-            .bytes()
-            .take_while(|b| !b.is_ascii_digit() && *b != b'.')
-            .count();
-        let unit = &rest[..unit_len];
-        rest = &rest[unit_len..];
-        let scale = match unit {
-            "ns" => 1e-9,
-            "us" | "µs" | "μs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            "" => return Err("missing unit (ns, us, ms, s, m, h)".into()),
-            u => return Err(format!("unknown unit {u:?}")),
-        };
-        total += n * scale;
-    }
-    Duration::try_from_secs_f64(total).map_err(|e| e.to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const SPEC: &str = r#""spec":{"backoffLimit":0,"template":{"spec":{"restartPolicy":"Never","containers":[{"name":"c","image":"busybox"}]}}}"#;
 
-    fn parse(fields: &str) -> Result<JobConfig, String> {
+    fn parse(fields: &str) -> Result<JobConfig, BlockError> {
         let sep = if fields.is_empty() { "" } else { "," };
         JobConfig::parse(format!("{{{fields}{sep}{SPEC}}}").as_bytes())
     }
@@ -395,14 +352,16 @@ mod tests {
             (r#""destination":"stage,a""#, "stage"),
             ("", "`destination` is missing"),
         ] {
-            let e = parse(fields).unwrap_err();
+            let e = parse(fields).unwrap_err().0;
             assert!(e.contains(needle), "{fields}: {e}");
         }
-        let e = JobConfig::parse(br#"{"destination":"a"}"#).unwrap_err();
+        let e = JobConfig::parse(br#"{"destination":"a"}"#).unwrap_err().0;
         assert!(e.contains("`spec` is missing"), "{e}");
-        let e = JobConfig::parse(br#"{"destination":"a","spec":{}}"#).unwrap_err();
+        let e = JobConfig::parse(br#"{"destination":"a","spec":{}}"#)
+            .unwrap_err()
+            .0;
         assert!(e.contains("spec.template"), "{e}");
-        let e = JobConfig::parse(br#""x""#).unwrap_err();
+        let e = JobConfig::parse(br#""x""#).unwrap_err().0;
         assert!(e.contains("got a string"), "{e}");
     }
 
@@ -414,15 +373,5 @@ mod tests {
             e.to_string().contains(PLUGIN_NAME) && e.to_string().contains("other/plugin"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn go_durations() {
-        assert_eq!(parse_go_duration("20m"), Ok(Duration::from_secs(1200)));
-        assert_eq!(parse_go_duration("1.5h"), Ok(Duration::from_secs(5400)));
-        assert_eq!(parse_go_duration("300ms"), Ok(Duration::from_millis(300)));
-        assert!(parse_go_duration("10").is_err());
-        assert!(parse_go_duration("-1s").is_err());
-        assert!(parse_go_duration("1d").is_err());
     }
 }

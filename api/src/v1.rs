@@ -18,6 +18,8 @@ pub const STATUS: &str = "/v1/measurements/status";
 pub const TERMINATE: &str = "/v1/measurements/terminate";
 /// `POST`: keep only the newest Jobs of a run.
 pub const GC: &str = "/v1/gc";
+/// `GET`: the destinations this server knows ([`DestinationInfo`] rows).
+pub const DESTINATIONS: &str = "/v1/destinations";
 
 /// Which AnalysisRun a request is about.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -96,6 +98,33 @@ pub struct GcRequest {
     pub limit: u32,
     /// the plugin block, to find the destinations
     pub block: serde_json::Value,
+}
+
+/// One row of `GET /v1/destinations`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DestinationInfo {
+    /// the name used in plugin blocks
+    pub name: String,
+    /// where it was defined: `config`, `kubeconfig`, `argocd-secret` or `agent`
+    pub source: String,
+    /// labels for `destinationSelector`
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// the namespace Jobs go to when the block sets none
+    pub default_namespace: String,
+    /// whether the destination (or its agent) is reachable now
+    pub connected: bool,
+    /// RFC 3339 time of the last successful contact, if any
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_contact: Option<String>,
+}
+
+/// Reply of `POST /v1/gc`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GcReply {
+    /// how many Jobs were deleted
+    pub deleted: u32,
 }
 
 /// Every error reply: a stable code and a message meant for the person reading the AnalysisRun.

@@ -1,0 +1,34 @@
+//! `dispatch-api`: the contract between the pieces of rollouts-dispatch, and nothing else.
+//!
+//! The plugin (`dispatch-metric-provider`), the server and the agent (`dispatch-server`) all
+//! depend on this crate and on none of each other (`docs/architecture.md`). It holds only plain
+//! types (serde + thiserror); the HTTP client is behind the `client` feature.
+//!
+//! # Layout
+//!
+//! * [`v1`]: the `/v1` routes and their request and reply types.
+//! * [`agent`]: the agent routes (long-polled work, reports) and what they carry.
+//! * [`block`]: the `rollouts-dispatch/job` plugin block, validated into [`JobConfig`].
+//! * [`selector`]: label selectors for `destinationSelector`.
+//! * [`duration`]: Go's duration syntax.
+//! * [`phase`]: Argo's measurement phases; [`state`]: one destination's Job state.
+//! * [`redact`]: the one [`Redactor`] of secret values.
+//! * `client` (feature `client`): `ServerClient`, the HTTP client of the `/v1` API.
+
+pub mod agent;
+pub mod block;
+#[cfg(feature = "client")]
+pub mod client;
+pub mod duration;
+pub mod phase;
+pub mod redact;
+pub mod selector;
+pub mod state;
+pub mod v1;
+
+pub use block::{JobConfig, Require, Target, PLUGIN_NAME};
+pub use duration::parse_go_duration;
+pub use phase::Phase;
+pub use redact::Redactor;
+pub use selector::Selector;
+pub use state::DestState;

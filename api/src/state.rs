@@ -1,0 +1,102 @@
+//! The state of one destination's Job: what the engine reads from a cluster and what an agent
+//! reports for its own, so both are combined by the same rules.
+
+use serde::{Deserialize, Serialize};
+
+use crate::phase::Phase;
+
+/// The most characters of one destination's detail in a message or metadata value.
+pub const MAX_DETAIL: usize = 512;
+
+/// What is known about the Job on one destination. Serializable: an agent reports it for its
+/// destination and the server combines it like the state of a direct destination.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "detail", rename_all = "camelCase")]
+pub enum DestState {
+    /// not finished; the detail says why, when useful (e.g. a pending pod)
+    Running(Option<String>),
+    /// the Job has condition Complete
+    Succeeded,
+    /// the Job has condition Failed
+    Failed {
+        /// the condition's reason (`BackoffLimitExceeded`, `DeadlineExceeded`, …)
+        reason: String,
+        /// the condition's message plus what is known of the failed container
+        detail: String,
+        /// the failed container's log tail, bounded and redacted
+        log: Option<String>,
+    },
+    /// a container cannot pull its image
+    ImagePull {
+        /// the container
+        container: String,
+        /// `ErrImagePull`, `ImagePullBackOff` or `InvalidImageName`
+        reason: String,
+        /// the kubelet's message
+        message: String,
+    },
+    /// the destination cannot be reached right now (connection, timeout, 5xx): worth retrying
+    Unavailable(String),
+    /// a permanent problem (forbidden, Job gone, destination unknown)
+    Error(String),
+}
+
+impl DestState {
+    /// The measurement phase this state alone would give.
+    pub fn phase(&self) -> Phase {
+        match self {
+            Self::Running(_) => Phase::Running,
+            Self::Succeeded => Phase::Successful,
+            Self::Failed { .. } => Phase::Failed,
+            Self::ImagePull { .. } => Phase::Inconclusive,
+            Self::Unavailable(_) | Self::Error(_) => Phase::Error,
+        }
+    }
+
+    /// One line: the phase and the detail (no log tail).
+    pub fn summary(&self) -> String {
+        let line = match self {
+            Self::Running(None) => "Running".to_string(),
+            Self::Running(Some(d)) => format!("Running ({d})"),
+            Self::Succeeded => "Successful".to_string(),
+            Self::Failed { reason, detail, .. } if detail.is_empty() => format!("Failed: {reason}"),
+            Self::Failed { reason, detail, .. } => format!("Failed: {reason}: {detail}"),
+            Self::ImagePull {
+                container,
+                reason,
+                message,
+            } => format!(
+                "Inconclusive: container {container:?} cannot pull its image: {reason}{}",
+                if message.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {message}")
+                }
+            ),
+            Self::Unavailable(m) => format!("Error: {m} (will retry)"),
+            Self::Error(m) => format!("Error: {m}"),
+        };
+        truncate(&line.replace('\n', " "), MAX_DETAIL)
+    }
+
+    /// The short form for measurement metadata.
+    pub fn short(&self) -> String {
+        match self {
+            Self::Failed { reason, .. } => format!("Failed: {reason}"),
+            Self::ImagePull { reason, .. } => format!("Inconclusive: {reason}"),
+            other => other.summary(),
+        }
+    }
+}
+
+/// `s` cut to at most `max` bytes on a character boundary, with `...` when cut.
+pub fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max.saturating_sub(3);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &s[..end])
+}
