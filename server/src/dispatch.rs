@@ -14,16 +14,17 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::destinations::{AgentDestination, Entry};
 use crate::engine::{Engine, EngineError, JobRef, MeasureRequest, REF_KEY};
-use crate::http::metrics::Metrics;
-use crate::http::{BoxFuture, DispatchError, Dispatcher, Principal};
+use crate::http::{DispatchError, Dispatcher, Principal};
 use crate::job::RunContext;
 use crate::logs::Redactor;
+use crate::runtime::metrics::Metrics;
 use crate::store::{DispatchJobStatus, Store};
 use crate::verdict::{Phase, Verdict};
 use dispatch_api::agent::{
     self as agent_api, ReportReply, ReportRequest, WorkItem, WorkReply, WorkRequest,
 };
 use dispatch_api::v1::DestinationInfo;
+use futures::future::BoxFuture;
 
 /// The engine behind the API.
 pub struct EngineDispatcher {

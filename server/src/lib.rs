@@ -16,14 +16,13 @@
 //! * [`logs`]: the log tail of a failed container, bounded and redacted.
 //! * [`policy`]: which Kargo projects may use which destinations and namespaces.
 //! * [`engine`]: the entry point, [`engine::Engine`] (`ensure`, `status`, `terminate`, `gc`).
-//! * [`http`]: the authenticated `/v1` API and the admin endpoints; [`dispatch`] puts the
-//!   engine behind it; [`serve`] runs both (`rollouts-dispatch serve`).
-//! * [`cli`], [`token`], [`telemetry`]: the command line, `token issue`, logging.
+//! * [`http`]: the authenticated `/v1` API; [`dispatch`] puts the engine behind it.
+//! * [`agent`]: the agent of a destination that only dials out; [`store`]: its work records.
+//! * [`runtime`]: shutdown, the admin port, metrics, logging and the API listener.
+//! * [`cmd`]: the command line, one module per subcommand with its args; [`token`]: JWTs.
 
 pub mod agent;
-pub mod cli;
-pub mod cmd_doctor;
-pub mod cmd_run;
+pub mod cmd;
 pub mod config;
 pub mod destinations;
 pub mod dispatch;
@@ -32,9 +31,8 @@ pub mod http;
 pub mod job;
 pub mod logs;
 pub mod policy;
-pub mod serve;
+pub mod runtime;
 pub mod store;
-pub mod telemetry;
 pub mod token;
 pub mod verdict;
 

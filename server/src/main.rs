@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    let cli = dispatch_server::cli::Cli::parse();
-    dispatch_server::telemetry::init(&cli.log_level, cli.log_format);
-    dispatch_server::cli::run(cli)
+    let cli = dispatch_server::cmd::Cli::parse();
+    dispatch_server::runtime::telemetry::init(&cli.log_level, cli.log_format);
+    dispatch_server::cmd::run(cli)
 }

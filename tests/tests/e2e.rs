@@ -302,7 +302,7 @@ async fn kargo_verification_runs_on_the_destination_cluster() -> Result<()> {
     }
     println!("e2e: controller killed mid-Job -> plugin relaunched ({launches} launches), verdict Successful, 1 Job");
     // The admin port reports what happened: Jobs per destination and phase, verdict latency.
-    let admin = server.args.admin_listen.port();
+    let admin = server.args.admin.admin_listen.port();
     let last = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
     let seen = eventually("Job and verdict metrics on the admin port", || {
         let last = last.clone();

@@ -7,8 +7,6 @@
 //! state change. It keeps nothing that matters: after a restart it lists its Jobs, adopts them,
 //! and reports again.
 
-pub mod client;
-
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
 use std::net::SocketAddr;
@@ -25,9 +23,10 @@ use tracing::{error, info, warn};
 
 use crate::config::EngineSettings;
 use crate::engine::{Engine, JobRef, Outcome, Placement};
-use crate::http::admin::{self, Readiness};
-use crate::http::metrics::Metrics;
 use crate::logs::Redactor;
+use crate::runtime::admin::{self, Readiness};
+use crate::runtime::metrics::Metrics;
+use crate::runtime::{listener, shutdown::shutdown_signal};
 use crate::verdict::DestState;
 use dispatch_api::agent::{
     self as api, Report, ReportReply, ReportRequest, WorkItem, WorkReply, WorkRequest,
@@ -118,8 +117,8 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     let admin_listener = TcpListener::bind(opts.admin_listen)
         .await
         .with_context(|| format!("binding the admin port {}", opts.admin_listen))?;
-    let shutdown = crate::serve::shutdown_signal();
-    let admin = tokio::spawn(crate::http::serve(
+    let shutdown = shutdown_signal();
+    let admin = tokio::spawn(listener::serve(
         admin_listener,
         admin::router(readiness.clone(), metrics.clone()),
         None,

@@ -19,7 +19,8 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use super::{ApiFailure, AppState, BoxFuture};
+use super::{ApiFailure, AppState};
+use futures::future::BoxFuture;
 
 /// The audience every rollouts-dispatch token must carry.
 pub const AUDIENCE: &str = "rollouts-dispatch";

@@ -1,24 +1,16 @@
 //! The server's `/v1` JSON API and the admin endpoints.
 //!
 //! * [`router`] builds the API (`/v1/...`, all authenticated) over a [`Dispatcher`];
-//! * [`admin::router`] builds `/live`, `/ready` and `/metrics` for the separate admin port;
-//! * [`serve`] runs a router on a listener, with TLS when configured, until `shutdown` resolves,
-//!   then lets requests in flight finish.
+//! * the admin port, the listener (TLS, drain) and the metrics live in [`crate::runtime`].
 //!
 //! Errors are stable JSON (`{"code": …, "message": …}`) and never carry internals: the cause of an
 //! internal error is logged in the request span and the reply names only an id to look it up.
 
-pub mod admin;
 pub mod auth;
 mod error;
-pub mod metrics;
 pub mod tokenreview;
 
-use std::future::Future;
-use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use axum::extract::{DefaultBodyLimit, FromRequest, Path, Request, State};
 use axum::http::StatusCode;
@@ -26,16 +18,12 @@ use axum::routing::{get, post};
 use axum::{middleware, Extension, Json, Router};
 use dispatch_api::v1::{self as api, Ensured, GcRequest, MeasurementRef, Verdict};
 use dispatch_api::v1::{DestinationInfo, GcReply};
-use tokio::net::TcpListener;
-use tracing::{debug, info, warn};
 
+use crate::runtime::metrics::{self, Metrics};
 pub use auth::{Authenticator, Principal};
 use dispatch_api::agent::{self as agent_api, ReportReply, ReportRequest, WorkReply, WorkRequest};
 pub use error::{ApiFailure, DispatchError};
-use metrics::Metrics;
-
-/// A boxed future, so that [`Dispatcher`] can be used as a trait object.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+use futures::future::BoxFuture;
 
 /// What the API needs from the engine (direct destinations) or the agent store.
 pub trait Dispatcher: Send + Sync + 'static {
@@ -125,7 +113,7 @@ pub fn router(state: AppState) -> Router {
             auth::require_bearer,
         ))
         .layer(middleware::from_fn_with_state(
-            state.clone(),
+            state.metrics.clone(),
             metrics::track,
         ))
         .layer(DefaultBodyLimit::max(MAX_BODY))
@@ -225,121 +213,6 @@ async fn not_found() -> ApiFailure {
         "not_found",
         "no such endpoint; see /v1/openapi.json",
     )
-}
-
-/// TLS for a listener: a rustls server config (see [`tls_config`]).
-pub type Tls = Arc<rustls::ServerConfig>;
-
-/// Loads a PEM certificate chain and key into a rustls server config (HTTP/1.1 and h2).
-pub fn tls_config(cert_file: &std::path::Path, key_file: &std::path::Path) -> Result<Tls, String> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let certs = CertificateDer::pem_file_iter(cert_file)
-        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("tls certificate {}: {e}", cert_file.display()))?;
-    if certs.is_empty() {
-        return Err(format!(
-            "tls certificate {}: no PEM certificate in it",
-            cert_file.display()
-        ));
-    }
-    let key = PrivateKeyDer::from_pem_file(key_file)
-        .map_err(|e| format!("tls key {}: {e}", key_file.display()))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|e| format!("tls certificate and key do not match or are unsupported: {e}"))?;
-    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(Arc::new(cfg))
-}
-
-/// How long a client may take to send its request headers.
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How long requests in flight may take to finish after shutdown begins.
-pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
-
-/// Serves `app` on `listener` until `shutdown` resolves, then drains requests in flight (at most
-/// [`DRAIN_TIMEOUT`]). With `tls`, every connection is TLS; slow handshakes time out after 10 s.
-pub async fn serve(
-    listener: TcpListener,
-    app: Router,
-    tls: Option<Tls>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    use hyper_util::rt::{TokioExecutor, TokioIo};
-    use hyper_util::server::conn::auto;
-    use hyper_util::server::graceful::GracefulShutdown;
-    use tower::Service;
-
-    let addr = listener.local_addr()?;
-    info!(%addr, tls = tls.is_some(), "listening");
-    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
-    let graceful = GracefulShutdown::new();
-    tokio::pin!(shutdown);
-    loop {
-        let (tcp, peer): (tokio::net::TcpStream, SocketAddr) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
-        let app = app.clone();
-        let acceptor = acceptor.clone();
-        let watcher = graceful.watcher();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| app.clone().call(req));
-            let mut builder = auto::Builder::new(TokioExecutor::new());
-            // A client that trickles its headers (slowloris) is cut off instead of holding a task.
-            builder
-                .http1()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT);
-            let result = match acceptor {
-                None => {
-                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tcp), service);
-                    watcher.watch(conn.into_owned()).await
-                }
-                Some(acceptor) => {
-                    match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await
-                    {
-                        Ok(Ok(stream)) => {
-                            let conn = builder
-                                .serve_connection_with_upgrades(TokioIo::new(stream), service);
-                            watcher.watch(conn.into_owned()).await
-                        }
-                        Ok(Err(e)) => {
-                            debug!(%peer, error = %e, "tls handshake failed");
-                            return;
-                        }
-                        Err(_) => {
-                            debug!(%peer, "tls handshake timed out");
-                            return;
-                        }
-                    }
-                }
-            };
-            if let Err(e) = result {
-                debug!(%peer, error = %e, "connection ended with an error");
-            }
-        });
-    }
-    info!(%addr, "draining connections");
-    let started = Instant::now();
-    tokio::select! {
-        () = graceful.shutdown() => info!(%addr, elapsed_ms = started.elapsed().as_millis() as u64, "drained"),
-        () = tokio::time::sleep(DRAIN_TIMEOUT) => warn!(%addr, "drain timed out; closing remaining connections"),
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -10,10 +10,13 @@ use axum::http::{header, Request, StatusCode};
 use dispatch_api::v1::{ApiError, Ensured, GcRequest, MeasurementRef, Verdict};
 use tower::ServiceExt;
 
-use super::admin::{self, Readiness};
 use super::auth::{issue, Chain, Claims, JwtAuthenticator};
 use super::*;
+use crate::runtime::admin::{self, Readiness};
+use crate::runtime::listener::{serve, tls_config, HEADER_READ_TIMEOUT};
 use dispatch_api::agent::{ReportReply, ReportRequest, WorkReply, WorkRequest};
+use futures::future::BoxFuture;
+use tokio::net::TcpListener;
 
 struct Scripted {
     calls: Mutex<Vec<(String, Principal, String)>>,

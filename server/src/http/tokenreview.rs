@@ -13,7 +13,7 @@ use kube::api::PostParams;
 use kube::Api;
 
 use super::auth::{AuthError, Authenticator, Principal, AUDIENCE};
-use super::BoxFuture;
+use futures::future::BoxFuture;
 
 const CACHE_TTL: Duration = Duration::from_secs(60);
 const CACHE_MAX: usize = 4096;

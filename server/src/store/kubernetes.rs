@@ -18,7 +18,7 @@ use tokio::sync::watch;
 
 use super::{Created, DispatchJob, DispatchJobStatus, Index, Store, StoreError};
 use super::{GROUP, KIND, PLURAL, VERSION};
-use crate::http::BoxFuture;
+use futures::future::BoxFuture;
 
 /// `DispatchJob` resources in one namespace.
 pub struct KubeStore {

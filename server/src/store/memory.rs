@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::{Created, DispatchJob, DispatchJobStatus, Index, Store, StoreError};
-use crate::http::BoxFuture;
+use futures::future::BoxFuture;
 
 /// Records in this process only.
 #[derive(Default)]

@@ -23,8 +23,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::http::BoxFuture;
 use crate::verdict::DestState;
+use futures::future::BoxFuture;
 
 /// API group of the `DispatchJob` resource.
 pub const GROUP: &str = "rollouts-dispatch.io";

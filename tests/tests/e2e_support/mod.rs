@@ -84,16 +84,16 @@ pub async fn wait_ready(what: &str, admin: u16) -> Result<()> {
 
 /// `rollouts-dispatch serve` running in this process.
 pub struct Server {
-    pub args: dispatch_server::cli::ServeArgs,
+    pub args: dispatch_server::cmd::ServeArgs,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Server {
-    pub async fn start(args: dispatch_server::cli::ServeArgs) -> Result<Self> {
-        let admin = args.admin_listen.port();
+    pub async fn start(args: dispatch_server::cmd::ServeArgs) -> Result<Self> {
+        let admin = args.admin.admin_listen.port();
         let run = args.clone();
         let task = tokio::spawn(async move {
-            if let Err(e) = dispatch_server::serve::run(run).await {
+            if let Err(e) = dispatch_server::cmd::serve::serve(run).await {
                 eprintln!("rollouts-dispatch serve stopped: {e:#}");
             }
         });
@@ -140,10 +140,12 @@ pub async fn start_server(
     let token_file = dir.join("plugin.token");
     std::fs::write(&token_file, token)?;
     let (port, admin) = (free_port()?, free_port()?);
-    let args = dispatch_server::cli::ServeArgs {
-        config: Some(config),
+    let args = dispatch_server::cmd::ServeArgs {
+        config: dispatch_server::cmd::ConfigArgs { file: Some(config) },
         listen: ([127, 0, 0, 1], port).into(),
-        admin_listen: ([127, 0, 0, 1], admin).into(),
+        admin: dispatch_server::cmd::AdminArgs {
+            admin_listen: ([127, 0, 0, 1], admin).into(),
+        },
         tls_cert: None,
         tls_key: None,
         jwt_key_files: vec![key],

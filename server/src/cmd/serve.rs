@@ -1,28 +1,96 @@
 //! `rollouts-dispatch serve`: the engine, the authenticated `/v1` API and the admin port, with
 //! graceful shutdown on SIGTERM/SIGINT.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
+use clap::Args;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
-use crate::cli::ServeArgs;
-use crate::config::ServerConfig;
 use crate::dispatch::EngineDispatcher;
 use crate::engine::Engine;
-use crate::http::admin::{self, Readiness};
+
+use super::{parse_duration, AdminArgs, ConfigArgs};
 use crate::http::auth::{Chain, JwtAuthenticator};
-use crate::http::metrics::Metrics;
 use crate::http::tokenreview::TokenReviewAuthenticator;
 use crate::http::{self, AppState, Authenticator};
+use crate::runtime::admin::{self, Readiness};
+use crate::runtime::listener;
+use crate::runtime::metrics::Metrics;
+use crate::runtime::shutdown::shutdown_signal;
+
+/// `rollouts-dispatch serve`
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// `--config`
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Address of the API.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_LISTEN", default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+    /// `--admin-listen`
+    #[command(flatten)]
+    pub admin: AdminArgs,
+    /// PEM certificate chain of the API (with --tls-key); without both the API is plain HTTP.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of the API.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// HS256 key file(s) whose JWTs are accepted; give two during a key rotation.
+    #[arg(
+        long = "jwt-key-file",
+        env = "ROLLOUTS_DISPATCH_JWT_KEY_FILES",
+        value_delimiter = ','
+    )]
+    pub jwt_key_files: Vec<PathBuf>,
+    /// Token ids (`jti`) that are refused.
+    #[arg(
+        long = "revoked-token",
+        env = "ROLLOUTS_DISPATCH_REVOKED_TOKENS",
+        value_delimiter = ','
+    )]
+    pub revoked_tokens: Vec<String>,
+    /// Kubernetes users whose ServiceAccount tokens are accepted (checked by TokenReview), e.g.
+    /// `system:serviceaccount:argo-rollouts:argo-rollouts`.
+    #[arg(
+        long = "token-review-allow",
+        env = "ROLLOUTS_DISPATCH_TOKEN_REVIEW_ALLOW",
+        value_delimiter = ','
+    )]
+    pub token_review_allow: Vec<String>,
+    /// How long to wait for destinations to sync before reporting ready anyway.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub sync_timeout: Duration,
+    /// Every this long, delete the Jobs whose AnalysisRun no longer exists on the control plane
+    /// (needs list on analysisruns there). Off by default: only enable it when no other control
+    /// plane's runs create Jobs on the same destinations.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_SWEEP_ORPHANS_EVERY", value_parser = parse_duration)]
+    pub sweep_orphans_every: Option<Duration>,
+}
+
+/// Runs `rollouts-dispatch serve`; returns the exit code.
+pub(super) async fn run(args: ServeArgs) -> ExitCode {
+    match serve(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "server stopped");
+            ExitCode::FAILURE
+        }
+    }
+}
 
 /// Runs the server until SIGTERM or SIGINT.
-pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let ServeArgs {
         config,
         listen,
-        admin_listen,
+        admin: AdminArgs { admin_listen },
         tls_cert,
         tls_key,
         jwt_key_files,
@@ -31,13 +99,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         sync_timeout,
         sweep_orphans_every,
     } = args;
-    let config = match &config {
-        Some(path) => ServerConfig::load(path)?,
-        None => ServerConfig::embedded_default(),
-    };
+    let config = config.load()?;
     let auth = authenticators(&jwt_key_files, revoked_tokens, token_review_allow).await?;
     let tls = match (&tls_cert, &tls_key) {
-        (Some(c), Some(k)) => Some(http::tls_config(c, k).map_err(anyhow::Error::msg)?),
+        (Some(c), Some(k)) => Some(listener::tls_config(c, k)?),
         _ => {
             warn!("no --tls-cert/--tls-key: the API is plain HTTP; use TLS whenever it leaves the pod");
             None
@@ -54,7 +119,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 
     let engine = Engine::start(config).await?;
     let shutdown = shutdown_signal();
-    let admin = tokio::spawn(http::serve(
+    let admin = tokio::spawn(listener::serve(
         admin_listener,
         admin::router(readiness.clone(), metrics.clone()),
         None,
@@ -96,7 +161,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         auth,
         metrics,
     };
-    let api = tokio::spawn(http::serve(
+    let api = tokio::spawn(listener::serve(
         api_listener,
         http::router(state),
         tls,
@@ -155,26 +220,4 @@ async fn authenticators(
         bail!("refusing to start without authentication: set --jwt-key-file and/or --token-review-allow");
     }
     Ok(Arc::new(Chain(chain)))
-}
-
-/// Resolves on the first SIGTERM or SIGINT; clones resolve together.
-pub(crate) fn shutdown_signal(
-) -> futures::future::Shared<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> {
-    use futures::FutureExt;
-    let fut: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> = Box::pin(async {
-        use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            warn!("cannot install signal handlers; stop the server with SIGKILL");
-            std::future::pending::<()>().await;
-            return;
-        };
-        tokio::select! {
-            _ = term.recv() => info!("SIGTERM: shutting down"),
-            _ = int.recv() => info!("SIGINT: shutting down"),
-        }
-    });
-    fut.shared()
 }

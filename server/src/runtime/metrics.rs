@@ -13,7 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use super::AppState;
+use std::sync::Arc;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -174,7 +174,7 @@ impl Metrics {
 }
 
 /// Middleware: counts every API request by matched route (never the raw path: unbounded labels).
-pub async fn track(State(state): State<AppState>, req: Request, next: Next) -> Response {
+pub async fn track(State(m): State<Arc<Metrics>>, req: Request, next: Next) -> Response {
     let route = req
         .extensions()
         .get::<MatchedPath>()
@@ -182,7 +182,6 @@ pub async fn track(State(state): State<AppState>, req: Request, next: Next) -> R
     let method = req.method().to_string();
     let started = Instant::now();
     let resp = next.run(req).await;
-    let m = &state.metrics;
     m.requests
         .get_or_create(&RequestLabels {
             route: route.clone(),

@@ -2,7 +2,14 @@
 
 use tracing_subscriber::EnvFilter;
 
-use crate::cli::LogFormat;
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// human-readable lines
+    Plain,
+    /// one JSON object per line
+    Json,
+}
 
 /// Installs the global subscriber.
 pub fn init(filter: &str, format: LogFormat) {

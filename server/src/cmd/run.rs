@@ -6,19 +6,52 @@
 //! configuration errors (nothing was created).
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use clap::Args;
 use dispatch_api::block::{JobConfig, PLUGIN_NAME};
 use serde_json::Value;
 
-use crate::cli::RunArgs;
-use crate::config::ServerConfig;
 use crate::engine::{Engine, MeasureRequest, Outcome};
 use crate::job::RunContext;
 use crate::logs::Redactor;
 use crate::verdict::{Phase, Verdict};
+
+use super::{parse_duration, ConfigArgs};
+
+/// `rollouts-dispatch run`
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// The AnalysisTemplate or ClusterAnalysisTemplate YAML file.
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    /// A template argument, `NAME=VALUE`; overrides the template's default. Repeatable.
+    #[arg(long = "arg", value_name = "NAME=VALUE", value_parser = parse_arg)]
+    pub args: Vec<(String, String)>,
+    /// The metric to evaluate; needed when the template has several rollouts-dispatch/job metrics.
+    #[arg(long)]
+    pub metric: Option<String>,
+    /// `--config`
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Namespace of the synthetic AnalysisRun (the Kargo project the policy checks).
+    #[arg(long, default_value = "default")]
+    pub namespace_of_run: String,
+    /// Give up (and delete the Jobs) after this long (Go duration).
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+fn parse_arg(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((name, value)) if !name.trim().is_empty() => {
+            Ok((name.trim().to_string(), value.to_string()))
+        }
+        _ => Err(format!("expected NAME=VALUE, got {s:?}")),
+    }
+}
 
 /// The metric chosen from a template, its args filled in.
 #[derive(Debug, Clone)]
@@ -284,12 +317,9 @@ pub async fn run(args: RunArgs) -> ExitCode {
         Ok(r) => r,
         Err(e) => return usage_error(&e),
     };
-    let config = match &args.config {
-        Some(path) => match ServerConfig::load(path) {
-            Ok(c) => c,
-            Err(e) => return usage_error(&e.to_string()),
-        },
-        None => ServerConfig::embedded_default(),
+    let config = match args.config.load() {
+        Ok(c) => c,
+        Err(e) => return usage_error(&e.to_string()),
     };
     let engine = match Engine::start(config).await {
         Ok(e) => e,

@@ -8,15 +8,27 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::Args;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
 use kube::api::{Api, PostParams};
 
-use crate::cli::DoctorArgs;
-use crate::config::ServerConfig;
 use crate::destinations::{Destination, Entry, Source};
 use crate::engine::Engine;
+
+use super::{parse_duration, ConfigArgs};
+
+/// `rollouts-dispatch doctor`
+#[derive(Debug, Clone, Args)]
+pub struct DoctorArgs {
+    /// `--config`
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Bound on waiting for destinations (Go duration).
+    #[arg(long, default_value = "20s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
 
 /// One access the engine needs: verb, API group, resource, subresource, namespaced.
 const CHECKS: [(&str, &str, &str, &str, bool); 7] = [
@@ -61,12 +73,8 @@ fn short_source(s: &Source) -> String {
 }
 
 /// Runs `rollouts-dispatch doctor`; returns the exit code.
-pub async fn run(args: DoctorArgs) -> ExitCode {
-    let config = match &args.config {
-        Some(path) => ServerConfig::load(path),
-        None => Ok(ServerConfig::embedded_default()),
-    };
-    let config = match config {
+pub(super) async fn run(args: DoctorArgs) -> ExitCode {
+    let config = match args.config.load() {
         Ok(c) => {
             println!("config: OK ({})", c.origin);
             c

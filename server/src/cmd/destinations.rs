@@ -5,18 +5,33 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::Args;
 use dispatch_api::client::{ClientConfig, ServerClient};
+use dispatch_api::v1::{self as api, DestinationInfo};
 
-use dispatch_api::v1::DestinationInfo;
+use super::ServerArgs;
 
-/// Prints the destinations of the server at `server` as a table (or JSON); exit 0 when the
-/// server answered.
-pub async fn list(
-    server: String,
-    token_file: Option<PathBuf>,
-    ca_file: Option<PathBuf>,
-    json: bool,
-) -> ExitCode {
+/// `rollouts-dispatch destinations`
+#[derive(Debug, Clone, Args)]
+pub struct DestinationsArgs {
+    /// `--server`, `--ca-file`
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// File holding a token the server accepts.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Prints the destinations of the server as a table (or JSON); exit 0 when the server answered.
+pub(super) async fn run(args: DestinationsArgs) -> ExitCode {
+    let DestinationsArgs {
+        server: ServerArgs { server, ca_file },
+        token_file,
+        json,
+    } = args;
     let client = match ServerClient::new(&ClientConfig {
         server,
         token_file,
@@ -29,7 +44,7 @@ pub async fn list(
             return ExitCode::from(2);
         }
     };
-    let rows: Vec<DestinationInfo> = match client.get("/v1/destinations").await {
+    let rows: Vec<DestinationInfo> = match client.get(api::DESTINATIONS).await {
         Ok(r) => r,
         Err(e) => {
             eprintln!(

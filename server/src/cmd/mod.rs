@@ -1,0 +1,145 @@
+//! The `rollouts-dispatch` command line: `serve`, `agent`, `token issue`, `destinations`, `run`,
+//! `doctor`. Each subcommand owns its args next to its `run`; the flags several of them share
+//! are the [`ConfigArgs`], [`AdminArgs`] and [`ServerArgs`] groups below.
+
+pub mod agent;
+pub mod destinations;
+pub mod doctor;
+pub mod run;
+pub mod serve;
+pub mod token;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{ConfigFileError, ServerConfig};
+pub use crate::runtime::telemetry::LogFormat;
+
+pub use agent::AgentArgs;
+pub use destinations::DestinationsArgs;
+pub use doctor::DoctorArgs;
+pub use run::RunArgs;
+pub use serve::ServeArgs;
+pub use token::TokenCommand;
+
+/// rollouts-dispatch: runs Argo Rollouts / Kargo verification Jobs on the clusters they verify.
+#[derive(Debug, Parser)]
+#[command(name = "rollouts-dispatch", version)]
+pub struct Cli {
+    /// Log filter, e.g. `info` or `dispatch_server=debug,info`.
+    #[arg(
+        long,
+        global = true,
+        env = "ROLLOUTS_DISPATCH_LOG",
+        default_value = "info"
+    )]
+    pub log_level: String,
+    /// `plain` or `json`.
+    #[arg(
+        long,
+        global = true,
+        env = "ROLLOUTS_DISPATCH_LOG_FORMAT",
+        default_value = "plain"
+    )]
+    pub log_format: LogFormat,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the server: the /v1 API for the plugin, the admin port, the dispatch engine.
+    Serve(ServeArgs),
+    /// Tokens for agents and plugins.
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Run the agent in a cluster that can only dial out: long-polls the server for its
+    /// destination's Jobs, runs them in this cluster, reports their state.
+    Agent(AgentArgs),
+    /// List the server's destinations: source, agent connection state, last contact.
+    Destinations(DestinationsArgs),
+    /// Evaluate one metric of an AnalysisTemplate against a destination, without Argo: create
+    /// the Job, follow it, print the verdict (exit 0 Successful, 1 otherwise, 2 usage/config).
+    Run(RunArgs),
+    /// Check the configuration and every destination: reachable, caches synced, RBAC.
+    Doctor(DoctorArgs),
+}
+
+/// `--config`: the server configuration file (`serve`, `run`, `doctor`).
+#[derive(Debug, Clone, Args)]
+pub struct ConfigArgs {
+    /// Server configuration file (destinations, policy, …); without it every context of the
+    /// kubeconfig is a destination.
+    #[arg(long = "config", env = "ROLLOUTS_DISPATCH_CONFIG")]
+    pub file: Option<PathBuf>,
+}
+
+impl ConfigArgs {
+    /// The configuration: the file, validated, or the embedded default without one.
+    pub fn load(&self) -> Result<ServerConfig, ConfigFileError> {
+        match &self.file {
+            Some(path) => ServerConfig::load(path),
+            None => Ok(ServerConfig::embedded_default()),
+        }
+    }
+}
+
+/// `--admin-listen` (`serve`, `agent`).
+#[derive(Debug, Clone, Args)]
+pub struct AdminArgs {
+    /// Address of /live, /ready and /metrics.
+    #[arg(
+        long,
+        env = "ROLLOUTS_DISPATCH_ADMIN_LISTEN",
+        default_value = "0.0.0.0:9090"
+    )]
+    pub admin_listen: SocketAddr,
+}
+
+/// `--server` and `--ca-file`: how to reach a rollouts-dispatch server (`agent`,
+/// `destinations`).
+#[derive(Debug, Clone, Args)]
+pub struct ServerArgs {
+    /// The rollouts-dispatch server's URL, e.g. `https://dispatch.example.com:8443`.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_SERVER")]
+    pub server: String,
+    /// Extra CA certificate (PEM) to trust for the server.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
+}
+
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, dispatch_api::duration::DurationError> {
+    dispatch_api::parse_go_duration(s)
+}
+
+/// Runs `fut` (which returns the exit code) on a fresh multi-threaded runtime.
+fn with_runtime(fut: impl std::future::Future<Output = ExitCode>) -> ExitCode {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt.block_on(fut),
+        Err(e) => {
+            eprintln!("rollouts-dispatch: cannot start the async runtime: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Runs the parsed command line.
+pub fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Serve(args) => with_runtime(serve::run(args)),
+        Command::Token(command) => token::run(command),
+        Command::Run(args) => with_runtime(run::run(args)),
+        Command::Doctor(args) => with_runtime(doctor::run(args)),
+        Command::Agent(args) => with_runtime(agent::run(args)),
+        Command::Destinations(args) => with_runtime(destinations::run(args)),
+    }
+}

@@ -1,0 +1,63 @@
+//! `rollouts-dispatch token issue`: prints a signed JWT for an agent or a plugin.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Subcommand;
+
+use super::parse_duration;
+use crate::token::{issue_token, read_key};
+
+/// `rollouts-dispatch token …`
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Print a signed JWT: for an agent with --destination, else for a plugin.
+    Issue {
+        /// Bind the token to this destination (agent tokens).
+        #[arg(long)]
+        destination: Option<String>,
+        /// The subject; default `agent:<destination>` or `plugin`.
+        #[arg(long)]
+        subject: Option<String>,
+        /// Validity (Go duration).
+        #[arg(long, default_value = "720h", value_parser = parse_duration)]
+        ttl: Duration,
+        /// The server's HS256 key file.
+        #[arg(long, env = "ROLLOUTS_DISPATCH_JWT_KEY_FILE")]
+        key_file: PathBuf,
+    },
+}
+
+/// Runs `rollouts-dispatch token …`; returns the exit code.
+pub(super) fn run(command: TokenCommand) -> ExitCode {
+    let TokenCommand::Issue {
+        destination,
+        subject,
+        ttl,
+        key_file,
+    } = command;
+    {
+        let subject = subject.unwrap_or_else(|| {
+            destination
+                .as_ref()
+                .map_or("plugin".into(), |d| format!("agent:{d}"))
+        });
+        let issued = read_key(&key_file)
+            .and_then(|key| issue_token(&key, &subject, destination.as_deref(), ttl));
+        match issued {
+            Ok((token, claims)) => {
+                eprintln!(
+                    "token id {} for {} expires at Unix time {}",
+                    claims.jti, claims.sub, claims.exp
+                );
+                println!("{token}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("rollouts-dispatch token issue: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    }
+}

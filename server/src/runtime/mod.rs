@@ -1,0 +1,11 @@
+//! The process runtime shared by `serve` and `agent`: shutdown on signals, the admin port
+//! (`/live`, `/ready`, `/metrics`), the metrics registry, logging, and the API listener.
+//!
+//! Nothing here knows the engine, the API or the agent: they import the runtime, never the
+//! reverse (`docs/architecture.md`).
+
+pub mod admin;
+pub mod listener;
+pub mod metrics;
+pub mod shutdown;
+pub mod telemetry;
