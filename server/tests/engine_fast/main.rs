@@ -10,7 +10,8 @@
 //! and on which API calls it made.
 //!
 //! The real-cluster tests (`tests/tests/engine.rs`, `make test-engine`) cover what a fake
-//! cannot: a real API server's validation, RBAC, the Job controller and Argo CD.
+//! cannot: a real API server's validation and RBAC, the Job controller, Pods that really run,
+//! ServiceAccount tokens and TLS.
 
 mod agents;
 mod cleanup;
@@ -18,5 +19,6 @@ mod cluster_side;
 mod create;
 mod failures;
 mod fake_api;
+mod stage;
 mod status;
 mod world;
