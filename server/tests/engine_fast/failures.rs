@@ -71,7 +71,8 @@ async fn api_errors_on_create_name_the_fix_and_a_500_is_retryable() -> Result<()
 #[tokio::test]
 async fn with_a_failing_job_watch_the_engine_asks_the_api() -> Result<()> {
     let clusters = Clusters::start().await?;
-    // Every list of the Job watch fails; one-off calls (create, get, GC's list) do not.
+    // Every list of the Job watch fails; one-off calls (create, get, GC's list) do not. The
+    // watch's lists are the paged ones (kube-runtime's watcher pages by 500, as client-go).
     clusters
         .a
         .fail("GET", "/apis/batch/v1/jobs? limit=500", 500, usize::MAX);
@@ -127,14 +128,17 @@ async fn with_a_failing_job_watch_the_engine_asks_the_api() -> Result<()> {
 
 #[tokio::test]
 async fn a_closed_api_server_and_unusable_credentials_are_named() -> Result<()> {
-    let mut clusters = Clusters::start().await?;
-    let b_url = clusters.b.url().to_string();
-    clusters.b.stop().await;
-    let broken = "- {name: broken, kubeconfig: /nonexistent/kubeconfig}";
-    let w = clusters.engine(broken, "", false).await?;
-    let b = w.destination("b")?;
-    eventually("the watches of b fail", || {
-        let failing = b.jobs().failing_for().is_some();
+    // Port 1 of the loopback: refused at once, and never handed to another test's server (a
+    // fake stopped here could see its port reused by a test running in parallel).
+    const CLOSED: &str = "http://127.0.0.1:1";
+    let more = format!(
+        "- {{name: down, server: \"{CLOSED}\", token: t, namespace: {NS}}}\n\
+         - {{name: broken, kubeconfig: /nonexistent/kubeconfig}}"
+    );
+    let w = Clusters::start().await?.engine(&more, "", false).await?;
+    let down = w.destination("down")?;
+    eventually("the watches of down fail", || {
+        let failing = down.jobs().failing_for().is_some();
         async move { Ok(failing.then_some(())) }
     })
     .await?;
@@ -142,7 +146,7 @@ async fn a_closed_api_server_and_unusable_credentials_are_named() -> Result<()> 
         &run(4),
         "smoke",
         1,
-        block(json!({"destination": "b,broken"}))?,
+        block(json!({"destination": "down,broken"}))?,
     );
     let ensured = w.engine.ensure(&req).await?;
     let DestState::Unavailable(down) = state(&ensured.outcomes[0].1) else {
@@ -152,7 +156,7 @@ async fn a_closed_api_server_and_unusable_credentials_are_named() -> Result<()> 
         down.contains(&format!("destination unreachable: cannot create job {NS}/")),
         "{down}"
     );
-    assert!(down.contains(&b_url), "{down}");
+    assert!(down.contains(CLOSED), "{down}");
     let DestState::Error(unusable) = state(&ensured.outcomes[1].1) else {
         panic!("{:?}", ensured.outcomes);
     };

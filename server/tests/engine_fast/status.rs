@@ -139,7 +139,7 @@ async fn a_job_that_fails_before_its_pod_is_cached_asks_the_api_once() -> Result
         .await?;
     assert!(v.message.contains("exited with code 3"), "{}", v.message);
     assert!(!v.message.contains("log line"), "logTail 0: {}", v.message);
-    assert!(api.calls("GET", &format!("/namespaces/{NS}/pods")) >= 1);
+    assert_eq!(api.calls("GET", &format!("/namespaces/{NS}/pods")), 1);
     Ok(())
 }
 

@@ -85,7 +85,7 @@ impl Shared {
 pub(crate) struct FakeApi {
     shared: Arc<Shared>,
     url: String,
-    server: tokio::task::JoinHandle<()>,
+    server: tokio::task::AbortHandle,
 }
 
 impl Drop for FakeApi {
@@ -109,20 +109,13 @@ impl FakeApi {
         let server = tokio::spawn(async move {
             // Ends only when the test's runtime goes away.
             let _ = axum::serve(listener, app).await;
-        });
+        })
+        .abort_handle();
         Ok(Self {
             shared,
             url: format!("http://{addr}"),
             server,
         })
-    }
-
-    /// Stops accepting connections: the port is closed from now on (connections already open
-    /// stay served), as when a cluster's API server goes down.
-    pub(crate) async fn stop(&mut self) {
-        self.server.abort();
-        // Cancelled is the expected end; the listener is closed once the task is gone.
-        let _ = (&mut self.server).await;
     }
 
     /// `http://127.0.0.1:PORT`
