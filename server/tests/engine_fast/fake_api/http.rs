@@ -268,21 +268,19 @@ fn watch(shared: &Arc<Shared>, target: &Target, query: &HashMap<String, String>)
         .get("resourceVersion")
         .and_then(|rv| rv.parse::<u64>().ok())
         .unwrap_or(0);
-    let initial: Vec<Value> = if from == 0 {
+    // The snapshot and the resourceVersion it ends at are read under one lock: nothing is
+    // missed or sent twice between them.
+    let (initial, cursor) = if from == 0 {
         let state = shared.lock();
-        state
+        let objects: Vec<Value> = state
             .store
             .list(&filter)
             .into_iter()
             .map(|o| json!({"type": "ADDED", "object": o}))
-            .collect()
+            .collect();
+        (objects, state.store.rv())
     } else {
-        Vec::new()
-    };
-    let cursor = if from == 0 {
-        shared.lock().store.rv()
-    } else {
-        from
+        (Vec::new(), from)
     };
     let rx = shared.changed.subscribe();
     let first = lines(&initial);
