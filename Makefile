@@ -85,6 +85,7 @@ docs: ## regenerate docs/configuration.md from the config types (server/src/conf
 -include tests/k8s/k8s.mk
 -include server/engine.mk
 -include charts/chart.mk
+-include coverage.mk
 
 # Release artifacts: the static plugin (what argo-rollouts-config downloads; its sha256 is what
 # Argo >= 1.8 checks), and a tarball with both binaries; SHA256SUMS covers everything.

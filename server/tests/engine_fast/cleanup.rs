@@ -1,0 +1,181 @@
+//! What removes Jobs: `Engine::terminate` (foreground deletion on every destination),
+//! `Engine::gc` (the newest `limit` Jobs of a run are kept) and `Engine::sweep_orphans` (Jobs
+//! whose AnalysisRun is gone from the control plane).
+
+use anyhow::Result;
+use dispatch_server::job::{self, LABEL_MANAGED, LABEL_RUN_UID};
+use dispatch_server::logs::Redactor;
+use dispatch_server::Phase;
+use serde_json::json;
+
+use crate::cluster_side::{analysis_run, foreign_job, job_names, jobs, pod_for, pods};
+use crate::world::{block, request, run, World, NS, PROJECT};
+
+#[tokio::test]
+async fn terminate_deletes_the_jobs_in_the_foreground_everywhere() -> Result<()> {
+    let w = World::start("").await?;
+    let req = request(&run(1), "smoke", 1, block(json!({"destination": "a,b"}))?);
+    let job = w.engine.ensure(&req).await?.job;
+    for d in ["a", "b"] {
+        w.cached(d, &job.name, true).await?;
+        pod_for(w.api(d), &job.name, json!({"phase": "Running"}), true)?;
+    }
+    // b's garbage collector is slow: the Job waits for its Pod with a deletionTimestamp.
+    w.api("b").hold_deletions(true);
+    let report = w.engine.terminate(&job).await;
+    assert_eq!(report.deleted, vec!["a", "b"], "{report:?}");
+    assert!(
+        report.absent.is_empty() && report.failed.is_empty(),
+        "{report:?}"
+    );
+    assert!(job_names(w.api("a")).is_empty());
+    assert!(
+        w.api("a").list(&pods()).is_empty(),
+        "the Pod went with its Job"
+    );
+    let held = w
+        .api("b")
+        .get(&jobs(), NS, &job.name)
+        .expect("held by the collector");
+    assert!(held["metadata"]["deletionTimestamp"].is_string(), "{held}");
+    assert_eq!(
+        held["metadata"]["finalizers"],
+        json!(["foregroundDeletion"]),
+        "foreground"
+    );
+    assert_eq!(w.api("b").list(&pods()).len(), 1);
+    w.api("b").hold_deletions(false);
+    assert!(job_names(w.api("b")).is_empty() && w.api("b").list(&pods()).is_empty());
+
+    for d in ["a", "b"] {
+        w.cached(d, &job.name, false).await?;
+    }
+    let again = w.engine.terminate(&job).await;
+    assert_eq!(again.absent, vec!["a", "b"], "{again:?}");
+    let v = w.engine.status(&job, &Redactor::default()).await;
+    assert_eq!(v.phase, Phase::Error);
+    assert!(v.message.contains("does not exist"), "{}", v.message);
+    Ok(())
+}
+
+#[tokio::test]
+async fn gc_keeps_the_newest_jobs_of_a_run_per_metric_or_overall() -> Result<()> {
+    let w = World::start("").await?;
+    let (mine, other_run) = (run(2), run(3));
+    let config = block(json!({"destination": "a"}))?;
+    let mut names = Vec::new();
+    // Created oldest first: `other.1`, then `m.1` … `m.4`; and one Job of another run.
+    for (metric, n) in [("other", 1), ("m", 1), ("m", 2), ("m", 3), ("m", 4)] {
+        let job = w
+            .engine
+            .ensure(&request(&mine, metric, n, config.clone()))
+            .await?
+            .job;
+        names.push(job.name);
+    }
+    let foreign = w
+        .engine
+        .ensure(&request(&other_run, "m", 1, config.clone()))
+        .await?
+        .job;
+    for n in names.iter().chain([&foreign.name]) {
+        w.cached("a", n, true).await?;
+    }
+    let at = |name: &String| ("a".to_string(), format!("{NS}/{name}"));
+
+    let report = w.engine.gc(&mine.uid, Some("m"), 2).await;
+    assert_eq!(
+        report.deleted,
+        vec![at(&names[1]), at(&names[2])],
+        "{report:?}"
+    );
+    assert!(report.failed.is_empty(), "{report:?}");
+    for n in &names[1..3] {
+        w.cached("a", n, false).await?;
+    }
+    let nothing = w.engine.gc(&mine.uid, Some("m"), 2).await;
+    assert!(nothing.deleted.is_empty(), "{nothing:?}");
+
+    let overall = w.engine.gc(&mine.uid, None, 1).await;
+    assert_eq!(
+        overall.deleted,
+        vec![at(&names[0]), at(&names[3])],
+        "{overall:?}"
+    );
+    let mut left = vec![names[4].clone(), foreign.name.clone()];
+    left.sort();
+    assert_eq!(
+        job_names(w.api("a")),
+        left,
+        "the newest Job and the other run's"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_orphan_sweep_deletes_jobs_whose_analysis_run_is_gone() -> Result<()> {
+    let w = World::start("").await?;
+    let (live, gone) = (run(4), run(5));
+    analysis_run(&w.clusters.cp, PROJECT, &live.name, &live.uid);
+    let config = block(json!({"destination": "a,b"}))?;
+    let kept = w
+        .engine
+        .ensure(&request(&live, "m", 1, config.clone()))
+        .await?
+        .job;
+    let orphan = w.engine.ensure(&request(&gone, "m", 1, config)).await?.job;
+    // Not ours: never touched, whatever its name.
+    foreign_job(
+        w.api("a"),
+        "someone-elses",
+        json!({LABEL_RUN_UID: gone.uid}),
+    );
+    // Ours by its labels, of a run that never existed here: an orphan too.
+    let stray = job::job_name("ghost", "m", 1);
+    foreign_job(
+        w.api("b"),
+        &stray,
+        json!({LABEL_MANAGED: "true", LABEL_RUN_UID: "ghost"}),
+    );
+    for d in ["a", "b"] {
+        w.cached(d, &kept.name, true).await?;
+        w.cached(d, &orphan.name, true).await?;
+    }
+    w.cached("b", &stray, true).await?;
+
+    let report = w.engine.sweep_orphans().await.map_err(anyhow::Error::msg)?;
+    let mut deleted = report.deleted.clone();
+    deleted.sort();
+    let at = |d: &str, name: &str| (d.to_string(), format!("{NS}/{name}"));
+    let mut want = vec![
+        at("a", &orphan.name),
+        at("b", &orphan.name),
+        at("b", &stray),
+    ];
+    want.sort();
+    assert_eq!(deleted, want, "{report:?}");
+    assert!(report.failed.is_empty(), "{report:?}");
+    let mut on_a = vec![kept.name.clone(), "someone-elses".to_string()];
+    on_a.sort();
+    assert_eq!(job_names(w.api("a")), on_a);
+    assert_eq!(job_names(w.api("b")), vec![kept.name.clone()]);
+    assert_eq!(
+        w.clusters
+            .cp
+            .calls("GET", "/apis/argoproj.io/v1alpha1/analysisruns"),
+        1
+    );
+
+    for d in ["a", "b"] {
+        w.cached(d, &orphan.name, false).await?;
+    }
+    let quiet = w.engine.sweep_orphans().await.map_err(anyhow::Error::msg)?;
+    assert!(quiet.deleted.is_empty(), "{quiet:?}");
+
+    // Without list on analysisruns the sweep deletes nothing and says what it needs.
+    w.clusters.cp.fail("GET", "/analysisruns", 403, 1);
+    let e = w.engine.sweep_orphans().await.unwrap_err();
+    assert!(e.contains("needs list on analysisruns.argoproj.io"), "{e}");
+    assert_eq!(job_names(w.api("b")), vec![kept.name.clone()]);
+    Ok(())
+}
