@@ -5,7 +5,7 @@
 use anyhow::Result;
 use dispatch_server::engine::JobRef;
 use dispatch_server::logs::Redactor;
-use dispatch_server::provider::config::Require;
+use dispatch_api::Require;
 use dispatch_server::Phase;
 use serde_json::json;
 

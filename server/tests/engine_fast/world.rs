@@ -13,7 +13,7 @@ use dispatch_server::destinations::{Destination, Entry};
 use dispatch_server::engine::{Engine, JobRef, MeasureRequest};
 use dispatch_server::job::RunContext;
 use dispatch_server::logs::Redactor;
-use dispatch_server::provider::config::JobConfig;
+use dispatch_api::JobConfig;
 use dispatch_server::verdict::Verdict;
 use serde_json::{json, Value};
 
