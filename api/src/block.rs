@@ -31,8 +31,9 @@ pub enum Target {
     Selector(Selector),
 }
 
-/// How many destinations must succeed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How many destinations must succeed; `all` or `any` in blocks and in the Job reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Require {
     /// every destination (the default)
     #[default]
@@ -363,6 +364,16 @@ mod tests {
         assert!(e.contains("spec.template"), "{e}");
         let e = JobConfig::parse(br#""x""#).unwrap_err().0;
         assert!(e.contains("got a string"), "{e}");
+    }
+
+    #[test]
+    fn require_is_spelled_as_in_blocks() {
+        assert_eq!(serde_json::to_string(&Require::Any).unwrap(), r#""any""#);
+        assert_eq!(
+            serde_json::from_str::<Require>(r#""all""#).unwrap(),
+            Require::All
+        );
+        assert!(serde_json::from_str::<Require>(r#""some""#).is_err());
     }
 
     #[test]

@@ -3,9 +3,9 @@
 //! `pods/log`, asked once), image pull errors, deadlines, pending Pods, and the API fallback.
 
 use anyhow::Result;
+use dispatch_api::Require;
 use dispatch_server::engine::JobRef;
 use dispatch_server::logs::Redactor;
-use dispatch_api::Require;
 use dispatch_server::Phase;
 use serde_json::json;
 

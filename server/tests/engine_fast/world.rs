@@ -8,12 +8,12 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
+use dispatch_api::JobConfig;
 use dispatch_server::config::ServerConfig;
 use dispatch_server::destinations::{Destination, Entry};
 use dispatch_server::engine::{Engine, JobRef, MeasureRequest};
 use dispatch_server::job::RunContext;
 use dispatch_server::logs::Redactor;
-use dispatch_api::JobConfig;
 use dispatch_server::verdict::Verdict;
 use serde_json::{json, Value};
 

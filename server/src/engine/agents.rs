@@ -1,0 +1,223 @@
+//! Agent destinations: the engine writes a `DispatchJob` record per Job and reads the state the
+//! agent reported, instead of calling a cluster it cannot reach.
+
+use super::cleanup::measurement_of;
+use super::*;
+
+impl Engine {
+    pub(super) fn agent_store(&self) -> Result<&Arc<dyn Store>, DestState> {
+        self.inner.store.as_ref().ok_or_else(|| {
+            DestState::Error("agent destinations need `agents` in the server config".into())
+        })
+    }
+
+    /// Writes the record that asks `agent` to run Job `obj`; an existing record of the same run
+    /// is adopted (a retry, or another replica wrote it first).
+    pub(super) async fn agent_create(
+        &self,
+        agent: &AgentDestination,
+        namespace: &str,
+        name: &str,
+        req: &MeasureRequest,
+        obj: serde_json::Value,
+    ) -> Outcome {
+        let store = match self.agent_store() {
+            Ok(s) => s,
+            Err(e) => return Outcome::NotCreated(e),
+        };
+        let record = DispatchJob {
+            name: store::record_name(name, &agent.name),
+            spec: DispatchJobSpec {
+                destination: agent.name.clone(),
+                namespace: namespace.to_string(),
+                job_name: name.to_string(),
+                run_uid: req.run.uid.clone(),
+                run: format!("{}/{}", req.run.namespace, req.run.name),
+                metric: req.metric.clone(),
+                measurement: req.measurement,
+                log_tail: req.config.log_tail,
+                job: Some(obj),
+                delete: false,
+            },
+            status: None,
+            resource_version: None,
+        };
+        match store.create(record).await {
+            Ok(Created::New) => Outcome::Created,
+            Ok(Created::Existing(existing)) if existing.spec.run_uid == req.run.uid => {
+                if existing.spec.delete {
+                    Outcome::NotCreated(DestState::Unavailable(format!(
+                        "job {namespace}/{name} on {} is being deleted; it will be created again on the next attempt",
+                        agent.name
+                    )))
+                } else {
+                    Outcome::Adopted
+                }
+            }
+            Ok(Created::Existing(existing)) => Outcome::NotCreated(DestState::Error(format!(
+                "dispatchjob {} already exists for another AnalysisRun ({}); it is left alone",
+                existing.name, existing.spec.run
+            ))),
+            Err(e) => Outcome::NotCreated(DestState::Unavailable(e.to_string())),
+        }
+    }
+
+    /// The state of a measurement's Job on an agent destination, as its agent last reported.
+    pub(super) async fn agent_state(
+        &self,
+        agent: &AgentDestination,
+        job: &JobRef,
+        p: &Placement,
+    ) -> DestState {
+        let store = match self.agent_store() {
+            Ok(s) => s,
+            Err(e) => return e,
+        };
+        let name = store::record_name(&job.name, &agent.name);
+        let silence = || {
+            if agent.connected(self.inner.offline_after) {
+                String::new()
+            } else {
+                match agent.last_contact().and_then(|t| t.elapsed().ok()) {
+                    Some(e) => format!(" (its agent has not been heard from for {}s)", e.as_secs()),
+                    None => " (its agent has not connected to this server replica yet)".into(),
+                }
+            }
+        };
+        let Some(record) = store.get(&name) else {
+            // The record is gone while Argo still asks: the in-memory store of a restarted
+            // server. Ask the agent to adopt the Job it has (never to create one).
+            return match store.create(bare_record(agent, job, p, false)).await {
+                Ok(_) => DestState::Running(Some(format!(
+                    "waiting for the agent of {} to report job {}/{}{}",
+                    agent.name,
+                    p.namespace,
+                    job.name,
+                    silence()
+                ))),
+                Err(e) => DestState::Unavailable(e.to_string()),
+            };
+        };
+        match record.status {
+            Some(s) if s.deleted => DestState::Error(format!(
+                "job {}/{} on {} was deleted (terminate or garbage collection)",
+                p.namespace, job.name, agent.name
+            )),
+            Some(s) => match s.state {
+                Some(DestState::Running(detail)) => {
+                    let note = silence();
+                    DestState::Running(match (detail, note.is_empty()) {
+                        (d, true) => d,
+                        (Some(d), false) => Some(format!("{d}{note}")),
+                        (None, false) => Some(note.trim_start().to_string()),
+                    })
+                }
+                Some(state) => state,
+                None => DestState::Running(None),
+            },
+            None => DestState::Running(Some(format!(
+                "waiting for the agent of {} to pick up job {}/{}{}",
+                agent.name,
+                p.namespace,
+                job.name,
+                silence()
+            ))),
+        }
+    }
+
+    /// Asks the agent to delete the Job (a delete-only record when the record is gone).
+    pub(super) async fn agent_delete(
+        &self,
+        agent: &AgentDestination,
+        job: &JobRef,
+        p: &Placement,
+    ) -> Result<bool, String> {
+        let store = self.agent_store().map_err(|s| s.summary())?;
+        let name = store::record_name(&job.name, &agent.name);
+        match store.get(&name) {
+            Some(r) if r.status.as_ref().is_some_and(|s| s.deleted) => Ok(false),
+            Some(r) if r.spec.delete => Ok(true),
+            Some(_) => match store.request_delete(&name).await {
+                Ok(()) => Ok(true),
+                Err(store::StoreError::NotFound(_)) => Ok(false),
+                Err(e) => Err(e.to_string()),
+            },
+            None => {
+                store
+                    .create(bare_record(agent, job, p, true))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// Keeps the newest `limit` records of run `run_uid` per agent destination (and metric, or
+    /// all metrics together) and asks the agents to delete the Jobs of the others.
+    pub(super) async fn gc_agents(
+        &self,
+        run_uid: &str,
+        metric: Option<&str>,
+        limit: usize,
+    ) -> (Vec<(String, String)>, Vec<(String, String)>) {
+        let Some(store) = &self.inner.store else {
+            return Default::default();
+        };
+        let records: Vec<DispatchJob> = store
+            .for_run(run_uid)
+            .into_iter()
+            .filter(|r| !r.spec.delete && metric.is_none_or(|m| r.spec.metric == m))
+            .map(|mut r| {
+                if metric.is_none() {
+                    r.spec.metric = String::new();
+                }
+                r
+            })
+            .collect();
+        let (mut deleted, mut failed) = (Vec::new(), Vec::new());
+        for ((destination, _), list) in store::by_metric(records) {
+            if list.len() <= limit {
+                continue;
+            }
+            let excess = list.len() - limit;
+            for r in &list[..excess] {
+                match store.request_delete(&r.name).await {
+                    Ok(()) => deleted.push((
+                        destination.clone(),
+                        format!("{}/{}", r.spec.namespace, r.spec.job_name),
+                    )),
+                    Err(store::StoreError::NotFound(_)) => {}
+                    Err(e) => failed.push((destination.clone(), e.to_string())),
+                }
+            }
+        }
+        (deleted, failed)
+    }
+}
+
+/// A record without a Job spec, for a measurement whose record is gone (the in-memory store of a
+/// restarted server): the agent adopts the Job it has (`delete: false`) or deletes it.
+pub(super) fn bare_record(
+    agent: &AgentDestination,
+    job: &JobRef,
+    p: &Placement,
+    delete: bool,
+) -> DispatchJob {
+    DispatchJob {
+        name: store::record_name(&job.name, &agent.name),
+        spec: DispatchJobSpec {
+            destination: agent.name.clone(),
+            namespace: p.namespace.clone(),
+            job_name: job.name.clone(),
+            run_uid: job.run_uid.clone(),
+            run: String::new(),
+            metric: String::new(),
+            measurement: measurement_of(&job.name),
+            log_tail: job.log_tail,
+            job: None,
+            delete,
+        },
+        status: None,
+        resource_version: None,
+    }
+}

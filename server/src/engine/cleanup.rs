@@ -1,0 +1,311 @@
+//! Cleanup: `terminate` (foreground delete on every destination), `gc` (keep the newest Jobs
+//! of a run) and the orphan sweep (Jobs whose AnalysisRun is gone).
+
+use super::*;
+
+impl Engine {
+    /// Deletes the measurement's Jobs (foreground: their Pods go first) on every destination.
+    /// Only Jobs of this run created by us are deleted.
+    pub async fn terminate(&self, job: &JobRef) -> TerminateReport {
+        let results = join_all(job.placements.iter().map(|p| self.delete_one(job, p))).await;
+        let mut report = TerminateReport::default();
+        for (p, r) in job.placements.iter().zip(results) {
+            match r {
+                Ok(true) => report.deleted.push(p.destination.clone()),
+                Ok(false) => report.absent.push(p.destination.clone()),
+                Err(e) => report.failed.push((p.destination.clone(), e)),
+            }
+        }
+        tracing::info!(job = %job.name, deleted = ?report.deleted, absent = ?report.absent,
+                       failed = ?report.failed, "terminate");
+        report
+    }
+
+    /// Deletes the measurement's Job on one destination; `Ok(false)`: none of ours was there.
+    /// The agent calls this for its own cluster.
+    pub async fn delete_one(&self, job: &JobRef, p: &Placement) -> Result<bool, String> {
+        if let Some(Entry::Agent(a)) = self.inner.registry.get(&p.destination) {
+            return self.agent_delete(&a, job, p).await;
+        }
+        let d = self.ready(&p.destination).map_err(|s| s.summary())?;
+        let existing = match self.cached(&d, &p.namespace, &job.name).await {
+            Some((j, _)) => Some(j),
+            None => self
+                .fetch_job(&d, &p.namespace, &job.name)
+                .await?
+                .map(Arc::new),
+        };
+        let Some(existing) = existing else {
+            return Ok(false);
+        };
+        self.delete_job(&d, &existing, &job.run_uid).await
+    }
+
+    pub(super) async fn fetch_job(
+        &self,
+        d: &Destination,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Job>, String> {
+        let timeout = self.inner.settings.request_timeout;
+        let jobs: Api<Job> = Api::namespaced(d.client().clone(), namespace);
+        let what = format!("read job {namespace}/{name}");
+        match tokio::time::timeout(timeout, jobs.get_opt(name)).await {
+            Ok(Ok(j)) => Ok(j),
+            Ok(Err(e)) => Err(api_failure(d, &what, &e).summary()),
+            Err(_) => Err(no_answer(d, &what, timeout).summary()),
+        }
+    }
+
+    /// Foreground delete with a UID precondition; `Ok(false)`: already gone.
+    pub(super) async fn delete_job(
+        &self,
+        d: &Destination,
+        obj: &Job,
+        run_uid: &str,
+    ) -> Result<bool, String> {
+        let namespace = obj.metadata.namespace.clone().unwrap_or_default();
+        let name = obj.metadata.name.clone().unwrap_or_default();
+        if let Ownership::Foreign(why) = job::ownership(obj, run_uid) {
+            return Err(format!("refusing to delete job {namespace}/{name}: {why}"));
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: obj.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::foreground()
+        };
+        let jobs: Api<Job> = Api::namespaced(d.client().clone(), &namespace);
+        let timeout = self.inner.settings.request_timeout;
+        let what = format!("delete job {namespace}/{name}");
+        match tokio::time::timeout(timeout, jobs.delete(&name, &params)).await {
+            Ok(Ok(_)) => Ok(true),
+            // Gone, or replaced by another object of that name: nothing of ours to delete.
+            Ok(Err(kube::Error::Api(s))) if s.code == 404 || s.code == 409 => Ok(false),
+            Ok(Err(e)) => Err(api_failure(d, &what, &e).summary()),
+            Err(_) => Err(no_answer(d, &what, timeout).summary()),
+        }
+    }
+
+    /// Keeps the newest `limit` Jobs of run `run_uid` on each destination and deletes the older
+    /// ones: of one metric, or (`metric: None`) of all metrics together, like Argo's built-in
+    /// provider.
+    pub async fn gc(&self, run_uid: &str, metric: Option<&str>, limit: usize) -> GcReport {
+        let dests: Vec<Arc<Destination>> = self
+            .inner
+            .registry
+            .entries()
+            .into_iter()
+            .filter_map(|e| match e {
+                Entry::Ready(d) => Some(d),
+                Entry::Broken(_) | Entry::Agent(_) => None,
+            })
+            .collect();
+        let results = join_all(dests.iter().map(|d| self.gc_one(d, run_uid, metric, limit))).await;
+        let (agent_deleted, agent_failed) = self.gc_agents(run_uid, metric, limit).await;
+        let mut report = GcReport {
+            deleted: agent_deleted,
+            failed: agent_failed,
+        };
+        for (d, r) in dests.iter().zip(results) {
+            match r {
+                Ok(deleted) => report
+                    .deleted
+                    .extend(deleted.into_iter().map(|j| (d.name.clone(), j))),
+                Err(e) => report.failed.push((d.name.clone(), e)),
+            }
+        }
+        if !report.deleted.is_empty() || !report.failed.is_empty() {
+            tracing::info!(run_uid, limit, deleted = ?report.deleted, failed = ?report.failed, "gc");
+        }
+        report
+    }
+
+    pub(super) async fn gc_one(
+        &self,
+        d: &Destination,
+        run_uid: &str,
+        metric: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, String> {
+        let mut jobs: Vec<Arc<Job>> = if d.jobs().is_authoritative() {
+            d.jobs().group(run_uid)
+        } else {
+            let api: Api<Job> = Api::all(d.client().clone());
+            let params = ListParams::default()
+                .labels(&format!("{LABEL_RUN_UID}={run_uid},{MANAGED_SELECTOR}"));
+            let timeout = self.inner.settings.request_timeout;
+            match tokio::time::timeout(timeout, api.list(&params)).await {
+                Ok(Ok(l)) => l.items.into_iter().map(Arc::new).collect(),
+                Ok(Err(e)) => return Err(api_failure(d, "list jobs", &e).summary()),
+                Err(_) => return Err(no_answer(d, "list jobs", timeout).summary()),
+            }
+        };
+        jobs.retain(|j| {
+            let of_metric = metric.is_none_or(|m| {
+                j.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(ANN_METRIC))
+                    .is_some_and(|v| v == m)
+            });
+            of_metric
+                && j.metadata.deletion_timestamp.is_none()
+                && job::ownership(j, run_uid) == Ownership::Ours
+        });
+        if jobs.len() <= limit {
+            return Ok(Vec::new());
+        }
+        let measurement = |j: &Job| {
+            j.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANN_MEASUREMENT))
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        // Oldest first; creation timestamps have 1 s resolution, the measurement index breaks ties.
+        jobs.sort_by(|a, b| {
+            a.metadata
+                .creation_timestamp
+                .cmp(&b.metadata.creation_timestamp)
+                .then_with(|| measurement(a).cmp(&measurement(b)))
+                .then_with(|| a.metadata.name.cmp(&b.metadata.name))
+        });
+        let excess = jobs.len() - limit;
+        let mut deleted = Vec::new();
+        let mut errors = Vec::new();
+        for j in &jobs[..excess] {
+            match self.delete_job(d, j, run_uid).await {
+                Ok(true) => deleted.push(format!(
+                    "{}/{}",
+                    j.metadata.namespace.as_deref().unwrap_or_default(),
+                    j.metadata.name.as_deref().unwrap_or_default()
+                )),
+                Ok(false) => {}
+                Err(e) => errors.push(e),
+            }
+        }
+        if errors.is_empty() {
+            Ok(deleted)
+        } else {
+            Err(errors.join("; "))
+        }
+    }
+}
+
+/// The AnalysisRun resource on the control plane.
+pub(super) fn analysis_run_resource() -> ApiResource {
+    ApiResource {
+        group: "argoproj.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "argoproj.io/v1alpha1".into(),
+        kind: "AnalysisRun".into(),
+        plural: "analysisruns".into(),
+    }
+}
+
+/// The `n` of a Job name `<uid>.<metric>.<n>` (0 when it has none).
+pub(super) fn measurement_of(job_name: &str) -> u32 {
+    job_name
+        .rsplit('.')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+impl Engine {
+    /// Deletes the Jobs (and asks agents to delete the Jobs) whose AnalysisRun no longer exists
+    /// on the control plane: a run deleted while its Jobs ran, or Jobs of measurements that a
+    /// crash left behind after their run went away. Argo calls `GarbageCollect` only for runs
+    /// that exist, so without this nothing would ever remove them.
+    ///
+    /// The Jobs and records are snapshotted *before* the runs are listed: a Job exists only after
+    /// its run, so a Job in the snapshot whose run is missing from the later list is an orphan —
+    /// never a Job of a run created in between. Only Jobs of ours (labels, run UID) are deleted.
+    pub async fn sweep_orphans(&self) -> Result<GcReport, String> {
+        let direct: Vec<(Arc<Destination>, Vec<Arc<Job>>)> = self
+            .inner
+            .registry
+            .entries()
+            .into_iter()
+            .filter_map(|e| match e {
+                // A cache that is not authoritative may miss Jobs; the next sweep gets them.
+                Entry::Ready(d) if d.jobs().is_authoritative() => {
+                    let jobs = d.jobs().all();
+                    Some((d, jobs))
+                }
+                _ => None,
+            })
+            .collect();
+        let records = self
+            .inner
+            .store
+            .as_ref()
+            .map(|s| s.all())
+            .unwrap_or_default();
+        let cp = self.control_plane().await?;
+        let runs: Api<DynamicObject> = Api::all_with(cp, &analysis_run_resource());
+        let timeout = self.inner.settings.request_timeout;
+        let live: std::collections::HashSet<String> =
+            match tokio::time::timeout(timeout, runs.list_metadata(&ListParams::default())).await {
+                Ok(Ok(list)) => list
+                    .items
+                    .into_iter()
+                    .filter_map(|r| r.metadata.uid)
+                    .collect(),
+                Ok(Err(e)) => {
+                    return Err(format!(
+                    "cannot list analysisruns on the control plane: {} (the server needs list on \
+                         analysisruns.argoproj.io to sweep orphans)",
+                    client::describe(&e)
+                ))
+                }
+                Err(_) => return Err("listing analysisruns timed out".into()),
+            };
+        let mut report = GcReport::default();
+        for (d, jobs) in direct {
+            for j in jobs {
+                let Some(uid) = destinations::job_group(&j) else {
+                    continue;
+                };
+                if live.contains(&uid) || j.metadata.deletion_timestamp.is_some() {
+                    continue;
+                }
+                let what = format!(
+                    "{}/{}",
+                    j.metadata.namespace.as_deref().unwrap_or_default(),
+                    j.metadata.name.as_deref().unwrap_or_default()
+                );
+                match self.delete_job(&d, &j, &uid).await {
+                    Ok(true) => report.deleted.push((d.name.clone(), what)),
+                    Ok(false) => {}
+                    Err(e) => report.failed.push((d.name.clone(), e)),
+                }
+            }
+        }
+        if let Some(store) = &self.inner.store {
+            for r in records {
+                if live.contains(&r.spec.run_uid) || r.spec.delete {
+                    continue;
+                }
+                match store.request_delete(&r.name).await {
+                    Ok(()) => report.deleted.push((
+                        r.spec.destination.clone(),
+                        format!("{}/{}", r.spec.namespace, r.spec.job_name),
+                    )),
+                    Err(store::StoreError::NotFound(_)) => {}
+                    Err(e) => report
+                        .failed
+                        .push((r.spec.destination.clone(), e.to_string())),
+                }
+            }
+        }
+        if !report.deleted.is_empty() || !report.failed.is_empty() {
+            tracing::info!(deleted = ?report.deleted, failed = ?report.failed,
+                           "orphan sweep: Jobs of AnalysisRuns that no longer exist");
+        }
+        Ok(report)
+    }
+}

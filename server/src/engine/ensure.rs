@@ -1,0 +1,321 @@
+//! `ensure`: resolve the destinations of a measurement (names, selector or `stage`), check the
+//! policy, and create the Job on each of them, or adopt ours and refuse a foreign one.
+
+use super::*;
+
+impl Engine {
+    /// Creates (or adopts) the measurement's Job on each destination.
+    pub async fn ensure(&self, req: &MeasureRequest) -> Result<Ensured, EngineError> {
+        let targets = self.targets(req).await?;
+        let name = job::job_name(&req.run.uid, &req.metric, req.measurement);
+        // Build every Job first: a bad spec creates nothing anywhere.
+        let mut objects = Vec::with_capacity(targets.len());
+        for (entry, namespace) in &targets {
+            let obj = job::build(&JobInput {
+                run: &req.run,
+                metric: &req.metric,
+                measurement: req.measurement,
+                config: &req.config,
+                destination: entry.name(),
+                namespace,
+            })
+            .map_err(|e| EngineError::InvalidJob {
+                metric: req.metric.clone(),
+                reason: e.to_string(),
+            })?;
+            objects.push(obj);
+        }
+        let outcomes = join_all(targets.iter().zip(objects).map(|((entry, ns), obj)| {
+            let name = &name;
+            async move {
+                match entry {
+                    Entry::Agent(a) => self.agent_create(a, ns, name, req, obj).await,
+                    _ => {
+                        self.create_or_adopt(entry, ns, name, &req.run.uid, obj)
+                            .await
+                    }
+                }
+            }
+        }))
+        .await;
+        let job = JobRef {
+            run_uid: req.run.uid.clone(),
+            name,
+            require: req.config.require,
+            log_tail: req.config.log_tail,
+            placements: targets
+                .iter()
+                .map(|(e, ns)| Placement {
+                    destination: e.name().to_string(),
+                    namespace: ns.clone(),
+                })
+                .collect(),
+        };
+        let statuses = job
+            .placements
+            .iter()
+            .zip(&outcomes)
+            .map(|(p, o)| DestinationStatus {
+                destination: p.destination.clone(),
+                namespace: p.namespace.clone(),
+                state: match o {
+                    Outcome::Created | Outcome::Adopted => DestState::Running(None),
+                    Outcome::NotCreated(s) => s.clone(),
+                },
+            })
+            .collect();
+        for ((entry, ns), o) in targets.iter().zip(&outcomes) {
+            tracing::info!(run = %format!("{}/{}", req.run.namespace, req.run.name), metric = %req.metric,
+                           destination = entry.name(), job = %format!("{ns}/{}", job.name), outcome = ?o, "ensure");
+        }
+        let redactor = Redactor::new(req.secrets.iter().cloned());
+        let verdict = finish(&job, verdict::combine(job.require, statuses), &redactor);
+        Ok(Ensured {
+            outcomes: job
+                .placements
+                .iter()
+                .map(|p| p.destination.clone())
+                .zip(outcomes)
+                .collect(),
+            job,
+            verdict,
+        })
+    }
+
+    /// The [`JobRef`] of a measurement without creating anything: where [`Engine::ensure`]
+    /// put (or would put) its Jobs. For callers that identify a measurement by run, metric and
+    /// index instead of keeping the [`JobRef`] (the `/v1` API). Costs no API call, except the
+    /// first `destination: stage` resolution of a run.
+    pub async fn locate(&self, req: &MeasureRequest) -> Result<JobRef, EngineError> {
+        let targets = self.targets(req).await?;
+        Ok(JobRef {
+            run_uid: req.run.uid.clone(),
+            name: job::job_name(&req.run.uid, &req.metric, req.measurement),
+            require: req.config.require,
+            log_tail: req.config.log_tail,
+            placements: targets
+                .iter()
+                .map(|(e, ns)| Placement {
+                    destination: e.name().to_string(),
+                    namespace: ns.clone(),
+                })
+                .collect(),
+        })
+    }
+
+    /// The destinations (and namespaces) of a request, after the policy.
+    pub(super) async fn targets(
+        &self,
+        req: &MeasureRequest,
+    ) -> Result<Vec<(Entry, String)>, EngineError> {
+        let registry = &self.inner.registry;
+        let (candidates, selector) = match &req.config.target {
+            Target::Names(names) => {
+                let mut out = Vec::new();
+                for n in names {
+                    out.push(self.lookup(n).await?);
+                }
+                (out, None)
+            }
+            Target::Selector(sel) => {
+                registry.wait_sources(self.sources_wait()).await;
+                let found = registry.matching(sel);
+                if found.is_empty() {
+                    let known = registry
+                        .entries()
+                        .iter()
+                        .map(|e| format!("{} {:?}", e.name(), e.labels()))
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    return Err(EngineError::NoMatch {
+                        selector: sel.to_string(),
+                        known: if known.is_empty() {
+                            "none".into()
+                        } else {
+                            known
+                        },
+                        origin: self.inner.origin.clone(),
+                    });
+                }
+                (found, Some(sel))
+            }
+            Target::Stage => {
+                let names = self.stage_destinations(&req.run).await?;
+                let mut out = Vec::new();
+                for n in &names {
+                    out.push(self.lookup(n).await?);
+                }
+                (out, None)
+            }
+        };
+        let project = &req.run.namespace;
+        let mut allowed = Vec::new();
+        let mut denied = Vec::new();
+        for e in candidates {
+            let ns = req
+                .config
+                .namespace
+                .clone()
+                .unwrap_or_else(|| e.namespace().to_string());
+            match self.inner.policy.check(project, e.name(), &ns) {
+                Ok(()) => allowed.push((e, ns)),
+                Err(d) => denied.push(d),
+            }
+        }
+        match (selector, denied.into_iter().next()) {
+            // A selector may span destinations of several teams: keep the allowed ones.
+            (Some(sel), Some(d)) if !allowed.is_empty() => {
+                tracing::info!(selector = %sel, project = %project, skipped = %d.destination,
+                               "policy excludes destinations the selector matched");
+                Ok(allowed)
+            }
+            (_, Some(d)) => Err(d.into()),
+            (_, None) => Ok(allowed),
+        }
+    }
+
+    /// The destinations of the run's Stage; resolved once per run (a run belongs to one
+    /// promotion), then remembered so that later lookups of the run cost no API call.
+    pub(super) async fn stage_destinations(
+        &self,
+        run: &RunContext,
+    ) -> Result<Vec<String>, EngineError> {
+        let known = self
+            .inner
+            .stages
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&run.uid)
+            .cloned();
+        if let Some(names) = known {
+            return Ok(names);
+        }
+        let cp = self.control_plane().await.map_err(EngineError::Stage)?;
+        let registry = &self.inner.registry;
+        registry.wait_sources(self.sources_wait()).await;
+        let names = stage::resolve(
+            &cp,
+            run,
+            &self.inner.argocd_namespace,
+            registry,
+            self.inner.settings.request_timeout,
+        )
+        .await
+        .map_err(EngineError::Stage)?;
+        let mut memo = self.inner.stages.lock().unwrap_or_else(|e| e.into_inner());
+        if memo.len() >= MAX_REMEMBERED {
+            memo.clear();
+        }
+        memo.insert(run.uid.clone(), names.clone());
+        Ok(names)
+    }
+
+    pub(super) fn sources_wait(&self) -> Duration {
+        self.inner
+            .settings
+            .request_timeout
+            .min(Duration::from_secs(10))
+    }
+
+    pub(super) async fn lookup(&self, name: &str) -> Result<Entry, EngineError> {
+        let registry = &self.inner.registry;
+        if let Some(e) = registry.get(name) {
+            return Ok(e);
+        }
+        // Right after start, Argo CD Secrets may not be listed yet.
+        if registry.wait_sources(self.sources_wait()).await {
+            if let Some(e) = registry.get(name) {
+                return Ok(e);
+            }
+        }
+        let names = registry.names();
+        Err(EngineError::UnknownDestination {
+            name: name.to_string(),
+            known: if names.is_empty() {
+                "none".into()
+            } else {
+                names.join(", ")
+            },
+            origin: self.inner.origin.clone(),
+        })
+    }
+
+    pub(super) async fn control_plane(&self) -> Result<kube::Client, String> {
+        let inner = &self.inner;
+        inner
+            .control_plane
+            .get_or_init(|| async {
+                let config = client::config_for(&inner.control_plane_access, "control-plane")
+                    .await
+                    .map_err(|e| {
+                        format!(
+                            "the control plane is not reachable (`controlPlane` in {}): {e}",
+                            inner.origin
+                        )
+                    })?;
+                client::client(config, &inner.settings, &RequestCounter::default())
+            })
+            .await
+            .clone()
+    }
+
+    /// Creates Job `obj` (named `name`) on a direct destination, or adopts the Job of run
+    /// `run_uid` already there. The agent calls this for its own cluster.
+    pub async fn create_or_adopt(
+        &self,
+        entry: &Entry,
+        namespace: &str,
+        name: &str,
+        run_uid: &str,
+        obj: serde_json::Value,
+    ) -> Outcome {
+        let d = match entry {
+            Entry::Ready(d) => d,
+            Entry::Broken(b) => {
+                return Outcome::NotCreated(DestState::Error(format!(
+                    "destination is unusable: {}",
+                    b.error
+                )))
+            }
+            Entry::Agent(a) => {
+                return Outcome::NotCreated(DestState::Error(format!(
+                    "destination {} is reached through its agent, not directly",
+                    a.name
+                )))
+            }
+        };
+        if d.jobs().is_authoritative() {
+            if let Some(existing) = d.jobs().get(namespace, name) {
+                return adopt_or_refuse(&existing, run_uid, namespace, name);
+            }
+        }
+        let what = format!("create job {namespace}/{name}");
+        let object: DynamicObject = match serde_json::from_value(obj) {
+            Ok(o) => o,
+            Err(e) => return Outcome::NotCreated(DestState::Error(format!("cannot {what}: {e}"))),
+        };
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            d.client().clone(),
+            namespace,
+            &ApiResource::erase::<Job>(&()),
+        );
+        let timeout = self.inner.settings.request_timeout;
+        match tokio::time::timeout(timeout, api.create(&PostParams::default(), &object)).await {
+            Ok(Ok(_)) => Outcome::Created,
+            Ok(Err(kube::Error::Api(s))) if s.code == 409 => {
+                let jobs: Api<Job> = Api::namespaced(d.client().clone(), namespace);
+                match tokio::time::timeout(timeout, jobs.get_opt(name)).await {
+                    Ok(Ok(Some(existing))) => adopt_or_refuse(&existing, run_uid, namespace, name),
+                    // Deleted in between (foreground deletion still running): try again later.
+                    Ok(Ok(None)) => Outcome::NotCreated(DestState::Unavailable(format!(
+                        "job {namespace}/{name} is being deleted; it will be created again on the next attempt"
+                    ))),
+                    Ok(Err(e)) => Outcome::NotCreated(api_failure(d, &format!("read job {namespace}/{name}"), &e)),
+                    Err(_) => Outcome::NotCreated(no_answer(d, &what, timeout)),
+                }
+            }
+            Ok(Err(e)) => Outcome::NotCreated(api_failure(d, &what, &e)),
+            Err(_) => Outcome::NotCreated(no_answer(d, &what, timeout)),
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! The reference to a measurement's Jobs that lives in the measurement's metadata: where
+//! they are, so that any replica (or a restarted one) can answer without state of its own.
+
+use std::collections::BTreeMap;
+
+use dispatch_api::Require;
+use serde::{Deserialize, Serialize};
+
+/// Measurement metadata key holding the [`JobRef`] as JSON.
+pub const REF_KEY: &str = "dispatch-ref";
+/// Measurement metadata key with the Job name (as Argo's built-in provider).
+pub const JOB_NAME_KEY: &str = "job-name";
+/// Measurement metadata key with the Job namespace (of the first destination).
+pub const JOB_NAMESPACE_KEY: &str = "job-namespace";
+
+/// One destination of a measurement and the namespace of its Job there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    /// destination name
+    pub destination: String,
+    /// namespace there
+    pub namespace: String,
+}
+
+/// Everything needed to find a measurement's Jobs again; round-trips through measurement
+/// metadata ([`JobRef::metadata`], [`JobRef::from_metadata`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobRef {
+    /// the AnalysisRun's UID
+    pub run_uid: String,
+    /// the Job name (the same on every destination)
+    pub name: String,
+    /// `all` or `any`
+    pub require: Require,
+    /// log lines of a failed container in the message
+    pub log_tail: u32,
+    /// where the Jobs are
+    pub placements: Vec<Placement>,
+}
+
+impl JobRef {
+    /// The measurement metadata for this reference.
+    pub fn metadata(&self) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
+        m.insert(JOB_NAME_KEY.to_string(), self.name.clone());
+        if let Some(p) = self.placements.first() {
+            m.insert(JOB_NAMESPACE_KEY.to_string(), p.namespace.clone());
+        }
+        // Serializing plain strings and numbers cannot fail.
+        m.insert(
+            REF_KEY.to_string(),
+            serde_json::to_string(self).unwrap_or_default(),
+        );
+        m
+    }
+
+    /// The reference stored by [`JobRef::metadata`].
+    pub fn from_metadata(metadata: &BTreeMap<String, String>) -> Result<Self, String> {
+        let json = metadata.get(REF_KEY).ok_or_else(|| {
+            format!("the measurement has no {REF_KEY} metadata: it was not started by this server")
+        })?;
+        serde_json::from_str(json)
+            .map_err(|e| format!("the measurement's {REF_KEY} metadata is unreadable: {e}"))
+    }
+}

@@ -1,0 +1,205 @@
+//! Starting an engine: the destination registry and its sources, the agent store, the
+//! control-plane client, and the accessors the server and the agent read.
+
+use super::*;
+
+impl Engine {
+    /// Registers every destination of `config`, starts their watch caches and the Argo CD
+    /// Secret watch, and returns without waiting for any cluster: an unreachable destination
+    /// never blocks the start. Fails only when the configuration cannot work at all.
+    pub async fn start(config: ServerConfig) -> Result<Self, EngineError> {
+        let ServerConfig {
+            origin,
+            control_plane: control_plane_access,
+            destinations,
+            kubeconfig_contexts,
+            argocd,
+            policy,
+            engine: settings,
+            agents,
+        } = config;
+        let policy = Policy::new(policy.as_ref(), &origin);
+        if let Some(w) = policy.warning() {
+            tracing::warn!("{w}");
+        }
+        let registry = Arc::new(Registry::new(settings, argocd.is_some()));
+        let control_plane = tokio::sync::OnceCell::new();
+        let mut tasks = Vec::new();
+        let argocd_namespace = argocd
+            .as_ref()
+            .map_or_else(|| "argocd".to_string(), |a| a.namespace.clone());
+        if let Some(argo) = argocd {
+            let cp_config = client::config_for(&control_plane_access, "control-plane")
+                .await
+                .map_err(|e| {
+                    EngineError::Start(format!(
+                        "`argocd` needs the control plane (`controlPlane` in {origin}): {e}"
+                    ))
+                })?;
+            let cp = client::client(cp_config.clone(), &settings, &RequestCounter::default())
+                .map_err(|e| EngineError::Start(format!("control plane: {e}")))?;
+            let _ = control_plane.set(Ok(cp.clone()));
+            tasks.push(
+                tokio::spawn(argocd::watch(registry.clone(), cp, cp_config, argo)).abort_handle(),
+            );
+        }
+        for (i, d) in destinations.iter().enumerate() {
+            registry.insert(destinations::spec_from_config(i, d).await);
+        }
+        if let Some(k) = &kubeconfig_contexts {
+            match destinations::specs_from_kubeconfig(k).await {
+                Ok(specs) => {
+                    for s in specs {
+                        registry.insert(s);
+                    }
+                }
+                // The embedded default on a machine without a kubeconfig: nothing to add.
+                Err(e) if k.path.is_none() => {
+                    tracing::warn!(error = %e, "no kubeconfig contexts as destinations");
+                }
+                Err(e) => {
+                    return Err(EngineError::Start(format!(
+                        "kubeconfigContexts.path in {origin}: {e}"
+                    )))
+                }
+            }
+        }
+        let mut store: Option<Arc<dyn Store>> = None;
+        let mut offline_after = Duration::from_secs(60);
+        if let Some(agents) = &agents {
+            offline_after = agents.offline_after;
+            store = Some(match agents.store {
+                StoreKind::Memory => Arc::new(store::memory::MemoryStore::new()),
+                StoreKind::Kubernetes => {
+                    let namespace = agents.namespace.clone().unwrap_or_else(|| {
+                        std::env::var("POD_NAMESPACE")
+                            .unwrap_or_else(|_| "rollouts-dispatch".into())
+                    });
+                    let cp_config = client::config_for(&control_plane_access, "control-plane")
+                        .await
+                        .map_err(|e| {
+                            EngineError::Start(format!(
+                                "`agents.store: kubernetes` needs the control plane (`controlPlane` in {origin}): {e}"
+                            ))
+                        })?;
+                    let cp = client::client(cp_config, &settings, &RequestCounter::default())
+                        .map_err(|e| EngineError::Start(format!("control plane: {e}")))?;
+                    Arc::new(store::kubernetes::KubeStore::start(
+                        cp,
+                        &namespace,
+                        settings.request_timeout,
+                    ))
+                }
+            });
+            for (i, a) in agents.destinations.iter().enumerate() {
+                registry.insert_agent(AgentDestination::new(
+                    &a.name,
+                    a.labels.clone(),
+                    &a.namespace,
+                    i,
+                ));
+            }
+        }
+        tracing::info!(destinations = ?registry.names(), %origin, "dispatch engine started");
+        Ok(Self {
+            inner: Arc::new(Inner {
+                registry,
+                policy,
+                settings,
+                origin,
+                control_plane,
+                control_plane_access,
+                argocd_namespace,
+                logs: Mutex::new(HashMap::new()),
+                stages: Mutex::new(HashMap::new()),
+                tasks,
+                store,
+                offline_after,
+            }),
+        })
+    }
+
+    /// The engine of an agent: one destination, `name`, the cluster the agent runs in
+    /// (in-cluster credentials, else `$KUBECONFIG`), with the same Job caches and verdict code
+    /// as the server's direct destinations.
+    pub async fn start_local(
+        name: &str,
+        namespace: &str,
+        settings: EngineSettings,
+    ) -> Result<Self, EngineError> {
+        let config = client::config_for(&crate::config::Access::Infer, name)
+            .await
+            .map_err(|e| {
+                EngineError::Start(format!(
+                    "no credentials for this cluster (in-cluster ServiceAccount or $KUBECONFIG): {e}"
+                ))
+            })?;
+        let registry = Arc::new(Registry::new(settings, false));
+        registry.insert(DestinationSpec {
+            name: name.to_string(),
+            labels: BTreeMap::new(),
+            namespace: namespace.to_string(),
+            server: config.cluster_url.to_string(),
+            source: Source::Local,
+            fingerprint: 0,
+            config: Ok(config),
+        });
+        if let Some(Entry::Broken(b)) = registry.get(name) {
+            return Err(EngineError::Start(b.error.clone()));
+        }
+        let origin = "agent".to_string();
+        Ok(Self {
+            inner: Arc::new(Inner {
+                registry,
+                policy: Policy::new(None, &origin),
+                settings,
+                origin,
+                control_plane: tokio::sync::OnceCell::new(),
+                control_plane_access: crate::config::Access::Infer,
+                argocd_namespace: "argocd".into(),
+                logs: Mutex::new(HashMap::new()),
+                stages: Mutex::new(HashMap::new()),
+                tasks: Vec::new(),
+                store: None,
+                offline_after: Duration::from_secs(60),
+            }),
+        })
+    }
+
+    /// The records of agent destinations (`None` without `agents` in the config).
+    pub fn store(&self) -> Option<&Arc<dyn Store>> {
+        self.inner.store.as_ref()
+    }
+
+    /// How long an agent may be silent before it is shown as not connected.
+    pub fn agent_offline_after(&self) -> Duration {
+        self.inner.offline_after
+    }
+
+    /// The config file (for messages).
+    pub fn origin(&self) -> &str {
+        &self.inner.origin
+    }
+
+    /// The destination registry.
+    pub fn registry(&self) -> &Registry {
+        &self.inner.registry
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> &Policy {
+        &self.inner.policy
+    }
+
+    /// Waits up to `timeout` for live sources and every destination's caches; returns the
+    /// destinations that did not sync.
+    pub async fn wait_synced(&self, timeout: Duration) -> Vec<String> {
+        self.inner.registry.wait_sources(timeout).await;
+        self.inner.registry.wait_synced(timeout).await
+    }
+
+    /// HTTP requests sent to destinations so far (watches included).
+    pub fn api_requests(&self) -> u64 {
+        self.inner.registry.api_requests()
+    }
+}

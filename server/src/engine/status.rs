@@ -1,0 +1,251 @@
+//! `status`: the verdict of a measurement from the watch caches (no API call at steady state),
+//! with the log tail of a failed container fetched once and redacted.
+
+use super::*;
+
+impl Engine {
+    /// The verdict of a measurement, from the watch caches: at steady state no API call.
+    pub async fn status(&self, job: &JobRef, secrets: &Redactor) -> Verdict {
+        self.status_with(job, secrets, true).await
+    }
+
+    /// The verdict by asking every API server (GET the Job, list its Pods): what an engine
+    /// without watch caches does on every lookup. For comparison (`make bench-engine`) and
+    /// diagnostics.
+    pub async fn status_uncached(&self, job: &JobRef, secrets: &Redactor) -> Verdict {
+        self.status_with(job, secrets, false).await
+    }
+
+    pub(super) async fn status_with(
+        &self,
+        job: &JobRef,
+        secrets: &Redactor,
+        cached: bool,
+    ) -> Verdict {
+        let states = join_all(
+            job.placements
+                .iter()
+                .map(|p| self.placement_state(job, p, secrets, cached)),
+        )
+        .await;
+        let statuses = job
+            .placements
+            .iter()
+            .zip(states)
+            .map(|(p, state)| DestinationStatus {
+                destination: p.destination.clone(),
+                namespace: p.namespace.clone(),
+                state,
+            })
+            .collect();
+        finish(job, verdict::combine(job.require, statuses), secrets)
+    }
+
+    pub(super) fn ready(&self, destination: &str) -> Result<Arc<Destination>, DestState> {
+        match self.inner.registry.get(destination) {
+            Some(Entry::Ready(d)) => Ok(d),
+            Some(Entry::Broken(b)) => Err(DestState::Error(format!(
+                "destination is unusable: {}",
+                b.error
+            ))),
+            Some(Entry::Agent(a)) => Err(DestState::Error(format!(
+                "destination {} is reached through its agent, not directly",
+                a.name
+            ))),
+            None => Err(DestState::Error(format!(
+                "destination {destination:?} is no longer known (removed from {} or its Argo CD \
+                 cluster Secret was deleted)",
+                self.inner.origin
+            ))),
+        }
+    }
+
+    /// The state of the measurement's Job on one destination. The agent calls this for its own
+    /// cluster.
+    pub async fn placement_state(
+        &self,
+        job: &JobRef,
+        p: &Placement,
+        secrets: &Redactor,
+        cached: bool,
+    ) -> DestState {
+        if let Some(Entry::Agent(a)) = self.inner.registry.get(&p.destination) {
+            return self.agent_state(&a, job, p).await;
+        }
+        let d = match self.ready(&p.destination) {
+            Ok(d) => d,
+            Err(s) => return s,
+        };
+        let hit = if cached {
+            self.cached(&d, &p.namespace, &job.name).await
+        } else {
+            None
+        };
+        let from_cache = hit.is_some();
+        let (obj, mut pods) = match hit {
+            Some(x) => x,
+            None => match self.fetch(&d, &p.namespace, &job.name).await {
+                Ok(Some(x)) => x,
+                Ok(None) => {
+                    return DestState::Error(format!(
+                        "job {}/{} does not exist (deleted by terminate, garbage collection or a person)",
+                        p.namespace, job.name
+                    ))
+                }
+                Err(s) => return s,
+            },
+        };
+        match verdict::observe(&obj, &pods) {
+            Observed::Running(detail) => DestState::Running(detail),
+            Observed::Succeeded => DestState::Succeeded,
+            Observed::ImagePull {
+                container,
+                reason,
+                message,
+            } => DestState::ImagePull {
+                container,
+                reason,
+                message,
+            },
+            Observed::Failed { reason, message } => {
+                let mut failed = logs::failed_container(&pods);
+                if failed.is_none() && from_cache && reason != "DeadlineExceeded" {
+                    // The Job and Pod watches are separate streams: the Job's Failed condition
+                    // can arrive before the terminated Pod. The verdict is final, so ask once.
+                    if let Ok(Some((_, fresh))) = self.fetch(&d, &p.namespace, &job.name).await {
+                        pods = fresh;
+                        failed = logs::failed_container(&pods);
+                    }
+                }
+                let mut detail = message;
+                if reason == "DeadlineExceeded" {
+                    if let Some(s) = obj.spec.as_ref().and_then(|s| s.active_deadline_seconds) {
+                        detail = format!("{detail} (activeDeadline {s}s)");
+                    }
+                }
+                if let Some(f) = &failed {
+                    detail = format!("{detail}; {}", f.describe());
+                }
+                let log = match &failed {
+                    Some(f) => self.log_tail(&d, f, job.log_tail, secrets).await,
+                    None => None,
+                };
+                DestState::Failed {
+                    reason,
+                    detail,
+                    log,
+                }
+            }
+        }
+    }
+
+    /// The Job and its Pods from the caches, when they are authoritative and hold the Job.
+    pub(super) async fn cached(
+        &self,
+        d: &Destination,
+        namespace: &str,
+        name: &str,
+    ) -> Option<(Arc<Job>, Vec<Arc<Pod>>)> {
+        if !d.jobs().is_ready() || !d.pods().is_ready() {
+            // Only while the first list is on its way; a failing watch does not make us wait.
+            if d.jobs().failing_for().is_none() {
+                d.wait_synced(self.inner.settings.cache_wait).await;
+            }
+        }
+        if !d.is_authoritative() {
+            return None;
+        }
+        let obj = d.jobs().get(namespace, name)?;
+        Some((obj, d.pods_of(namespace, name)))
+    }
+
+    /// The Job and its Pods from the API server (`Ok(None)`: no such Job).
+    pub(super) async fn fetch(
+        &self,
+        d: &Destination,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<(Arc<Job>, Vec<Arc<Pod>>)>, DestState> {
+        let timeout = self.inner.settings.request_timeout;
+        let jobs: Api<Job> = Api::namespaced(d.client().clone(), namespace);
+        let what = format!("read job {namespace}/{name}");
+        let obj = match tokio::time::timeout(timeout, jobs.get_opt(name)).await {
+            Ok(Ok(Some(j))) => j,
+            Ok(Ok(None)) => return Ok(None),
+            Ok(Err(e)) => return Err(with_cache_problem(d, api_failure(d, &what, &e))),
+            Err(_) => return Err(with_cache_problem(d, no_answer(d, &what, timeout))),
+        };
+        let uid = obj.metadata.uid.clone().unwrap_or_default();
+        let pods: Api<Pod> = Api::namespaced(d.client().clone(), namespace);
+        let params =
+            ListParams::default().labels(&format!("batch.kubernetes.io/controller-uid={uid}"));
+        let what = format!("list pods of job {namespace}/{name}");
+        let list = match tokio::time::timeout(timeout, pods.list(&params)).await {
+            Ok(Ok(l)) => l,
+            Ok(Err(e)) => return Err(api_failure(d, &what, &e)),
+            Err(_) => return Err(no_answer(d, &what, timeout)),
+        };
+        Ok(Some((
+            Arc::new(obj),
+            list.items.into_iter().map(Arc::new).collect(),
+        )))
+    }
+
+    /// The failed container's log tail: its termination message (free), else `pods/log`
+    /// (cached per container, failures too, so a broken log API costs one timeout).
+    pub(super) async fn log_tail(
+        &self,
+        d: &Destination,
+        failed: &FailedContainer,
+        lines: u32,
+        secrets: &Redactor,
+    ) -> Option<String> {
+        if lines == 0 {
+            return None;
+        }
+        if let Some(m) = &failed.message {
+            return Some(logs::render(
+                failed,
+                m,
+                "termination message",
+                lines,
+                secrets,
+            ));
+        }
+        let key = (
+            d.name.clone(),
+            failed.namespace.clone(),
+            failed.pod.clone(),
+            failed.container.clone(),
+        );
+        let known = self
+            .inner
+            .logs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned();
+        let raw = match known {
+            Some(r) => r,
+            None => {
+                let r =
+                    logs::fetch(d.client(), failed, lines, self.inner.settings.log_timeout).await;
+                let mut cache = self.inner.logs.lock().unwrap_or_else(|e| e.into_inner());
+                if cache.len() >= MAX_CACHED_LOGS {
+                    cache.clear();
+                }
+                cache.insert(key, r.clone());
+                r
+            }
+        };
+        Some(match raw {
+            Ok(text) => logs::render(failed, &text, "pods/log", lines, secrets),
+            Err(e) => format!(
+                "no log of {} (pod {}): {}",
+                failed.describe(),
+                failed.pod,
+                secrets.redact(&e)
+            ),
+        })
+    }
+}
