@@ -48,9 +48,10 @@ test: ## the whole suite: Rust tests, golden vectors, Go conformance, real clust
 bench: bench-plugin bench-engine bench-verdict bench-agents ## every benchmark, side by side with its baseline (ratios printed)
 
 .PHONY: lint
-lint: conformance-lint ## rustfmt check, clippy with warnings denied, gofmt + go vet
+lint: conformance-lint ## rustfmt check, clippy with warnings denied, no module cycle in the server, gofmt + go vet
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	$(CARGO) test --locked -q -p dispatch-server --test module_graph
 
 # Coverage-guided fuzzing with cargo-fuzz on the stable toolchain (libFuzzer, no sanitizer: the
 # code under test forbids `unsafe`, so the fuzzer is after panics, hangs and runaway allocation).

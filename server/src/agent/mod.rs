@@ -19,7 +19,7 @@ use dispatch_api::block::Require;
 use dispatch_api::client::{CallError, ClientConfig, ServerClient};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
-use tracing::{error, info, warn};
+use tracing::{error, info, info_span, warn, Instrument};
 
 use crate::config::EngineSettings;
 use crate::engine::{Engine, JobRef, Outcome, Placement};
@@ -118,12 +118,15 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding the admin port {}", opts.admin_listen))?;
     let shutdown = shutdown_signal();
-    let admin = tokio::spawn(listener::serve(
-        admin_listener,
-        admin::router(readiness.clone(), metrics.clone()),
-        None,
-        shutdown.clone(),
-    ));
+    let admin = tokio::spawn(
+        listener::serve(
+            admin_listener,
+            admin::router(readiness.clone(), metrics.clone()),
+            None,
+            shutdown.clone(),
+        )
+        .instrument(info_span!("admin", listen = %opts.admin_listen)),
+    );
     info!(%destination, server = %opts.server, agent = %subject, "agent starting");
     // Act only on a complete view of the cluster: a Job missing from a half-listed cache
     // would be created twice.
@@ -135,12 +138,15 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         work: Mutex::new(Vec::new()),
         changed: Notify::new(),
     });
-    let poller = tokio::spawn(poll(
-        client.clone(),
-        shared.clone(),
-        readiness.clone(),
-        opts.poll_wait,
-    ));
+    let poller = tokio::spawn(
+        poll(
+            client.clone(),
+            shared.clone(),
+            readiness.clone(),
+            opts.poll_wait,
+        )
+        .instrument(info_span!("agent_poll", %destination)),
+    );
     tokio::select! {
         () = sync(engine, client, shared, subject, metrics) => {}
         () = shutdown.clone() => {}

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Args;
 use tokio::net::TcpListener;
-use tracing::{info, warn};
+use tracing::{info, info_span, warn, Instrument};
 
 use crate::dispatch::EngineDispatcher;
 use crate::engine::Engine;
@@ -119,12 +119,15 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     let engine = Engine::start(config).await?;
     let shutdown = shutdown_signal();
-    let admin = tokio::spawn(listener::serve(
-        admin_listener,
-        admin::router(readiness.clone(), metrics.clone()),
-        None,
-        shutdown.clone(),
-    ));
+    let admin = tokio::spawn(
+        listener::serve(
+            admin_listener,
+            admin::router(readiness.clone(), metrics.clone()),
+            None,
+            shutdown.clone(),
+        )
+        .instrument(info_span!("admin", listen = %admin_listen)),
+    );
     let dispatcher = Arc::new(EngineDispatcher::new(engine.clone(), metrics.clone()));
     let counts = tokio::spawn({
         let dispatcher = dispatcher.clone();
@@ -135,17 +138,21 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 tokio::time::sleep(std::time::Duration::from_secs(15)).await;
             }
         }
+        .instrument(info_span!("publish_gauges"))
     });
     let sweeper = sweep_orphans_every.filter(|d| !d.is_zero()).map(|every| {
         let engine = engine.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(every).await;
-                if let Err(e) = engine.sweep_orphans().await {
-                    warn!(error = %e, "orphan sweep failed; retrying at the next interval");
+        tokio::spawn(
+            async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    if let Err(e) = engine.sweep_orphans().await {
+                        warn!(error = %e, "orphan sweep failed; retrying at the next interval");
+                    }
                 }
             }
-        })
+            .instrument(info_span!("orphan_sweep", every_s = every.as_secs())),
+        )
     });
     // Open long polls of agents answer at once on shutdown, so that the drain does not wait.
     tokio::spawn({
@@ -155,18 +162,17 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             shutdown.await;
             dispatcher.stop_polls();
         }
+        .instrument(info_span!("release_polls_at_shutdown"))
     });
     let state = AppState {
         dispatcher,
         auth,
         metrics,
     };
-    let api = tokio::spawn(listener::serve(
-        api_listener,
-        http::router(state),
-        tls,
-        shutdown.clone(),
-    ));
+    let api = tokio::spawn(
+        listener::serve(api_listener, http::router(state), tls, shutdown.clone())
+            .instrument(info_span!("api", %listen)),
+    );
 
     if let Some(store) = engine.store() {
         if !store.wait_synced(sync_timeout).await {

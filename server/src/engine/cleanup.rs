@@ -6,6 +6,7 @@ use super::*;
 impl Engine {
     /// Deletes the measurement's Jobs (foreground: their Pods go first) on every destination.
     /// Only Jobs of this run created by us are deleted.
+    #[tracing::instrument(name = "terminate", skip_all, fields(job = %job.name, destinations = %job.destinations()))]
     pub async fn terminate(&self, job: &JobRef) -> TerminateReport {
         let results = join_all(job.placements.iter().map(|p| self.delete_one(job, p))).await;
         let mut report = TerminateReport::default();
@@ -91,6 +92,7 @@ impl Engine {
     /// Keeps the newest `limit` Jobs of run `run_uid` on each destination and deletes the older
     /// ones: of one metric, or (`metric: None`) of all metrics together, like Argo's built-in
     /// provider.
+    #[tracing::instrument(name = "gc", skip(self))]
     pub async fn gc(&self, run_uid: &str, metric: Option<&str>, limit: usize) -> GcReport {
         let dests: Vec<Arc<Destination>> = self
             .inner
@@ -224,6 +226,7 @@ impl Engine {
     /// The Jobs and records are snapshotted *before* the runs are listed: a Job exists only after
     /// its run, so a Job in the snapshot whose run is missing from the later list is an orphan —
     /// never a Job of a run created in between. Only Jobs of ours (labels, run UID) are deleted.
+    #[tracing::instrument(name = "sweep_orphans", skip_all)]
     pub async fn sweep_orphans(&self) -> Result<GcReport, String> {
         let direct: Vec<(Arc<Destination>, Vec<Arc<Job>>)> = self
             .inner

@@ -5,6 +5,12 @@ use super::*;
 
 impl Engine {
     /// Creates (or adopts) the measurement's Job on each destination.
+    #[tracing::instrument(name = "ensure", skip_all, fields(
+        run = %format_args!("{}/{}", req.run.namespace, req.run.name),
+        metric = %req.metric,
+        measurement = req.measurement,
+        target = %req.config.target_display(),
+    ))]
     pub async fn ensure(&self, req: &MeasureRequest) -> Result<Ensured, EngineError> {
         let targets = self.targets(req).await?;
         let name = job::job_name(&req.run.uid, &req.metric, req.measurement);

@@ -55,6 +55,15 @@ impl JobRef {
         m
     }
 
+    /// Where the Jobs are, `destination/namespace` comma-separated (for spans and logs).
+    pub fn destinations(&self) -> String {
+        self.placements
+            .iter()
+            .map(|p| format!("{}/{}", p.destination, p.namespace))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
     /// The reference stored by [`JobRef::metadata`].
     pub fn from_metadata(metadata: &BTreeMap<String, String>) -> Result<Self, String> {
         let json = metadata.get(REF_KEY).ok_or_else(|| {

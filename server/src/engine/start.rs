@@ -2,6 +2,7 @@
 //! control-plane client, and the accessors the server and the agent read.
 
 use super::*;
+use tracing::Instrument;
 
 impl Engine {
     /// Registers every destination of `config`, starts their watch caches and the Argo CD
@@ -40,7 +41,11 @@ impl Engine {
                 .map_err(|e| EngineError::Start(format!("control plane: {e}")))?;
             let _ = control_plane.set(Ok(cp.clone()));
             tasks.push(
-                tokio::spawn(argocd::watch(registry.clone(), cp, cp_config, argo)).abort_handle(),
+                tokio::spawn(
+                    argocd::watch(registry.clone(), cp, cp_config, argo)
+                        .instrument(tracing::info_span!("argocd_watch")),
+                )
+                .abort_handle(),
             );
         }
         for (i, d) in destinations.iter().enumerate() {

@@ -5,6 +5,7 @@ use super::*;
 
 impl Engine {
     /// The verdict of a measurement, from the watch caches: at steady state no API call.
+    #[tracing::instrument(name = "status", skip_all, fields(job = %job.name, destinations = %job.destinations()))]
     pub async fn status(&self, job: &JobRef, secrets: &Redactor) -> Verdict {
         self.status_with(job, secrets, true).await
     }
@@ -12,6 +13,7 @@ impl Engine {
     /// The verdict by asking every API server (GET the Job, list its Pods): what an engine
     /// without watch caches does on every lookup. For comparison (`make bench-engine`) and
     /// diagnostics.
+    #[tracing::instrument(name = "status_uncached", skip_all, fields(job = %job.name, destinations = %job.destinations()))]
     pub async fn status_uncached(&self, job: &JobRef, secrets: &Redactor) -> Verdict {
         self.status_with(job, secrets, false).await
     }

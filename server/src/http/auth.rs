@@ -255,6 +255,7 @@ pub async fn require_bearer(
     };
     match result {
         Ok(p) => {
+            tracing::Span::current().record("principal", p.subject.as_str());
             req.extensions_mut().insert(p);
             next.run(req).await
         }

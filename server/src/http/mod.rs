@@ -24,6 +24,7 @@ pub use auth::{Authenticator, Principal};
 use dispatch_api::agent::{self as agent_api, ReportReply, ReportRequest, WorkReply, WorkRequest};
 pub use error::{ApiFailure, DispatchError};
 use futures::future::BoxFuture;
+use tracing::Instrument;
 
 /// What the API needs from the engine (direct destinations) or the agent store.
 pub trait Dispatcher: Send + Sync + 'static {
@@ -116,8 +117,35 @@ pub fn router(state: AppState) -> Router {
             state.metrics.clone(),
             metrics::track,
         ))
+        .layer(middleware::from_fn(request_span))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
+}
+
+/// Middleware: every API call runs in a `request` span with its route; authentication fills in
+/// the principal and the handlers the run and metric, so every log line of a call names them.
+async fn request_span(req: Request, next: middleware::Next) -> axum::response::Response {
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or("unmatched", |m| m.as_str())
+        .to_string();
+    let span = tracing::info_span!(
+        "request",
+        method = %req.method(),
+        route,
+        principal = tracing::field::Empty,
+        run = tracing::field::Empty,
+        metric = tracing::field::Empty,
+    );
+    next.run(req).instrument(span).await
+}
+
+/// Names the measurement in the current request span.
+fn record_measurement(run: &api::RunRef, metric: &str) {
+    let span = tracing::Span::current();
+    span.record("run", format!("{}/{}", run.namespace, run.name));
+    span.record("metric", metric);
 }
 
 async fn ensure(
@@ -125,6 +153,7 @@ async fn ensure(
     Extension(caller): Extension<Principal>,
     ApiJson(req): ApiJson<MeasurementRef>,
 ) -> Result<Json<Ensured>, ApiFailure> {
+    record_measurement(&req.run, &req.metric);
     Ok(Json(s.dispatcher.ensure(&caller, req).await?))
 }
 
@@ -133,6 +162,7 @@ async fn status(
     Extension(caller): Extension<Principal>,
     ApiJson(req): ApiJson<MeasurementRef>,
 ) -> Result<Json<Verdict>, ApiFailure> {
+    record_measurement(&req.run, &req.metric);
     let v = s.dispatcher.status(&caller, req).await?;
     s.metrics.observe_verdict(&v.phase);
     Ok(Json(v))
@@ -143,6 +173,7 @@ async fn terminate(
     Extension(caller): Extension<Principal>,
     ApiJson(req): ApiJson<MeasurementRef>,
 ) -> Result<Json<Verdict>, ApiFailure> {
+    record_measurement(&req.run, &req.metric);
     Ok(Json(s.dispatcher.terminate(&caller, req).await?))
 }
 
@@ -151,6 +182,7 @@ async fn gc(
     Extension(caller): Extension<Principal>,
     ApiJson(req): ApiJson<GcRequest>,
 ) -> Result<Json<GcReply>, ApiFailure> {
+    record_measurement(&req.run, &req.metric);
     Ok(Json(GcReply {
         deleted: s.dispatcher.gc(&caller, req).await?,
     }))

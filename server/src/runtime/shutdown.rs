@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 use futures::future::Shared;
-use tracing::{info, warn};
+use tracing::{info, warn, Instrument};
 
 /// Exit code of an abort by a second signal (128 + SIGINT, as shells report it).
 pub const ABORT_EXIT_CODE: i32 = 130;
@@ -28,14 +28,17 @@ pub fn shutdown_signal() -> Shared<Pin<Box<dyn Future<Output = ()> + Send>>> {
             _ = int.recv() => info!("SIGINT: shutting down"),
         }
         // A second signal while draining: stop now.
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
+        tokio::spawn(
+            async move {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+                warn!("second signal: aborting without waiting for the drain");
+                std::process::exit(ABORT_EXIT_CODE);
             }
-            warn!("second signal: aborting without waiting for the drain");
-            std::process::exit(ABORT_EXIT_CODE);
-        });
+            .instrument(tracing::info_span!("second_signal")),
+        );
     });
     fut.shared()
 }

@@ -7,7 +7,9 @@
 //! resource version), so the replica that wrote sees its write before the watch event arrives.
 
 use std::sync::Arc;
+
 use std::time::Duration;
+use tracing::Instrument;
 
 use futures::StreamExt;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
@@ -99,12 +101,10 @@ impl KubeStore {
         let api: Api<DynamicObject> = Api::namespaced_with(client, namespace, &api_resource());
         let index = Arc::new(Index::default());
         let (tx, synced) = watch::channel(false);
-        let task = tokio::spawn(informer(
-            api.clone(),
-            index.clone(),
-            tx,
-            namespace.to_string(),
-        ))
+        let task = tokio::spawn(
+            informer(api.clone(), index.clone(), tx, namespace.to_string())
+                .instrument(tracing::info_span!("dispatchjob_informer", %namespace)),
+        )
         .abort_handle();
         Self {
             index,
