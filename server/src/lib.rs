@@ -2,7 +2,7 @@
 //!
 //! Today the crate is the **dispatch engine**, the library that the HTTP server and the agent
 //! share: it runs verification Jobs on destination clusters, with the Kargo context injected,
-//! and turns their state into Argo Rollouts measurement verdicts (`ARCHITECTURE.md` §4–§7).
+//! and turns their state into Argo Rollouts measurement verdicts (`docs/architecture.md`).
 //!
 //! # Layout
 //!

@@ -1,5 +1,5 @@
 //! Policy: which Kargo projects (AnalysisRun namespaces) may run Jobs on which destinations and
-//! namespaces (`ARCHITECTURE.md` §7).
+//! namespaces (`docs/architecture.md`).
 //!
 //! Rules are globs (`*`, `?`); any matching rule allows. Without a `policy` block (or with no rules)
 //! everything is allowed and [`Policy::warning`] says so once at start. A denial names the project, the
@@ -211,7 +211,7 @@ mod tests {
         let p = Policy::new(None, "embedded default configuration");
         assert!(p.check("x", "y", "z").is_ok());
         assert!(p.warning().unwrap().contains("every project"));
-        // An empty policy is no policy (ARCHITECTURE.md §7).
+        // An empty policy is no policy (docs/architecture.md, `policy.rs`).
         let p = Policy::new(Some(&PolicyConfig::default()), "f");
         assert!(p.check("x", "y", "z").is_ok() && p.warning().is_some());
     }

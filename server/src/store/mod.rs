@@ -3,7 +3,7 @@
 //! A direct destination's Job *is* its state. An agent destination cannot be reached, so the
 //! server writes a record instead (spec: the Job to create, or a request to delete it) and the
 //! agent writes the record's status (the [`DestState`] it observed in its cluster). Two
-//! backends behind one [`Store`] trait (`ARCHITECTURE.md` §8):
+//! backends behind one [`Store`] trait (`docs/architecture.md`):
 //!
 //! * [`memory::MemoryStore`]: the embedded default for one replica (laptop, tests);
 //! * [`kubernetes::KubeStore`]: `DispatchJob` resources (`rollouts-dispatch.io/v1alpha1`) in the
