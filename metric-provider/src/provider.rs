@@ -18,6 +18,7 @@ use tracing::{info, warn};
 use crate::rollouts::{
     phase, AnalysisRun, Measurement, Metric, MetricProvider, RpcError, PROVIDER_TYPE,
 };
+use dispatch_api::block::ConfigError;
 use dispatch_api::client::{CallError, ServerClient};
 use dispatch_api::v1::{self as api, Ensured, GcRequest, MeasurementRef, RunRef, Verdict};
 use dispatch_api::{JobConfig, Redactor, PLUGIN_NAME};
@@ -169,7 +170,7 @@ impl DispatchProvider {
     }
 
     /// Validates the metric's block; the error is the measurement's message.
-    fn job_config(metric: &Metric) -> Result<(JobConfig, serde_json::Value), String> {
+    fn job_config(metric: &Metric) -> Result<(JobConfig, serde_json::Value), ConfigError> {
         let cfg = JobConfig::from_plugin_map(
             &metric.name,
             metric
@@ -177,8 +178,7 @@ impl DispatchProvider {
                 .plugin
                 .iter()
                 .map(|(k, v)| (k, v.0.as_slice())),
-        )
-        .map_err(|e| e.to_string())?;
+        )?;
         let raw = metric
             .provider
             .plugin
@@ -257,9 +257,9 @@ impl DispatchProvider {
         let now = GoTime::now();
         let (cfg, block) = match Self::job_config(metric) {
             Ok(c) => c,
-            Err(message) => {
-                warn!(run = %run.object_meta.name, metric = %metric.name, %message, "invalid plugin block");
-                return Measurement::error(message);
+            Err(error) => {
+                warn!(run = %run.object_meta.name, metric = %metric.name, %error, "invalid plugin block");
+                return Measurement::error(error.to_string());
             }
         };
         if let Some(arg) = secret_in_block(run, &block) {
@@ -420,7 +420,7 @@ impl MetricProvider for DispatchProvider {
                 out.insert("destination".into(), cfg.target_display());
             }
             Err(e) => {
-                out.insert("error".into(), e);
+                out.insert("error".into(), e.to_string());
             }
         }
         out

@@ -191,7 +191,8 @@ impl EngineDispatcher {
         req: &MeasurementRef,
     ) -> Result<JobRef, DispatchError> {
         if req.metadata.contains_key(REF_KEY) {
-            return JobRef::from_metadata(&req.metadata).map_err(DispatchError::InvalidBlock);
+            return JobRef::from_metadata(&req.metadata)
+                .map_err(|e| DispatchError::InvalidBlock(e.to_string()));
         }
         let mr = Self::request(caller, req)?;
         self.engine.locate(&mr).await.map_err(engine_error)

@@ -6,6 +6,17 @@ use std::collections::BTreeMap;
 use dispatch_api::Require;
 use serde::{Deserialize, Serialize};
 
+/// The measurement's metadata holds no usable [`JobRef`].
+#[derive(Debug, thiserror::Error)]
+pub enum JobRefError {
+    /// no `dispatch-ref` key
+    #[error("the measurement has no {REF_KEY} metadata: it was not started by this server")]
+    Missing,
+    /// the key is there, its JSON is not a reference
+    #[error("the measurement's {REF_KEY} metadata is unreadable: {0}")]
+    Unreadable(#[from] serde_json::Error),
+}
+
 /// Measurement metadata key holding the [`JobRef`] as JSON.
 pub const REF_KEY: &str = "dispatch-ref";
 /// Measurement metadata key with the Job name (as Argo's built-in provider).
@@ -65,11 +76,8 @@ impl JobRef {
     }
 
     /// The reference stored by [`JobRef::metadata`].
-    pub fn from_metadata(metadata: &BTreeMap<String, String>) -> Result<Self, String> {
-        let json = metadata.get(REF_KEY).ok_or_else(|| {
-            format!("the measurement has no {REF_KEY} metadata: it was not started by this server")
-        })?;
-        serde_json::from_str(json)
-            .map_err(|e| format!("the measurement's {REF_KEY} metadata is unreadable: {e}"))
+    pub fn from_metadata(metadata: &BTreeMap<String, String>) -> Result<Self, JobRefError> {
+        let json = metadata.get(REF_KEY).ok_or(JobRefError::Missing)?;
+        Ok(serde_json::from_str(json)?)
     }
 }

@@ -47,7 +47,7 @@ mod job_ref;
 mod start;
 mod status;
 
-pub use job_ref::{JobRef, Placement, JOB_NAMESPACE_KEY, JOB_NAME_KEY, REF_KEY};
+pub use job_ref::{JobRef, JobRefError, Placement, JOB_NAMESPACE_KEY, JOB_NAME_KEY, REF_KEY};
 
 /// `(destination, namespace, pod, container)`
 type LogKey = (String, String, String, String);
@@ -288,10 +288,12 @@ mod tests {
         assert_eq!(JobRef::from_metadata(&m).unwrap(), r);
         assert!(JobRef::from_metadata(&BTreeMap::new())
             .unwrap_err()
+            .to_string()
             .contains("not started by this server"));
         let bad = BTreeMap::from([(REF_KEY.to_string(), "{".to_string())]);
         assert!(JobRef::from_metadata(&bad)
             .unwrap_err()
+            .to_string()
             .contains("unreadable"));
     }
 
