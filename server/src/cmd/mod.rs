@@ -76,14 +76,18 @@ pub enum Command {
 pub struct ConfigArgs {
     /// Server configuration file (destinations, policy, …); without it every context of the
     /// kubeconfig is a destination.
-    #[arg(long = "config", env = "ROLLOUTS_DISPATCH_CONFIG")]
-    pub file: Option<PathBuf>,
+    #[arg(
+        long = "config",
+        value_name = "CONFIG",
+        env = "ROLLOUTS_DISPATCH_CONFIG"
+    )]
+    pub config_file: Option<PathBuf>,
 }
 
 impl ConfigArgs {
     /// The configuration: the file, validated, or the embedded default without one.
     pub fn load(&self) -> Result<ServerConfig, ConfigFileError> {
-        match &self.file {
+        match &self.config_file {
             Some(path) => ServerConfig::load(path),
             None => Ok(ServerConfig::embedded_default()),
         }
@@ -141,5 +145,66 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Doctor(args) => with_runtime(doctor::run(args)),
         Command::Agent(args) => with_runtime(agent::run(args)),
         Command::Destinations(args) => with_runtime(destinations::run(args)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn every_subcommand_has_unique_args() {
+        // clap checks a command's definition only when it is built; build them all here, so a
+        // clash between a subcommand's args and a shared group fails a test, not a user.
+        Cli::command().debug_assert();
+        for argv in [
+            vec![
+                "rollouts-dispatch",
+                "run",
+                "-f",
+                "t.yaml",
+                "--config",
+                "c.yaml",
+            ],
+            vec!["rollouts-dispatch", "doctor", "--config", "c.yaml"],
+            vec![
+                "rollouts-dispatch",
+                "serve",
+                "--config",
+                "c.yaml",
+                "--jwt-key-file",
+                "k",
+            ],
+        ] {
+            let cli = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+            let config = match cli.command {
+                Command::Run(a) => a.config,
+                Command::Doctor(a) => a.config,
+                Command::Serve(a) => a.config,
+                _ => unreachable!(),
+            };
+            assert_eq!(
+                config.config_file,
+                Some(PathBuf::from("c.yaml")),
+                "{argv:?}"
+            );
+        }
+        let cli = Cli::try_parse_from([
+            "rollouts-dispatch",
+            "agent",
+            "--server",
+            "https://s",
+            "--token-file",
+            "t",
+            "--ca-file",
+            "ca.pem",
+        ])
+        .unwrap();
+        let Command::Agent(a) = cli.command else {
+            unreachable!()
+        };
+        assert_eq!(a.server.ca_file, Some(PathBuf::from("ca.pem")));
     }
 }

@@ -141,7 +141,9 @@ pub async fn start_server(
     std::fs::write(&token_file, token)?;
     let (port, admin) = (free_port()?, free_port()?);
     let args = dispatch_server::cmd::ServeArgs {
-        config: dispatch_server::cmd::ConfigArgs { file: Some(config) },
+        config: dispatch_server::cmd::ConfigArgs {
+            config_file: Some(config),
+        },
         listen: ([127, 0, 0, 1], port).into(),
         admin: dispatch_server::cmd::AdminArgs {
             admin_listen: ([127, 0, 0, 1], admin).into(),
