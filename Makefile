@@ -79,8 +79,8 @@ fmt: ## format Rust and Go code
 	$(CARGO) fmt --all
 
 .PHONY: docs
-docs: ## regenerate docs/configuration.md from the config types (server/src/config.rs)
-	UPDATE_DOCS=1 $(CARGO) test --locked -q -p dispatch-server --lib config::reference_tests
+docs: ## regenerate docs/configuration.md from the config types (server/src/config/reference.rs)
+	UPDATE_DOCS=1 $(CARGO) test --locked -q -p dispatch-server --lib config::reference::tests
 
 -include tests/conformance/conformance.mk
 -include tests/k8s/k8s.mk

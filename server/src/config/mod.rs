@@ -1,0 +1,407 @@
+//! The server configuration file (YAML): destinations and their sources, policy, engine settings.
+//!
+//! Parsed once into typed structs and validated in one pass; any mistake yields one
+//! [`ConfigFileError`] that names the file and the field (`destinations[1].server: …`). Without
+//! a file, [`ServerConfig::embedded_default`] makes every kubeconfig context a destination.
+//! Every key is documented in [`reference()`], rendered as docs/configuration.md (`make docs`).
+//!
+//! This module holds the typed configuration and its entry points ([`ServerConfig::load`],
+//! [`ServerConfig::parse`], [`ServerConfig::embedded_default`]); `raw` holds the file format as
+//! written and the validation that turns it into these types; `reference` the documentation of
+//! every key.
+//!
+//! ```yaml
+//! controlPlane: {kubeconfig: /etc/cp.kubeconfig, context: cp}  # default: in-cluster, else $KUBECONFIG
+//! destinations:
+//! - name: prod-eu
+//!   labels: {env: prod}
+//!   namespace: verification          # default namespace of Jobs there
+//!   kubeconfig: /etc/prod-eu.kubeconfig
+//!   context: prod-eu
+//! - name: edge-1
+//!   server: https://10.0.0.1:6443
+//!   tokenFile: /var/run/secrets/edge-1/token   # or token, certFile+keyFile, certData+keyData
+//!   caFile: /etc/edge-1/ca.crt                 # or caData (PEM), or insecure: true
+//! kubeconfigContexts: {path: ~/.kube/config, contexts: ["kind-*"]}
+//! argocd: {namespace: argocd, inCluster: true, defaultNamespace: default}
+//! policy:
+//!   rules:
+//!   - projects: ["team-a", "team-b-*"]
+//!     destinations: ["prod-*"]
+//!     namespaces: ["verification"]
+//! engine: {connectTimeout: 5s, requestTimeout: 20s}
+//! agents:                            # destinations reached through `rollouts-dispatch agent`
+//!   store: kubernetes                # memory (default, one replica) | kubernetes (DispatchJobs)
+//!   namespace: rollouts-dispatch     # of the DispatchJobs; default $POD_NAMESPACE
+//!   offlineAfter: 60s
+//!   destinations:
+//!   - {name: edge-2, labels: {env: edge}, namespace: verification}
+//! ```
+
+mod raw;
+mod reference;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use raw::RawConfig;
+pub use raw::{check_destination_name, InvalidName};
+pub use reference::{reference, reference_markdown, FieldDefault, FieldDoc};
+
+/// A configuration that cannot be used: one message naming the file and the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {origin}: {message}")]
+pub struct ConfigFileError {
+    /// `config file /path` or `embedded default configuration`
+    pub origin: String,
+    /// the field and what is wrong with it
+    pub message: String,
+}
+
+/// A secret string (token, key) that never appears in `Debug` output.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct SecretValue(String);
+
+impl SecretValue {
+    /// Wraps a secret.
+    pub fn new(s: impl Into<String>) -> Self {
+        Self(s.into())
+    }
+    /// The secret itself.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for SecretValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// The validated server configuration.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// where it came from, for messages: `config file /etc/x.yaml`
+    pub origin: String,
+    /// how to reach the control plane (Kargo Stages, Argo CD Applications and cluster Secrets)
+    pub control_plane: Access,
+    /// destinations from the file
+    pub destinations: Vec<DestinationConfig>,
+    /// every context of a kubeconfig as a destination
+    pub kubeconfig_contexts: Option<KubeconfigContexts>,
+    /// Argo CD cluster Secrets on the control plane as destinations, watched live
+    pub argocd: Option<ArgoCdConfig>,
+    /// `None`: every project may use every destination (a warning is logged at start)
+    pub policy: Option<PolicyConfig>,
+    /// timeouts
+    pub engine: EngineSettings,
+    /// destinations served by agents, and where their work is kept
+    pub agents: Option<AgentsConfig>,
+}
+
+/// Where the records of agent destinations live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    /// in the server process: one replica only, forgotten on restart (agents resync)
+    Memory,
+    /// `DispatchJob` resources on the control plane: any number of replicas
+    Kubernetes,
+}
+
+/// Destinations served by `rollouts-dispatch agent`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentsConfig {
+    /// where the work records live
+    pub store: StoreKind,
+    /// namespace of the `DispatchJob` resources (`None`: `$POD_NAMESPACE`, else
+    /// `rollouts-dispatch`)
+    pub namespace: Option<String>,
+    /// an agent not heard from for this long is shown as not connected
+    pub offline_after: Duration,
+    /// the agent destinations
+    pub destinations: Vec<AgentDestinationConfig>,
+}
+
+/// One agent destination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentDestinationConfig {
+    /// its name in `destination:` and in the agent's token
+    pub name: String,
+    /// labels for `destinationSelector`
+    pub labels: BTreeMap<String, String>,
+    /// default namespace of Jobs there
+    pub namespace: String,
+}
+
+/// How to reach a cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Access {
+    /// in-cluster service account, else `$KUBECONFIG` / `~/.kube/config`
+    Infer,
+    /// a kubeconfig file (`None`: the default one) and context (`None`: its current context)
+    Kubeconfig {
+        /// the file
+        path: Option<PathBuf>,
+        /// the context
+        context: Option<String>,
+    },
+    /// a server URL and credentials
+    Direct(Box<DirectAccess>),
+}
+
+/// A server URL and credentials.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DirectAccess {
+    /// `https://host:port`
+    pub server: String,
+    /// bearer token
+    pub token: Option<SecretValue>,
+    /// file with a bearer token, re-read when it changes (projected tokens)
+    pub token_file: Option<PathBuf>,
+    /// CA certificate(s), PEM
+    pub ca_data: Option<String>,
+    /// CA file
+    pub ca_file: Option<PathBuf>,
+    /// client certificate, PEM
+    pub cert_data: Option<String>,
+    /// client key, PEM
+    pub key_data: Option<SecretValue>,
+    /// client certificate file
+    pub cert_file: Option<PathBuf>,
+    /// client key file
+    pub key_file: Option<PathBuf>,
+    /// skip server certificate verification
+    pub insecure: bool,
+    /// server name for TLS verification
+    pub tls_server_name: Option<String>,
+}
+
+/// A destination from the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DestinationConfig {
+    /// its name in `destination:`
+    pub name: String,
+    /// labels for `destinationSelector`
+    pub labels: BTreeMap<String, String>,
+    /// the default namespace of Jobs there (`None`: the kubeconfig context's, else `default`)
+    pub namespace: Option<String>,
+    /// how to reach it
+    pub access: Access,
+}
+
+/// Every context of a kubeconfig as a destination named after the context.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct KubeconfigContexts {
+    /// the file (`None`: `$KUBECONFIG`, else `~/.kube/config`)
+    pub path: Option<PathBuf>,
+    /// globs over context names (empty: all)
+    pub contexts: Vec<String>,
+    /// labels of every such destination
+    pub labels: BTreeMap<String, String>,
+    /// default namespace when the context has none
+    pub namespace: Option<String>,
+}
+
+/// Argo CD cluster Secrets on the control plane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArgoCdConfig {
+    /// the Argo CD namespace (default `argocd`)
+    pub namespace: String,
+    /// the implicit `in-cluster` destination, the control plane itself (default true, like
+    /// Argo CD's `cluster.inClusterEnabled`)
+    pub in_cluster: bool,
+    /// default namespace of Jobs on these destinations (default `default`; a Secret may set
+    /// annotation `rollouts-dispatch.io/namespace`)
+    pub default_namespace: String,
+}
+
+/// Which projects may use which destinations and namespaces.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PolicyConfig {
+    /// any matching rule allows
+    pub rules: Vec<PolicyRule>,
+}
+
+/// One allow rule; every list holds globs (`*`, `?`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyRule {
+    /// Kargo projects (AnalysisRun namespaces)
+    pub projects: Vec<String>,
+    /// destination names
+    pub destinations: Vec<String>,
+    /// namespaces on the destination (default `["*"]`)
+    pub namespaces: Vec<String>,
+}
+
+/// Timeouts of the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineSettings {
+    /// TCP+TLS connect timeout to a destination API server
+    pub connect_timeout: Duration,
+    /// bound on one API call (create, get, delete, list)
+    pub request_timeout: Duration,
+    /// how long a status lookup waits for a destination's first cache sync before it asks the
+    /// API server directly
+    pub cache_wait: Duration,
+    /// bound on reading a log tail from the `pods/log` API
+    pub log_timeout: Duration,
+}
+
+impl Default for EngineSettings {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(20),
+            cache_wait: Duration::from_secs(2),
+            log_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Without a file: every context of the default kubeconfig is a destination; no policy.
+    pub fn embedded_default() -> Self {
+        Self {
+            origin: "embedded default configuration".into(),
+            control_plane: Access::Infer,
+            destinations: Vec::new(),
+            kubeconfig_contexts: Some(KubeconfigContexts::default()),
+            argocd: None,
+            policy: None,
+            engine: EngineSettings::default(),
+            agents: None,
+        }
+    }
+
+    /// Reads and validates the file at `path`.
+    pub fn load(path: &Path) -> Result<Self, ConfigFileError> {
+        let origin = format!("config file {}", path.display());
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigFileError {
+            origin: origin.clone(),
+            message: format!("cannot read it: {e}"),
+        })?;
+        Self::parse(&text, &origin)
+    }
+
+    /// Parses and validates YAML `text`; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigFileError> {
+        let err = |message: String| ConfigFileError {
+            origin: origin.to_string(),
+            message,
+        };
+        let raw: RawConfig = if text.trim().is_empty() {
+            RawConfig::default()
+        } else {
+            serde_saphyr::from_str(text).map_err(|e| {
+                let text = e.to_string();
+                err(text.strip_prefix("error: ").unwrap_or(&text).to_string())
+            })?
+        };
+        raw.validate(origin).map_err(|e| err(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<ServerConfig, String> {
+        ServerConfig::parse(text, "config file t.yaml").map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_full_file_parses() {
+        let c = parse(
+            r#"
+controlPlane: {kubeconfig: /cp.kubeconfig, context: cp}
+destinations:
+- name: prod-eu
+  labels: {env: prod}
+  namespace: verification
+  kubeconfig: /k
+  context: prod-eu
+- name: edge-1
+  server: https://10.0.0.1:6443/
+  token: abc
+  caData: "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n"
+- name: "arn:aws:eks:eu-west-1:1:cluster/x"
+  kubeconfig: /k
+kubeconfigContexts: {contexts: ["kind-*"]}
+argocd: {namespace: gitops}
+policy:
+  rules:
+  - projects: [team-a]
+    destinations: ["prod-*"]
+engine: {connectTimeout: 2s}
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.origin, "config file t.yaml");
+        assert_eq!(
+            c.control_plane,
+            Access::Kubeconfig {
+                path: Some("/cp.kubeconfig".into()),
+                context: Some("cp".into())
+            }
+        );
+        assert_eq!(c.destinations.len(), 3);
+        assert_eq!(c.destinations[0].labels["env"], "prod");
+        let Access::Direct(d) = &c.destinations[1].access else {
+            panic!("direct")
+        };
+        assert_eq!(d.server, "https://10.0.0.1:6443");
+        assert_eq!(d.token.as_ref().unwrap().expose(), "abc");
+        assert!(
+            !format!("{d:?}").contains("abc"),
+            "tokens never appear in Debug"
+        );
+        let argocd = c.argocd.unwrap();
+        assert_eq!(argocd.namespace, "gitops");
+        assert!(argocd.in_cluster);
+        assert_eq!(argocd.default_namespace, "default");
+        assert_eq!(c.policy.unwrap().rules[0].namespaces, vec!["*"]);
+        assert_eq!(c.engine.connect_timeout, Duration::from_secs(2));
+        assert_eq!(c.engine.request_timeout, Duration::from_secs(20));
+    }
+
+    #[test]
+    fn the_example_file_is_valid() {
+        let c = ServerConfig::parse(
+            include_str!("../../../config/server.yaml"),
+            "config file config/server.yaml",
+        )
+        .unwrap();
+        assert_eq!(c.destinations.len(), 2);
+        assert!(matches!(&c.destinations[1].access, Access::Direct(d) if d.token_file.is_some()));
+        assert_eq!(c.policy.unwrap().rules.len(), 2);
+        assert_eq!(c.argocd.unwrap().default_namespace, "verification");
+        let agents = c.agents.unwrap();
+        assert_eq!(agents.store, StoreKind::Kubernetes);
+        assert_eq!(agents.destinations[0].name, "edge-2");
+    }
+
+    #[test]
+    fn empty_and_default() {
+        let c = parse("").unwrap();
+        assert!(c.destinations.is_empty() && c.policy.is_none());
+        assert_eq!(c.control_plane, Access::Infer);
+        let d = ServerConfig::embedded_default();
+        assert!(d.kubeconfig_contexts.is_some());
+    }
+
+    #[test]
+    fn an_unreadable_file_is_named() {
+        let e = ServerConfig::load(Path::new("/nonexistent/x.yaml")).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("/nonexistent/x.yaml: cannot read it"),
+            "{e}"
+        );
+    }
+}

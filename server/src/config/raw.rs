@@ -1,0 +1,745 @@
+//! The configuration file as written (`Raw*`: deserialized as is, unknown keys refused) and the
+//! validation that turns it into the typed [`ServerConfig`] in one pass; the first key that
+//! cannot be used is reported as an [`InvalidField`] (`destinations[1].server: …`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use dispatch_api::duration::DurationError;
+use dispatch_api::parse_go_duration;
+use serde::Deserialize;
+
+use super::{
+    Access, AgentDestinationConfig, AgentsConfig, ArgoCdConfig, DestinationConfig, DirectAccess,
+    EngineSettings, KubeconfigContexts, PolicyConfig, PolicyRule, SecretValue, ServerConfig,
+    StoreKind,
+};
+
+/// A key of the file that cannot be used: its path (`destinations[1].server`) and what is wrong
+/// with it. [`ServerConfig::parse`] puts it in a `ConfigFileError` that names the file.
+#[derive(Debug, thiserror::Error)]
+#[error("{field}: {problem}")]
+pub(crate) struct InvalidField {
+    /// the path of the key: `destinations[1].server`, `agents.offlineAfter`
+    field: String,
+    /// what is wrong with it
+    #[source]
+    problem: Problem,
+}
+
+/// The error of the key at `field`.
+fn invalid(field: impl Into<String>, problem: impl Into<Problem>) -> InvalidField {
+    InvalidField {
+        field: field.into(),
+        problem: problem.into(),
+    }
+}
+
+/// What is wrong with a key of the file.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Problem {
+    #[error(transparent)]
+    Name(#[from] InvalidName),
+    #[error(transparent)]
+    Label(#[from] InvalidLabel),
+    #[error(transparent)]
+    Namespace(#[from] InvalidNamespace),
+    #[error("{0:?} is used twice; names must be unique")]
+    Duplicate(String),
+    #[error(
+        "{0:?} is also in `destinations`; a destination is reached either directly or through \
+         its agent, remove one"
+    )]
+    AlsoDirect(String),
+    #[error("empty pattern")]
+    EmptyPattern,
+    #[error("empty list; give at least one glob (\"*\" matches all)")]
+    EmptyList,
+    #[error("empty glob")]
+    EmptyGlob,
+    #[error("{value:?} is not a duration ({source}; e.g. {example})")]
+    NotADuration {
+        value: String,
+        /// a valid value, for the message
+        example: &'static str,
+        #[source]
+        source: DurationError,
+    },
+    #[error("must be more than 0")]
+    Zero,
+    #[error("must be at least 1s")]
+    UnderOneSecond,
+    #[error("{0:?} is not a store; use memory (one replica) or kubernetes")]
+    UnknownStore(String),
+    #[error("only allowed with `server`; with a kubeconfig the credentials come from the file")]
+    NeedsServer,
+    #[error("say how to reach it: `kubeconfig` (+ `context`) or `server` (+ credentials)")]
+    NoAccess,
+    #[error("`server` and `kubeconfig`/`context` are mutually exclusive; keep one")]
+    ServerAndKubeconfig,
+    #[error("{url:?} is not a URL ({source})")]
+    NotAUrl {
+        url: String,
+        #[source]
+        source: http::uri::InvalidUri,
+    },
+    #[error("{0:?} must be an https:// URL with a host")]
+    NotHttps(String),
+    #[error("`{0}` and `{1}` are mutually exclusive")]
+    Exclusive(&'static str, &'static str),
+    #[error("not a PEM certificate (expected -----BEGIN CERTIFICATE-----)")]
+    NotPem,
+    #[error("`{0}` and `{1}` go together")]
+    Together(&'static str, &'static str),
+    #[error("`certData`/`keyData` and `certFile`/`keyFile` are mutually exclusive")]
+    CertDataAndFile,
+}
+
+/// Why a string cannot be a destination name ([`check_destination_name`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidName {
+    /// the empty string
+    #[error("empty name")]
+    Empty,
+    /// longer than 253 bytes
+    #[error("{0:?} is longer than 253 characters")]
+    TooLong(String),
+    /// a comma or white space, which `destination: a,b` could not list
+    #[error("{0:?} contains a comma or white space")]
+    Separator(String),
+    /// `stage`, which `destination: stage` means
+    #[error("\"stage\" is reserved for `destination: stage`; pick another name")]
+    Reserved,
+}
+
+/// A label map that cannot be used for `destinationSelector`.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum InvalidLabel {
+    #[error("{0:?} is not a valid label key")]
+    Key(String),
+    #[error("{key}: {value:?} is not a valid label value")]
+    Value { key: String, value: String },
+}
+
+/// A string that is not a Kubernetes namespace name.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not a valid namespace name (lowercase letters, digits and '-', at most 63)")]
+pub(crate) struct InvalidNamespace(String);
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawConfig {
+    control_plane: Option<RawAccess>,
+    #[serde(default)]
+    destinations: Vec<RawDestination>,
+    kubeconfig_contexts: Option<RawKubeconfigContexts>,
+    argocd: Option<RawArgoCd>,
+    policy: Option<RawPolicy>,
+    engine: Option<RawEngine>,
+    agents: Option<RawAgents>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawAgents {
+    store: Option<String>,
+    namespace: Option<String>,
+    offline_after: Option<String>,
+    #[serde(default)]
+    destinations: Vec<RawAgentDestination>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawAgentDestination {
+    name: String,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    namespace: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawAccess {
+    kubeconfig: Option<PathBuf>,
+    context: Option<String>,
+    server: Option<String>,
+    token: Option<SecretValue>,
+    token_file: Option<PathBuf>,
+    ca_data: Option<String>,
+    ca_file: Option<PathBuf>,
+    cert_data: Option<String>,
+    key_data: Option<SecretValue>,
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
+    #[serde(default)]
+    insecure: bool,
+    tls_server_name: Option<String>,
+}
+
+// `flatten` cannot be combined with `deny_unknown_fields`, so the access fields are repeated.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawDestination {
+    name: String,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    namespace: Option<String>,
+    kubeconfig: Option<PathBuf>,
+    context: Option<String>,
+    server: Option<String>,
+    token: Option<SecretValue>,
+    token_file: Option<PathBuf>,
+    ca_data: Option<String>,
+    ca_file: Option<PathBuf>,
+    cert_data: Option<String>,
+    key_data: Option<SecretValue>,
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
+    #[serde(default)]
+    insecure: bool,
+    tls_server_name: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawKubeconfigContexts {
+    path: Option<PathBuf>,
+    #[serde(default)]
+    contexts: Vec<String>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    namespace: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawArgoCd {
+    namespace: Option<String>,
+    in_cluster: Option<bool>,
+    default_namespace: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    #[serde(default)]
+    rules: Vec<RawRule>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    #[serde(default)]
+    projects: Vec<String>,
+    #[serde(default)]
+    destinations: Vec<String>,
+    namespaces: Option<Vec<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawEngine {
+    connect_timeout: Option<String>,
+    request_timeout: Option<String>,
+    cache_wait: Option<String>,
+    log_timeout: Option<String>,
+}
+
+impl RawDestination {
+    fn split(self) -> (String, BTreeMap<String, String>, Option<String>, RawAccess) {
+        let access = RawAccess {
+            kubeconfig: self.kubeconfig,
+            context: self.context,
+            server: self.server,
+            token: self.token,
+            token_file: self.token_file,
+            ca_data: self.ca_data,
+            ca_file: self.ca_file,
+            cert_data: self.cert_data,
+            key_data: self.key_data,
+            cert_file: self.cert_file,
+            key_file: self.key_file,
+            insecure: self.insecure,
+            tls_server_name: self.tls_server_name,
+        };
+        (self.name, self.labels, self.namespace, access)
+    }
+}
+
+impl RawConfig {
+    /// The typed configuration, or the first key that cannot be used.
+    pub(super) fn validate(self, origin: &str) -> Result<ServerConfig, InvalidField> {
+        let control_plane = match self.control_plane {
+            None => Access::Infer,
+            Some(a) => a.validate("controlPlane", true)?,
+        };
+        let mut destinations = Vec::new();
+        let mut names = BTreeSet::new();
+        for (i, d) in self.destinations.into_iter().enumerate() {
+            let at = format!("destinations[{i}]");
+            let (name, labels, namespace, access) = d.split();
+            check_destination_name(&name).map_err(|e| invalid(format!("{at}.name"), e))?;
+            if !names.insert(name.clone()) {
+                return Err(invalid(format!("{at}.name"), Problem::Duplicate(name)));
+            }
+            check_labels(&labels).map_err(|e| invalid(format!("{at}.labels"), e))?;
+            check_namespace(namespace.as_deref())
+                .map_err(|e| invalid(format!("{at}.namespace"), e))?;
+            let access = access.validate(&at, false)?;
+            destinations.push(DestinationConfig {
+                name,
+                labels,
+                namespace,
+                access,
+            });
+        }
+        let kubeconfig_contexts = match self.kubeconfig_contexts {
+            None => None,
+            Some(k) => {
+                check_labels(&k.labels).map_err(|e| invalid("kubeconfigContexts.labels", e))?;
+                check_namespace(k.namespace.as_deref())
+                    .map_err(|e| invalid("kubeconfigContexts.namespace", e))?;
+                if let Some(i) = k.contexts.iter().position(|c| c.trim().is_empty()) {
+                    return Err(invalid(
+                        format!("kubeconfigContexts.contexts[{i}]"),
+                        Problem::EmptyPattern,
+                    ));
+                }
+                Some(KubeconfigContexts {
+                    path: k.path,
+                    contexts: k.contexts,
+                    labels: k.labels,
+                    namespace: k.namespace,
+                })
+            }
+        };
+        let argocd = match self.argocd {
+            None => None,
+            Some(a) => {
+                let namespace = a.namespace.unwrap_or_else(|| "argocd".into());
+                check_namespace(Some(&namespace)).map_err(|e| invalid("argocd.namespace", e))?;
+                let default_namespace = a.default_namespace.unwrap_or_else(|| "default".into());
+                check_namespace(Some(&default_namespace))
+                    .map_err(|e| invalid("argocd.defaultNamespace", e))?;
+                Some(ArgoCdConfig {
+                    namespace,
+                    in_cluster: a.in_cluster.unwrap_or(true),
+                    default_namespace,
+                })
+            }
+        };
+        let policy = match self.policy {
+            None => None,
+            Some(p) => {
+                let mut rules = Vec::new();
+                for (i, r) in p.rules.into_iter().enumerate() {
+                    let at = format!("policy.rules[{i}]");
+                    let namespaces = r.namespaces.unwrap_or_else(|| vec!["*".into()]);
+                    for (field, list) in [
+                        ("projects", &r.projects),
+                        ("destinations", &r.destinations),
+                        ("namespaces", &namespaces),
+                    ] {
+                        if list.is_empty() {
+                            return Err(invalid(format!("{at}.{field}"), Problem::EmptyList));
+                        }
+                        if let Some(j) = list.iter().position(|g| g.trim().is_empty()) {
+                            return Err(invalid(format!("{at}.{field}[{j}]"), Problem::EmptyGlob));
+                        }
+                    }
+                    rules.push(PolicyRule {
+                        projects: r.projects,
+                        destinations: r.destinations,
+                        namespaces,
+                    });
+                }
+                Some(PolicyConfig { rules })
+            }
+        };
+        let mut engine = EngineSettings::default();
+        if let Some(e) = self.engine {
+            for (field, value, slot) in [
+                (
+                    "connectTimeout",
+                    e.connect_timeout,
+                    &mut engine.connect_timeout,
+                ),
+                (
+                    "requestTimeout",
+                    e.request_timeout,
+                    &mut engine.request_timeout,
+                ),
+                ("cacheWait", e.cache_wait, &mut engine.cache_wait),
+                ("logTimeout", e.log_timeout, &mut engine.log_timeout),
+            ] {
+                if let Some(v) = value {
+                    let d = parse_go_duration(&v).map_err(|source| {
+                        invalid(
+                            format!("engine.{field}"),
+                            Problem::NotADuration {
+                                value: v.clone(),
+                                example: "5s",
+                                source,
+                            },
+                        )
+                    })?;
+                    if d.is_zero() {
+                        return Err(invalid(format!("engine.{field}"), Problem::Zero));
+                    }
+                    *slot = d;
+                }
+            }
+        }
+        let agents = match self.agents {
+            None => None,
+            Some(a) => Some(validate_agents(a, &names)?),
+        };
+        Ok(ServerConfig {
+            origin: origin.to_string(),
+            control_plane,
+            destinations,
+            kubeconfig_contexts,
+            argocd,
+            policy,
+            engine,
+            agents,
+        })
+    }
+}
+
+impl RawAccess {
+    /// `optional`: an empty block means [`Access::Infer`] (control plane) instead of an error.
+    fn validate(self, at: &str, optional: bool) -> Result<Access, InvalidField> {
+        let RawAccess {
+            kubeconfig,
+            context,
+            server,
+            token,
+            token_file,
+            ca_data,
+            ca_file,
+            cert_data,
+            key_data,
+            cert_file,
+            key_file,
+            insecure,
+            tls_server_name,
+        } = self;
+        let direct_fields = [
+            ("token", token.is_some()),
+            ("tokenFile", token_file.is_some()),
+            ("caData", ca_data.is_some()),
+            ("caFile", ca_file.is_some()),
+            ("certData", cert_data.is_some()),
+            ("keyData", key_data.is_some()),
+            ("certFile", cert_file.is_some()),
+            ("keyFile", key_file.is_some()),
+            ("insecure", insecure),
+            ("tlsServerName", tls_server_name.is_some()),
+        ];
+        match server {
+            None => {
+                if let Some((field, _)) = direct_fields.iter().find(|(_, set)| *set) {
+                    return Err(invalid(format!("{at}.{field}"), Problem::NeedsServer));
+                }
+                if kubeconfig.is_none() && context.is_none() {
+                    return if optional {
+                        Ok(Access::Infer)
+                    } else {
+                        Err(invalid(at, Problem::NoAccess))
+                    };
+                }
+                Ok(Access::Kubeconfig {
+                    path: kubeconfig,
+                    context,
+                })
+            }
+            Some(server) => {
+                if kubeconfig.is_some() || context.is_some() {
+                    return Err(invalid(at, Problem::ServerAndKubeconfig));
+                }
+                let server = server.trim_end_matches('/').to_string();
+                let uri: http::Uri = match server.parse() {
+                    Ok(uri) => uri,
+                    Err(source) => {
+                        let problem = Problem::NotAUrl {
+                            url: server,
+                            source,
+                        };
+                        return Err(invalid(format!("{at}.server"), problem));
+                    }
+                };
+                if !matches!(uri.scheme_str(), Some("https" | "http")) || uri.host().is_none() {
+                    return Err(invalid(format!("{at}.server"), Problem::NotHttps(server)));
+                }
+                if token.is_some() && token_file.is_some() {
+                    return Err(invalid(at, Problem::Exclusive("token", "tokenFile")));
+                }
+                if ca_data.is_some() && ca_file.is_some() {
+                    return Err(invalid(at, Problem::Exclusive("caData", "caFile")));
+                }
+                if let Some(pem) = &ca_data {
+                    if !pem.contains("-----BEGIN CERTIFICATE-----") {
+                        return Err(invalid(format!("{at}.caData"), Problem::NotPem));
+                    }
+                }
+                if cert_data.is_some() != key_data.is_some() {
+                    return Err(invalid(at, Problem::Together("certData", "keyData")));
+                }
+                if cert_file.is_some() != key_file.is_some() {
+                    return Err(invalid(at, Problem::Together("certFile", "keyFile")));
+                }
+                if cert_data.is_some() && cert_file.is_some() {
+                    return Err(invalid(at, Problem::CertDataAndFile));
+                }
+                Ok(Access::Direct(Box::new(DirectAccess {
+                    server,
+                    token,
+                    token_file,
+                    ca_data,
+                    ca_file,
+                    cert_data,
+                    key_data,
+                    cert_file,
+                    key_file,
+                    insecure,
+                    tls_server_name,
+                })))
+            }
+        }
+    }
+}
+
+fn validate_agents(a: RawAgents, direct: &BTreeSet<String>) -> Result<AgentsConfig, InvalidField> {
+    let store = match a.store.as_deref() {
+        None | Some("memory") => StoreKind::Memory,
+        Some("kubernetes") => StoreKind::Kubernetes,
+        Some(other) => {
+            return Err(invalid(
+                "agents.store",
+                Problem::UnknownStore(other.to_string()),
+            ))
+        }
+    };
+    check_namespace(a.namespace.as_deref()).map_err(|e| invalid("agents.namespace", e))?;
+    let offline_after = match a.offline_after {
+        None => Duration::from_secs(60),
+        Some(v) => {
+            let d = parse_go_duration(&v).map_err(|source| {
+                invalid(
+                    "agents.offlineAfter",
+                    Problem::NotADuration {
+                        value: v.clone(),
+                        example: "60s",
+                        source,
+                    },
+                )
+            })?;
+            if d < Duration::from_secs(1) {
+                return Err(invalid("agents.offlineAfter", Problem::UnderOneSecond));
+            }
+            d
+        }
+    };
+    let mut names = BTreeSet::new();
+    let mut destinations = Vec::new();
+    for (i, d) in a.destinations.into_iter().enumerate() {
+        let at = format!("agents.destinations[{i}]");
+        check_destination_name(&d.name).map_err(|e| invalid(format!("{at}.name"), e))?;
+        if direct.contains(&d.name) {
+            return Err(invalid(format!("{at}.name"), Problem::AlsoDirect(d.name)));
+        }
+        if !names.insert(d.name.clone()) {
+            return Err(invalid(format!("{at}.name"), Problem::Duplicate(d.name)));
+        }
+        check_labels(&d.labels).map_err(|e| invalid(format!("{at}.labels"), e))?;
+        check_namespace(d.namespace.as_deref())
+            .map_err(|e| invalid(format!("{at}.namespace"), e))?;
+        destinations.push(AgentDestinationConfig {
+            name: d.name,
+            labels: d.labels,
+            namespace: d.namespace.unwrap_or_else(|| "default".into()),
+        });
+    }
+    Ok(AgentsConfig {
+        store,
+        namespace: a.namespace,
+        offline_after,
+        destinations,
+    })
+}
+
+/// A destination name: used in `destination: a,b`, so no commas or white space; `stage` is
+/// reserved.
+pub fn check_destination_name(name: &str) -> Result<(), InvalidName> {
+    if name.is_empty() {
+        return Err(InvalidName::Empty);
+    }
+    if name.len() > 253 {
+        return Err(InvalidName::TooLong(name.to_string()));
+    }
+    if name.contains(',') || name.chars().any(char::is_whitespace) {
+        return Err(InvalidName::Separator(name.to_string()));
+    }
+    if name == "stage" {
+        return Err(InvalidName::Reserved);
+    }
+    Ok(())
+}
+
+fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), InvalidLabel> {
+    for (k, v) in labels {
+        let key_ok = !k.is_empty()
+            && k.len() <= 317
+            && k.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
+        if !key_ok {
+            return Err(InvalidLabel::Key(k.clone()));
+        }
+        if !v.is_empty() && !crate::job::is_label_value(v) {
+            return Err(InvalidLabel::Value {
+                key: k.clone(),
+                value: v.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn check_namespace(ns: Option<&str>) -> Result<(), InvalidNamespace> {
+    match ns {
+        None => Ok(()),
+        Some(ns)
+            if !ns.is_empty()
+                && ns.len() <= 63
+                && ns
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !ns.starts_with('-')
+                && !ns.ends_with('-') =>
+        {
+            Ok(())
+        }
+        Some(ns) => Err(InvalidNamespace(ns.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ServerConfig;
+
+    fn parse(text: &str) -> Result<ServerConfig, String> {
+        ServerConfig::parse(text, "config file t.yaml").map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn agents_have_defaults() {
+        let c = parse("agents: {destinations: [{name: edge-1, labels: {env: edge}}]}").unwrap();
+        let a = c.agents.unwrap();
+        assert_eq!(a.store, StoreKind::Memory);
+        assert_eq!(a.offline_after, Duration::from_secs(60));
+        assert_eq!(a.namespace, None);
+        assert_eq!(a.destinations[0].namespace, "default");
+        assert_eq!(a.destinations[0].labels["env"], "edge");
+        let k = parse("agents: {store: kubernetes, namespace: rd, offlineAfter: 2m}").unwrap();
+        let a = k.agents.unwrap();
+        assert_eq!(
+            (a.store, a.namespace.as_deref(), a.offline_after),
+            (StoreKind::Kubernetes, Some("rd"), Duration::from_secs(120))
+        );
+    }
+
+    #[test]
+    fn every_mistake_names_file_and_field() {
+        for (text, needle) in [
+            (
+                "destinations: [{name: a, kubeconfig: /k, tokn: x}]",
+                "unknown field `tokn`",
+            ),
+            ("destinaton: []", "unknown field `destinaton`"),
+            (
+                "destinations: [{name: a}]",
+                "destinations[0]: say how to reach it",
+            ),
+            (
+                "destinations: [{name: 'a b', kubeconfig: /k}]",
+                "destinations[0].name",
+            ),
+            ("destinations: [{name: stage, kubeconfig: /k}]", "reserved"),
+            (
+                "destinations: [{name: a, kubeconfig: /k}, {name: a, kubeconfig: /k}]",
+                "destinations[1].name: \"a\" is used twice",
+            ),
+            (
+                "destinations: [{name: a, kubeconfig: /k, token: t}]",
+                "destinations[0].token: only allowed with `server`",
+            ),
+            (
+                "destinations: [{name: a, server: 'ftp://x'}]",
+                "destinations[0].server",
+            ),
+            (
+                "destinations: [{name: a, server: 'https://x', kubeconfig: /k}]",
+                "mutually exclusive",
+            ),
+            (
+                "destinations: [{name: a, server: 'https://x', caData: nope}]",
+                "destinations[0].caData",
+            ),
+            (
+                "destinations: [{name: a, server: 'https://x', certData: c}]",
+                "go together",
+            ),
+            (
+                "destinations: [{name: a, kubeconfig: /k, namespace: Bad}]",
+                "destinations[0].namespace",
+            ),
+            (
+                "destinations: [{name: a, kubeconfig: /k, labels: {env: 'a b'}}]",
+                "destinations[0].labels",
+            ),
+            (
+                "policy: {rules: [{projects: [a]}]}",
+                "policy.rules[0].destinations: empty list",
+            ),
+            ("engine: {connectTimeout: soon}", "engine.connectTimeout"),
+            (
+                "engine: {requestTimeout: 0s}",
+                "engine.requestTimeout: must be more",
+            ),
+            ("argocd: {namespace: Argo}", "argocd.namespace"),
+            ("destinations: {}", "line 1 column 15"),
+            (
+                "agents: {store: etcd}",
+                "agents.store: \"etcd\" is not a store",
+            ),
+            (
+                "agents: {offlineAfter: 10ms}",
+                "agents.offlineAfter: must be at least 1s",
+            ),
+            (
+                "agents: {destinations: [{name: a}, {name: a}]}",
+                "agents.destinations[1].name: \"a\" is used twice",
+            ),
+            (
+                "destinations: [{name: a, kubeconfig: /k}]\nagents: {destinations: [{name: a}]}",
+                "agents.destinations[0].name: \"a\" is also in `destinations`",
+            ),
+            (
+                "agents: {destinations: [{name: a, namespace: A}]}",
+                "agents.destinations[0].namespace",
+            ),
+            (
+                "agents: {destinations: [{name: a, url: x}]}",
+                "unknown field `url`",
+            ),
+        ] {
+            let e = parse(text).unwrap_err();
+            assert!(e.starts_with("invalid config file t.yaml: "), "{e}");
+            assert!(e.contains(needle), "{text}: {e}");
+        }
+    }
+}

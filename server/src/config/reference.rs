@@ -1,0 +1,455 @@
+//! The configuration reference: every key of the file with its type, default and meaning
+//! ([`reference()`]), rendered as Markdown into docs/configuration.md ([`reference_markdown`],
+//! `make docs`); its tests check it against the parser in both directions.
+
+/// What a key defaults to when it is not in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldDefault {
+    /// the key must be given
+    Required,
+    /// this value (YAML) is applied by [`ServerConfig::parse`]; a test checks it
+    ///
+    /// [`ServerConfig::parse`]: crate::config::ServerConfig::parse
+    Value(&'static str),
+    /// not set; what that means (empty: nothing)
+    Unset(&'static str),
+}
+
+/// One key of the configuration file, for the reference.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldDoc {
+    /// path of the key: `engine.connectTimeout`, `agents.destinations[].namespace`
+    pub key: String,
+    /// `string`, `path`, `bool`, `duration`, `enum`, `string map`, `list of strings`,
+    /// `list of globs`, `object`, `list of objects`
+    pub ty: &'static str,
+    /// its default
+    pub default: FieldDefault,
+    /// one line
+    pub description: &'static str,
+}
+
+impl FieldDoc {
+    /// The section (table) the key belongs to: the path of its parent, empty for top-level keys.
+    pub fn section(&self) -> &str {
+        self.key.rsplit_once('.').map_or("", |(parent, _)| parent)
+    }
+}
+
+/// The access keys shared by `controlPlane` and `destinations[]` (`RawAccess`).
+#[rustfmt::skip]
+const ACCESS_FIELDS: [(&str, &str, FieldDefault, &str); 13] = [
+    ("kubeconfig", "path", FieldDefault::Unset("`$KUBECONFIG`, else `~/.kube/config`"), "kubeconfig file; with `context`, excludes `server`"),
+    ("context", "string", FieldDefault::Unset("the kubeconfig's current context"), "context of the kubeconfig"),
+    ("server", "string", FieldDefault::Unset(""), "API server URL (`https://host:port`); the credentials below need it"),
+    ("token", "string", FieldDefault::Unset(""), "bearer token (never logged); excludes `tokenFile`"),
+    ("tokenFile", "path", FieldDefault::Unset(""), "file with a bearer token, re-read when it changes (projected tokens)"),
+    ("caData", "string", FieldDefault::Unset(""), "CA certificate(s), PEM; excludes `caFile`"),
+    ("caFile", "path", FieldDefault::Unset(""), "CA certificate file, PEM"),
+    ("certData", "string", FieldDefault::Unset(""), "client certificate, PEM; with `keyData`"),
+    ("keyData", "string", FieldDefault::Unset(""), "client key, PEM (never logged); with `certData`"),
+    ("certFile", "path", FieldDefault::Unset(""), "client certificate file; with `keyFile`, excludes `certData`"),
+    ("keyFile", "path", FieldDefault::Unset(""), "client key file; with `certFile`"),
+    ("insecure", "bool", FieldDefault::Value("false"), "skip verification of the server certificate"),
+    ("tlsServerName", "string", FieldDefault::Unset("the host of `server`"), "server name for TLS verification"),
+];
+
+/// Every key of the configuration file, section by section, in the order of the reference.
+///
+/// Tests check it against the parser: every key listed is accepted, every key accepted is listed
+/// (from serde's unknown-field errors), and the [`FieldDefault::Value`]s are what
+/// [`ServerConfig::parse`] applies. `docs/configuration.md` is [`reference_markdown`].
+///
+/// [`ServerConfig::parse`]: crate::config::ServerConfig::parse
+#[rustfmt::skip]
+pub fn reference() -> Vec<FieldDoc> {
+    use FieldDefault::{Required, Unset, Value};
+    let f = |key: &str, ty, default, description| FieldDoc {
+        key: key.to_string(),
+        ty,
+        default,
+        description,
+    };
+    let mut docs = vec![
+        f("controlPlane", "object", Unset("the in-cluster service account, else `$KUBECONFIG`"), "how to reach the control plane: Kargo Stages, Argo CD Applications and cluster Secrets, `DispatchJob`s"),
+        f("destinations", "list of objects", Unset("none"), "destinations by name, each reached with a kubeconfig (+ context) or a server URL + credentials"),
+        f("kubeconfigContexts", "object", Unset("unset; without a file, every context of the default kubeconfig"), "every context of a kubeconfig as a destination named after the context"),
+        f("argocd", "object", Unset("unset: no Argo CD destinations"), "Argo CD cluster Secrets on the control plane as destinations, watched live; needed by `destination: stage`"),
+        f("policy", "object", Unset("unset: every project may use every destination (a warning at start)"), "which Kargo projects may run Jobs on which destinations and namespaces"),
+        f("engine", "object", Unset("the defaults below"), "timeouts of the dispatch engine"),
+        f("agents", "object", Unset("unset: no agent destinations"), "destinations reached through `rollouts-dispatch agent` (clusters that can only dial out; the server holds no credentials for them)"),
+    ];
+    for (key, ty, default, description) in ACCESS_FIELDS {
+        docs.push(f(&format!("controlPlane.{key}"), ty, default, description));
+    }
+    docs.extend([
+        f("destinations[].name", "string", Required, "its name in `destination:`; unique, no commas or white space, not `stage`"),
+        f("destinations[].labels", "string map", Unset("no labels"), "labels for `destinationSelector`"),
+        f("destinations[].namespace", "string", Unset("the kubeconfig context's namespace, else `default`"), "default namespace of Jobs there"),
+    ]);
+    for (key, ty, default, description) in ACCESS_FIELDS {
+        docs.push(f(&format!("destinations[].{key}"), ty, default, description));
+    }
+    docs.extend([
+        f("kubeconfigContexts.path", "path", Unset("`$KUBECONFIG`, else `~/.kube/config`"), "the kubeconfig file"),
+        f("kubeconfigContexts.contexts", "list of globs", Unset("all contexts"), "globs (`*`, `?`) over context names"),
+        f("kubeconfigContexts.labels", "string map", Unset("no labels"), "labels of every such destination"),
+        f("kubeconfigContexts.namespace", "string", Unset("`default`"), "default namespace of Jobs when the context has none"),
+        f("argocd.namespace", "string", Value("argocd"), "namespace of Argo CD and its cluster Secrets"),
+        f("argocd.inCluster", "bool", Value("true"), "the implicit `in-cluster` destination, the control plane itself (like Argo CD's `cluster.inClusterEnabled`)"),
+        f("argocd.defaultNamespace", "string", Value("default"), "default namespace of Jobs on these destinations; a Secret may override it with annotation `rollouts-dispatch.io/namespace`"),
+        f("policy.rules", "list of objects", Unset("none; no rules allows everything (a warning at start)"), "allow rules; any matching rule allows"),
+        f("policy.rules[].projects", "list of globs", Required, "Kargo projects (AnalysisRun namespaces)"),
+        f("policy.rules[].destinations", "list of globs", Required, "destination names"),
+        f("policy.rules[].namespaces", "list of globs", Value("[\"*\"]"), "namespaces on the destination"),
+        f("engine.connectTimeout", "duration", Value("5s"), "TCP + TLS connect to a destination API server"),
+        f("engine.requestTimeout", "duration", Value("20s"), "bound on one API call (create, get, delete, list)"),
+        f("engine.cacheWait", "duration", Value("2s"), "how long a status lookup waits for a destination's first cache sync before asking the API server"),
+        f("engine.logTimeout", "duration", Value("5s"), "bound on reading a log tail from `pods/log`"),
+        f("agents.store", "enum", Value("memory"), "where agent work is kept: `memory` (in the server process: one replica only, forgotten on restart, agents resync) or `kubernetes` (`DispatchJob` resources on the control plane, CRD in config/crds: any number of replicas)"),
+        f("agents.namespace", "string", Unset("`$POD_NAMESPACE`, else `rollouts-dispatch`"), "namespace of the `DispatchJob` resources (store `kubernetes`)"),
+        f("agents.offlineAfter", "duration", Value("60s"), "an agent not heard from for this long is shown as not connected (at least 1s)"),
+        f("agents.destinations", "list of objects", Unset("none"), "the agent destinations; the agent's token names its destination (`token issue --destination`)"),
+        f("agents.destinations[].name", "string", Required, "its name in `destination:` and in the agent's token; unique, not also in `destinations`"),
+        f("agents.destinations[].labels", "string map", Unset("no labels"), "labels for `destinationSelector`"),
+        f("agents.destinations[].namespace", "string", Value("default"), "default namespace of Jobs there"),
+    ]);
+    docs
+}
+
+// The path in the first line is part of docs/configuration.md, kept as is by the split.
+const REFERENCE_INTRO: &str = "\
+<!-- Generated from server/src/config.rs (`reference()`); do not edit: run `make docs`. -->
+
+# Server configuration reference
+
+The server configuration file is YAML, given to `rollouts-dispatch serve`, `run` and `doctor`
+with `--config FILE` (or `$ROLLOUTS_DISPATCH_CONFIG`); in the Helm chart it is the `config:`
+value. Every top-level key is optional. Without a file, the embedded default applies: every
+context of `$KUBECONFIG` / `~/.kube/config` is a destination, and there is no policy (every
+project may use every destination). An unknown key, or a value that cannot be used, is refused
+with one message naming the file and the key (`destinations[1].server: …`).
+
+A commented example is [`config/server.yaml`](../config/server.yaml).
+
+Keys are written as paths: `agents.destinations[].namespace` is `namespace` in an item of the
+list `destinations` under `agents`. Durations are Go durations (`90s`, `2m`, `1h30m`). Globs
+match with `*` and `?`. A destination (in `destinations` or `controlPlane`) is reached either
+with `kubeconfig` (+ `context`) or with `server` and credentials, never both.
+";
+
+/// The reference as Markdown: an introduction, then one table per section of [`reference()`].
+/// `docs/configuration.md` holds exactly this (a test checks it; `make docs` rewrites it).
+pub fn reference_markdown() -> String {
+    let docs = reference();
+    let mut sections: Vec<&str> = Vec::new();
+    for d in &docs {
+        if !sections.contains(&d.section()) {
+            sections.push(d.section());
+        }
+    }
+    let cell = |s: &str| s.replace('|', "\\|");
+    let mut out = String::from(REFERENCE_INTRO);
+    for section in sections {
+        if section.is_empty() {
+            out.push_str("\n## Top level\n\n");
+        } else {
+            out.push_str(&format!("\n## `{section}`\n\n"));
+        }
+        out.push_str("| Key | Type | Default | Description |\n|---|---|---|---|\n");
+        for d in docs.iter().filter(|d| d.section() == section) {
+            let default = match d.default {
+                FieldDefault::Required => "required".to_string(),
+                FieldDefault::Value(v) => format!("`{v}`"),
+                FieldDefault::Unset("") => "—".to_string(),
+                FieldDefault::Unset(note) => note.to_string(),
+            };
+            out.push_str(&format!(
+                "| `{}` | {} | {} | {} |\n",
+                d.key,
+                d.ty,
+                cell(&default),
+                cell(d.description)
+            ));
+        }
+    }
+    out
+}
+
+/// The reference against the parser; `UPDATE_DOCS=1` rewrites docs/configuration.md (`make docs`).
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::path::Path;
+
+    use dispatch_api::parse_go_duration;
+    use serde_json::{json, Map, Value as Json};
+
+    use super::*;
+    use crate::config::raw::RawConfig;
+    use crate::config::{Access, ServerConfig, StoreKind};
+
+    /// A value of a documented type that the raw structs accept.
+    fn example(ty: &str) -> Json {
+        match ty {
+            "string" | "path" | "enum" => json!("x"),
+            "bool" => json!(true),
+            "duration" => json!("5s"),
+            "string map" => json!({"k": "v"}),
+            "list of strings" | "list of globs" => json!(["x"]),
+            "object" => json!({}),
+            "list of objects" => json!([]),
+            other => panic!("type {other:?} has no example value: add one to `example`"),
+        }
+    }
+
+    /// Sets `key` (`a.b[].c`) in `doc` unless already there; `b[]` is the first item of list `b`.
+    fn insert(doc: &mut Map<String, Json>, key: &str, value: Json) {
+        let mut segments: Vec<&str> = key.split('.').collect();
+        let last = segments.pop().unwrap();
+        let mut cursor = doc;
+        for seg in segments {
+            cursor = match seg.strip_suffix("[]") {
+                Some(list) => {
+                    let Json::Array(items) = cursor.entry(list).or_insert_with(|| json!([])) else {
+                        panic!("{key}: {list} is not a list")
+                    };
+                    if items.is_empty() {
+                        items.push(json!({}));
+                    }
+                    items[0].as_object_mut().unwrap()
+                }
+                None => cursor
+                    .entry(seg)
+                    .or_insert_with(|| json!({}))
+                    .as_object_mut()
+                    .unwrap_or_else(|| panic!("{key}: {seg} is not an object")),
+            };
+        }
+        cursor.entry(last).or_insert(value);
+    }
+
+    /// A document with `key` set to `value` and the required keys of the list items on its path.
+    fn document_with(docs: &[FieldDoc], key: &str, value: Json) -> String {
+        let mut doc = Map::new();
+        for r in docs {
+            let on_path = !r.section().is_empty() && key.starts_with(&format!("{}.", r.section()));
+            if r.default == FieldDefault::Required && on_path && r.key != key {
+                insert(&mut doc, &r.key, example(r.ty));
+            }
+        }
+        insert(&mut doc, key, value);
+        Json::Object(doc).to_string()
+    }
+
+    fn parse_raw(text: &str) -> Result<RawConfig, String> {
+        serde_saphyr::from_str::<RawConfig>(text).map_err(|e| e.to_string())
+    }
+
+    /// The sections with fields of their own: the top level, every object and list item.
+    fn sections(docs: &[FieldDoc]) -> Vec<String> {
+        let mut out = vec![String::new()];
+        for d in docs {
+            match d.ty {
+                "object" => out.push(d.key.clone()),
+                "list of objects" => out.push(format!("{}[]", d.key)),
+                _ => {}
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn reference_is_well_formed() {
+        let docs = reference();
+        let mut keys = BTreeSet::new();
+        for d in &docs {
+            assert!(keys.insert(d.key.as_str()), "{} is documented twice", d.key);
+            assert!(!d.description.is_empty(), "{} has no description", d.key);
+            example(d.ty);
+        }
+        for d in &docs {
+            let section = d.section();
+            if section.is_empty() {
+                continue;
+            }
+            let (parent, ty) = match section.strip_suffix("[]") {
+                Some(list) => (list, "list of objects"),
+                None => (section, "object"),
+            };
+            assert!(
+                docs.iter().any(|p| p.key == parent && p.ty == ty),
+                "{}: its parent `{parent}` must be documented as {ty}",
+                d.key
+            );
+        }
+    }
+
+    #[test]
+    fn every_documented_key_is_accepted_alone() {
+        let docs = reference();
+        for d in &docs {
+            let text = document_with(&docs, &d.key, example(d.ty));
+            if let Err(e) = parse_raw(&text) {
+                panic!(
+                    "documented key `{}` is rejected by the parser: {e}\n{text}",
+                    d.key
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_documented_key_is_accepted_at_once() {
+        let docs = reference();
+        let mut doc = Map::new();
+        for d in &docs {
+            insert(&mut doc, &d.key, example(d.ty));
+        }
+        let text = Json::Object(doc).to_string();
+        if let Err(e) = parse_raw(&text) {
+            panic!("a document with every documented key is rejected: {e}\n{text}");
+        }
+    }
+
+    /// serde lists the fields a struct accepts in its unknown-field error: each section's list
+    /// must be the documented one, so a field added to a raw struct without docs fails here.
+    #[test]
+    fn every_accepted_key_is_documented() {
+        let docs = reference();
+        for section in sections(&docs) {
+            let probe = if section.is_empty() {
+                "zzz".to_string()
+            } else {
+                format!("{section}.zzz")
+            };
+            let text = document_with(&docs, &probe, json!(1));
+            let e = match parse_raw(&text) {
+                Ok(_) => panic!("{text}: accepted an unknown field"),
+                Err(e) => e,
+            };
+            assert!(e.contains("unknown field `zzz`"), "{text}: {e}");
+            // `… unknown field `zzz`, expected one of a, b, c` (or `expected a`; serde quotes
+            // the names with backticks, serde-saphyr does not)
+            let listed = e
+                .split_once("expected ")
+                .map_or("", |(_, rest)| rest.lines().next().unwrap_or(""));
+            let listed = listed.strip_prefix("one of ").unwrap_or(listed);
+            let accepted: BTreeSet<&str> = listed
+                .split(", ")
+                .map(|f| f.trim().trim_matches('`'))
+                .filter(|f| !f.is_empty())
+                .collect();
+            let documented: BTreeSet<&str> = docs
+                .iter()
+                .filter(|d| d.section() == section)
+                .map(|d| d.key.rsplit('.').next().unwrap())
+                .collect();
+            let name = if section.is_empty() {
+                "the top level"
+            } else {
+                &section
+            };
+            let undocumented: Vec<_> = accepted.difference(&documented).collect();
+            let unknown: Vec<_> = documented.difference(&accepted).collect();
+            assert!(
+                undocumented.is_empty() && unknown.is_empty(),
+                "keys of {name}: accepted by the parser but missing from reference(): \
+                 {undocumented:?}; in reference() but not accepted: {unknown:?} (parser: {e})"
+            );
+        }
+    }
+
+    #[test]
+    fn documented_defaults_are_what_parse_applies() {
+        let c = ServerConfig::parse(
+            r#"
+controlPlane: {server: "https://cp.example"}
+destinations: [{name: a, server: "https://a.example"}]
+argocd: {}
+policy: {rules: [{projects: [p], destinations: [d]}]}
+engine: {}
+agents: {destinations: [{name: e}]}
+"#,
+            "test",
+        )
+        .unwrap();
+        let dur = |v: &str| parse_go_duration(v).unwrap();
+        let Access::Direct(cp) = &c.control_plane else {
+            panic!("direct")
+        };
+        let Access::Direct(dest) = &c.destinations[0].access else {
+            panic!("direct")
+        };
+        let argocd = c.argocd.as_ref().unwrap();
+        let agents = c.agents.as_ref().unwrap();
+        let rule = &c.policy.as_ref().unwrap().rules[0];
+        let mut checked = 0;
+        for d in reference() {
+            let FieldDefault::Value(v) = d.default else {
+                continue;
+            };
+            let applied = match d.key.as_str() {
+                "controlPlane.insecure" => v == cp.insecure.to_string(),
+                "destinations[].insecure" => v == dest.insecure.to_string(),
+                "argocd.namespace" => v == argocd.namespace,
+                "argocd.inCluster" => v == argocd.in_cluster.to_string(),
+                "argocd.defaultNamespace" => v == argocd.default_namespace,
+                "policy.rules[].namespaces" => {
+                    serde_json::from_str::<Vec<String>>(v).unwrap() == rule.namespaces
+                }
+                "engine.connectTimeout" => dur(v) == c.engine.connect_timeout,
+                "engine.requestTimeout" => dur(v) == c.engine.request_timeout,
+                "engine.cacheWait" => dur(v) == c.engine.cache_wait,
+                "engine.logTimeout" => dur(v) == c.engine.log_timeout,
+                "agents.store" => {
+                    agents.store
+                        == match v {
+                            "memory" => StoreKind::Memory,
+                            "kubernetes" => StoreKind::Kubernetes,
+                            other => panic!("agents.store: {other:?}"),
+                        }
+                }
+                "agents.offlineAfter" => dur(v) == agents.offline_after,
+                "agents.destinations[].namespace" => v == agents.destinations[0].namespace,
+                other => panic!(
+                    "{other}: documented default {v} is checked by no test; add it to \
+                     documented_defaults_are_what_parse_applies"
+                ),
+            };
+            assert!(
+                applied,
+                "{}: reference() says the default is {v}, ServerConfig::parse applies another",
+                d.key
+            );
+            checked += 1;
+        }
+        assert_eq!(checked, 13);
+        // without a file, or without an `engine:` section, the engine defaults are the same
+        assert_eq!(ServerConfig::embedded_default().engine, c.engine);
+        assert_eq!(ServerConfig::parse("", "test").unwrap().engine, c.engine);
+    }
+
+    #[test]
+    fn docs_configuration_md_is_up_to_date() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/configuration.md");
+        let want = reference_markdown();
+        if std::env::var_os("UPDATE_DOCS").is_some() {
+            std::fs::write(&path, &want).unwrap();
+            return;
+        }
+        let have = std::fs::read_to_string(&path).unwrap_or_default();
+        if have != want {
+            let line = have
+                .lines()
+                .zip(want.lines())
+                .position(|(a, b)| a != b)
+                .unwrap_or_else(|| have.lines().count().min(want.lines().count()));
+            panic!(
+                "docs/configuration.md differs from reference_markdown() (first at line {}): \
+                 run `make docs` to regenerate it from server/src/config/reference.rs",
+                line + 1
+            );
+        }
+    }
+}
