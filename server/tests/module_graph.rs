@@ -1,6 +1,7 @@
-//! The server crate's layering, checked (`make lint` runs this test, so does `make test-fast`):
-//! no import cycle between its top-level modules (`docs/architecture.md` says which module may
-//! import which). A cycle is how a crate turns into one knot; this names it the day it appears.
+//! The server crate's layering and size, checked (`make lint` runs these tests, so does
+//! `make test-fast`): no import cycle between its top-level modules (`docs/architecture.md` says
+//! which module may import which), no source file too long to read in one sitting. A cycle is
+//! how a crate turns into one knot; this names it the day it appears.
 //!
 //! The graph is read from the source: a module `a` depends on `b` when non-test code under
 //! `src/a` (or `src/a.rs`) names `crate::b`. Test code (`#[cfg(test)]` onwards, `tests.rs`) may
@@ -192,5 +193,24 @@ fn the_cycle_finder_finds_a_cycle() {
     assert_eq!(
         refs.into_iter().collect::<Vec<_>>(),
         vec!["engine", "job", "policy"]
+    );
+}
+
+#[test]
+fn every_server_source_file_reads_in_one_sitting() {
+    const MAX_LINES: usize = 800;
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let long: Vec<String> = files
+        .iter()
+        .filter_map(|f| {
+            let lines = std::fs::read_to_string(f).ok()?.lines().count();
+            (lines > MAX_LINES).then(|| format!("{} ({lines} lines)", f.display()))
+        })
+        .collect();
+    assert!(
+        long.is_empty(),
+        "split these along their concerns (at most {MAX_LINES} lines each): {long:?}"
     );
 }

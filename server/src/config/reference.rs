@@ -119,7 +119,7 @@ pub fn reference() -> Vec<FieldDoc> {
 
 // The path in the first line is part of docs/configuration.md, kept as is by the split.
 const REFERENCE_INTRO: &str = "\
-<!-- Generated from server/src/config.rs (`reference()`); do not edit: run `make docs`. -->
+<!-- Generated from server/src/config/reference.rs (`reference()`); do not edit: run `make docs`. -->
 
 # Server configuration reference
 
