@@ -98,10 +98,41 @@ impl RunContext {
     }
 }
 
-/// Why a Job could not be built from the plugin block.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid job spec: {0}")]
-pub struct JobError(pub String);
+/// Why a Job could not be built from the plugin block: each message names the field to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// A field that must be an object is something else.
+    #[error("invalid job spec: `{field}` must be an object")]
+    NotAnObject {
+        /// the field's path, e.g. `spec.template.metadata`
+        field: String,
+    },
+    /// A field that must be a list is something else.
+    #[error("invalid job spec: `{field}` must be a list")]
+    NotAList {
+        /// the field's path, e.g. `spec.template.spec.containers[0].env`
+        field: String,
+    },
+    /// The template has no pod spec.
+    #[error("invalid job spec: `spec.template.spec` is missing: add the pod spec")]
+    NoPodSpec,
+    /// The pod spec has no container.
+    #[error(
+        "invalid job spec: `spec.template.spec.containers` is empty: add at least one container"
+    )]
+    NoContainers,
+    /// The whole object is not a `batch/v1` Job (a field of the wrong type).
+    #[error("invalid job spec: {0}; compare the spec with batch/v1 JobSpec")]
+    NotAJob(#[source] serde_json::Error),
+}
+
+impl BuildError {
+    fn not_an_object(field: impl Into<String>) -> Self {
+        Self::NotAnObject {
+            field: field.into(),
+        }
+    }
+}
 
 /// Everything [`build`] needs.
 #[derive(Debug, Clone, Copy)]
@@ -207,7 +238,7 @@ pub fn context_env(
 }
 
 /// Builds the Job as JSON (apiVersion, kind, metadata, spec) for `input`.
-pub fn build(input: &JobInput<'_>) -> Result<Value, JobError> {
+pub fn build(input: &JobInput<'_>) -> Result<Value, BuildError> {
     let JobInput {
         run,
         metric,
@@ -270,19 +301,19 @@ pub fn build(input: &JobInput<'_>) -> Result<Value, JobError> {
     let template = spec
         .get_mut("template")
         .and_then(Value::as_object_mut)
-        .ok_or_else(|| JobError("`spec.template` must be an object".into()))?;
+        .ok_or_else(|| BuildError::not_an_object("spec.template"))?;
 
     // Pods carry our labels too: the pod watch cache selects on them.
     let tmeta = template
         .entry("metadata")
         .or_insert_with(|| json!({}))
         .as_object_mut()
-        .ok_or_else(|| JobError("`spec.template.metadata` must be an object".into()))?;
+        .ok_or_else(|| BuildError::not_an_object("spec.template.metadata"))?;
     let tlabels = tmeta
         .entry("labels")
         .or_insert_with(|| json!({}))
         .as_object_mut()
-        .ok_or_else(|| JobError("`spec.template.metadata.labels` must be an object".into()))?;
+        .ok_or_else(|| BuildError::not_an_object("spec.template.metadata.labels"))?;
     for (k, v) in ours {
         tlabels.insert(k.into(), v.into());
     }
@@ -290,24 +321,21 @@ pub fn build(input: &JobInput<'_>) -> Result<Value, JobError> {
     let pod_spec = template
         .get_mut("spec")
         .and_then(Value::as_object_mut)
-        .ok_or_else(|| JobError("`spec.template.spec` is missing: add the pod spec".into()))?;
+        .ok_or(BuildError::NoPodSpec)?;
     let env = context_env(run, metric, destination);
     let mut containers = 0;
     for list in ["initContainers", "containers"] {
         let Some(items) = pod_spec.get_mut(list) else {
             continue;
         };
-        let items = items
-            .as_array_mut()
-            .ok_or_else(|| JobError(format!("`spec.template.spec.{list}` must be a list")))?;
+        let items = items.as_array_mut().ok_or_else(|| BuildError::NotAList {
+            field: format!("spec.template.spec.{list}"),
+        })?;
         for (i, c) in items.iter_mut().enumerate() {
             let c = c.as_object_mut().ok_or_else(|| {
-                JobError(format!(
-                    "`spec.template.spec.{list}[{i}]` must be an object"
-                ))
+                BuildError::not_an_object(format!("spec.template.spec.{list}[{i}]"))
             })?;
-            inject_env(c, &env)
-                .map_err(|e| JobError(format!("`spec.template.spec.{list}[{i}].env` {e}")))?;
+            inject_env(c, &env, || format!("spec.template.spec.{list}[{i}].env"))?;
             // Real kubelets then put the log tail of a failed container into its
             // `state.terminated.message`, which costs no log API call to read.
             c.entry("terminationMessagePolicy")
@@ -318,9 +346,7 @@ pub fn build(input: &JobInput<'_>) -> Result<Value, JobError> {
         }
     }
     if containers == 0 {
-        return Err(JobError(
-            "`spec.template.spec.containers` is empty: add at least one container".into(),
-        ));
+        return Err(BuildError::NoContainers);
     }
 
     let job = json!({
@@ -336,17 +362,24 @@ pub fn build(input: &JobInput<'_>) -> Result<Value, JobError> {
     });
     // Type-check the whole object once, so a wrong type is reported with its field here
     // instead of as an opaque API error.
-    serde_json::from_value::<Job>(job.clone())
-        .map_err(|e| JobError(format!("{e}; compare the spec with batch/v1 JobSpec")))?;
+    serde_json::from_value::<Job>(job.clone()).map_err(BuildError::NotAJob)?;
     Ok(job)
 }
 
-fn inject_env(container: &mut Map<String, Value>, env: &[(&str, String)]) -> Result<(), String> {
+/// Adds the vars of `env` the container does not set; `field` is the path of its `env`, for
+/// the error when that is not a list.
+fn inject_env(
+    container: &mut Map<String, Value>,
+    env: &[(&str, String)],
+    field: impl FnOnce() -> String,
+) -> Result<(), BuildError> {
     let list = container.entry("env").or_insert_with(|| json!([]));
     if list.is_null() {
         *list = json!([]);
     }
-    let list = list.as_array_mut().ok_or("must be a list")?;
+    let list = list
+        .as_array_mut()
+        .ok_or_else(|| BuildError::NotAList { field: field() })?;
     for (name, value) in env {
         let present = list
             .iter()

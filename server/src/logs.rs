@@ -17,6 +17,20 @@ pub use dispatch_api::redact::{Redactor, REDACTED};
 
 /// The most bytes of log text a message carries.
 pub const MAX_LOG_BYTES: usize = 4096;
+/// Why the `pods/log` API gave no log text.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    /// The API server refused (the pod is gone, RBAC, …): its message and HTTP code.
+    #[error("pods/log: {} ({})", .0.message, .0.code)]
+    Refused(#[source] Box<kube::core::Status>),
+    /// The API server could not be reached or its answer not read.
+    #[error("pods/log: {0}")]
+    Request(#[source] kube::Error),
+    /// No answer within the log timeout.
+    #[error("pods/log: no answer within {0:?}")]
+    Timeout(Duration),
+}
+
 /// The container whose failure decided the Job's fate.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FailedContainer {
@@ -156,7 +170,7 @@ pub async fn fetch(
     failed: &FailedContainer,
     lines: u32,
     timeout: Duration,
-) -> Result<String, String> {
+) -> Result<String, LogError> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &failed.namespace);
     let params = LogParams {
         container: Some(failed.container.clone()),
@@ -167,9 +181,9 @@ pub async fn fetch(
     };
     match tokio::time::timeout(timeout, pods.logs(&failed.pod, &params)).await {
         Ok(Ok(text)) => Ok(text),
-        Ok(Err(kube::Error::Api(s))) => Err(format!("pods/log: {} ({})", s.message, s.code)),
-        Ok(Err(e)) => Err(format!("pods/log: {e}")),
-        Err(_) => Err(format!("pods/log: no answer within {timeout:?}")),
+        Ok(Err(kube::Error::Api(s))) => Err(LogError::Refused(s)),
+        Ok(Err(e)) => Err(LogError::Request(e)),
+        Err(_) => Err(LogError::Timeout(timeout)),
     }
 }
 

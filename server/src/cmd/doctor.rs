@@ -197,12 +197,23 @@ async fn check(entry: &Entry, deadline: Instant, call_timeout: Duration) -> Row 
     row
 }
 
+/// Why a SelfSubjectAccessReview gave no answer.
+#[derive(Debug, thiserror::Error)]
+enum ReviewError {
+    /// The API server refused the review or could not be reached.
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    /// No answer within the request timeout.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+}
+
 /// The checks of [`CHECKS`] that are denied, as `verb resource` strings.
 async fn rbac(
     client: &kube::Client,
     namespace: &str,
     timeout: Duration,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, ReviewError> {
     let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
     let reviews = CHECKS
         .iter()
@@ -236,8 +247,8 @@ async fn rbac(
                     .await
                 {
                     Ok(Ok(r)) => Ok((what, r.status.is_some_and(|s| s.allowed))),
-                    Ok(Err(e)) => Err(e.to_string()),
-                    Err(_) => Err(format!("no answer within {timeout:?}")),
+                    Ok(Err(e)) => Err(ReviewError::Api(e)),
+                    Err(_) => Err(ReviewError::Timeout(timeout)),
                 }
             }
         });

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
-use dispatch_api::block::{JobConfig, PLUGIN_NAME};
+use dispatch_api::block::{BlockError, JobConfig, PLUGIN_NAME};
 use serde_json::Value;
 
 use crate::engine::{Engine, MeasureRequest, Outcome};
@@ -44,13 +44,177 @@ pub struct RunArgs {
     pub timeout: Duration,
 }
 
-fn parse_arg(s: &str) -> Result<(String, String), String> {
+/// An `--arg` that is not `NAME=VALUE` (clap prints it after the flag).
+#[derive(Debug, thiserror::Error)]
+#[error("expected NAME=VALUE, got {0:?}")]
+struct ArgSyntaxError(String);
+
+fn parse_arg(s: &str) -> Result<(String, String), ArgSyntaxError> {
     match s.split_once('=') {
         Some((name, value)) if !name.trim().is_empty() => {
             Ok((name.trim().to_string(), value.to_string()))
         }
-        _ => Err(format!("expected NAME=VALUE, got {s:?}")),
+        _ => Err(ArgSyntaxError(s.to_string())),
     }
+}
+
+/// Why a template's metric cannot be run: a usage error, the message says what to change.
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    /// The template file cannot be read.
+    #[error("cannot read template {file}: {source}")]
+    Read {
+        /// the file
+        file: String,
+        /// the I/O error
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not YAML.
+    #[error("{file} is not a YAML document: {source}")]
+    NotYaml {
+        /// the file
+        file: String,
+        /// the YAML error (boxed: it is large, and this path is rare)
+        #[source]
+        source: Box<serde_saphyr::Error>,
+    },
+    /// The YAML is not a mapping.
+    #[error("{file} is not an AnalysisTemplate: expected a YAML mapping with `spec.metrics`")]
+    NotAMapping {
+        /// the file
+        file: String,
+    },
+    /// The YAML is another kind of object.
+    #[error("{file} is a {kind}, not an AnalysisTemplate or ClusterAnalysisTemplate")]
+    WrongKind {
+        /// the file
+        file: String,
+        /// its `kind`
+        kind: String,
+    },
+    /// The template has no metrics.
+    #[error("{file} has no `spec.metrics`: is it an AnalysisTemplate?")]
+    NoMetrics {
+        /// the file
+        file: String,
+    },
+    /// `--metric` names no metric of the template.
+    #[error("metric {metric:?} not found in {file}; its metrics: {}", .metrics.join(", "))]
+    UnknownMetric {
+        /// the `--metric`
+        metric: String,
+        /// the file
+        file: String,
+        /// the template's metrics
+        metrics: Vec<String>,
+    },
+    /// `--metric` names a metric of another provider.
+    #[error(
+        "metric {metric:?} has no provider.plugin.{PLUGIN_NAME} block (provider: {}); only \
+         {PLUGIN_NAME} metrics can be run",
+        list_or_none(.providers)
+    )]
+    NotOurs {
+        /// the `--metric`
+        metric: String,
+        /// the keys of its `provider`
+        providers: Vec<String>,
+    },
+    /// No metric of the template uses this plugin.
+    #[error(
+        "no metric of {file} uses provider.plugin.{PLUGIN_NAME} (metrics: {})",
+        .metrics.join(", ")
+    )]
+    NoneOurs {
+        /// the file
+        file: String,
+        /// the template's metrics
+        metrics: Vec<String>,
+    },
+    /// Several metrics use this plugin, and no `--metric` chooses one.
+    #[error(
+        "several metrics of {file} use {PLUGIN_NAME}: {}; choose one with --metric",
+        .metrics.join(", ")
+    )]
+    SeveralOurs {
+        /// the file
+        file: String,
+        /// the metrics that use this plugin
+        metrics: Vec<String>,
+    },
+    /// An entry of `spec.args` has no name.
+    #[error("an entry of `spec.args` has no name")]
+    UnnamedArg,
+    /// An `--arg` the template does not declare.
+    #[error("--arg {name}: the template has no arg {name:?} (its args: {})", list_or_none(.declared))]
+    UnknownArg {
+        /// the `--arg` name
+        name: String,
+        /// the args the template declares
+        declared: Vec<String>,
+    },
+    /// Args without a default and without an `--arg`.
+    #[error(
+        "arg{} without a value: {}; give {} (valueFrom is not resolved by `run`)",
+        if .missing.len() == 1 { "" } else { "s" },
+        .missing.join(", "),
+        .missing.iter().map(|n| format!("--arg {n}=VALUE")).collect::<Vec<_>>().join(" ")
+    )]
+    MissingValues {
+        /// the args
+        missing: Vec<String>,
+    },
+    /// The plugin block cannot be serialized for substitution.
+    #[error("metric {metric:?}: cannot serialize the block: {source}")]
+    Serialize {
+        /// the metric
+        metric: String,
+        /// the JSON error
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A placeholder of the block cannot be substituted.
+    #[error("metric {metric:?}: {source}")]
+    Substitute {
+        /// the metric
+        metric: String,
+        /// what is wrong with the placeholder
+        #[source]
+        source: SubstituteError,
+    },
+    /// The block, args substituted, is not a valid plugin block.
+    #[error("invalid {PLUGIN_NAME} block in metric {metric:?}: {source}")]
+    InvalidBlock {
+        /// the metric
+        metric: String,
+        /// what the block parser rejects
+        #[source]
+        source: BlockError,
+    },
+}
+
+/// `items` joined with `, `, or `none`.
+fn list_or_none(items: &[String]) -> String {
+    if items.is_empty() {
+        "none".into()
+    } else {
+        items.join(", ")
+    }
+}
+
+/// Why `{{args.NAME}}` placeholders cannot be substituted.
+#[derive(Debug, thiserror::Error)]
+pub enum SubstituteError {
+    /// A placeholder names an arg the template does not declare.
+    #[error("{{{{args.{name}}}}} is used but the template declares no arg {name:?} in spec.args")]
+    UndeclaredArg {
+        /// the arg
+        name: String,
+    },
+    /// The value cannot be escaped as JSON.
+    #[error(transparent)]
+    Escape(#[from] serde_json::Error),
 }
 
 /// The metric chosen from a template, its args filled in.
@@ -69,9 +233,11 @@ pub fn resolve_file(
     file: &Path,
     metric: Option<&str>,
     overrides: &[(String, String)],
-) -> Result<Resolved, String> {
-    let text = std::fs::read_to_string(file)
-        .map_err(|e| format!("cannot read template {}: {e}", file.display()))?;
+) -> Result<Resolved, ResolveError> {
+    let text = std::fs::read_to_string(file).map_err(|source| ResolveError::Read {
+        file: file.display().to_string(),
+        source,
+    })?;
     resolve(&text, &file.display().to_string(), metric, overrides)
 }
 
@@ -81,26 +247,28 @@ pub fn resolve(
     shown: &str,
     metric: Option<&str>,
     overrides: &[(String, String)],
-) -> Result<Resolved, String> {
-    let doc: Value =
-        serde_saphyr::from_str(text).map_err(|e| format!("{shown} is not a YAML document: {e}"))?;
+) -> Result<Resolved, ResolveError> {
+    let file = || shown.to_string();
+    let doc: Value = serde_saphyr::from_str(text).map_err(|source| ResolveError::NotYaml {
+        file: file(),
+        source: Box::new(source),
+    })?;
     if !doc.is_object() {
-        return Err(format!(
-            "{shown} is not an AnalysisTemplate: expected a YAML mapping with `spec.metrics`"
-        ));
+        return Err(ResolveError::NotAMapping { file: file() });
     }
     let kind = doc.get("kind").and_then(Value::as_str).unwrap_or("");
     if !kind.is_empty() && kind != "AnalysisTemplate" && kind != "ClusterAnalysisTemplate" {
-        return Err(format!(
-            "{shown} is a {kind}, not an AnalysisTemplate or ClusterAnalysisTemplate"
-        ));
+        return Err(ResolveError::WrongKind {
+            file: file(),
+            kind: kind.to_string(),
+        });
     }
     let spec = doc.get("spec").unwrap_or(&Value::Null);
     let metrics = spec
         .get("metrics")
         .and_then(Value::as_array)
         .filter(|m| !m.is_empty())
-        .ok_or_else(|| format!("{shown} has no `spec.metrics`: is it an AnalysisTemplate?"))?;
+        .ok_or_else(|| ResolveError::NoMetrics { file: file() })?;
     let name_of = |m: &Value| {
         m.get("name")
             .and_then(Value::as_str)
@@ -119,27 +287,18 @@ pub fn resolve(
             let m = metrics
                 .iter()
                 .find(|m| name_of(m) == wanted)
-                .ok_or_else(|| {
-                    format!(
-                        "metric {wanted:?} not found in {shown}; its metrics: {}",
-                        names.join(", ")
-                    )
+                .ok_or_else(|| ResolveError::UnknownMetric {
+                    metric: wanted.to_string(),
+                    file: file(),
+                    metrics: names.clone(),
                 })?;
-            let block = block_of(m).ok_or_else(|| {
-                let provider = m
+            let block = block_of(m).ok_or_else(|| ResolveError::NotOurs {
+                metric: wanted.to_string(),
+                providers: m
                     .get("provider")
                     .and_then(Value::as_object)
-                    .map(|p| p.keys().cloned().collect::<Vec<_>>().join(", "))
-                    .unwrap_or_default();
-                format!(
-                    "metric {wanted:?} has no provider.plugin.{PLUGIN_NAME} block (provider: {}); \
-                     only {PLUGIN_NAME} metrics can be run",
-                    if provider.is_empty() {
-                        "none".into()
-                    } else {
-                        provider
-                    }
-                )
+                    .map(|p| p.keys().cloned().collect())
+                    .unwrap_or_default(),
             })?;
             (wanted.to_string(), block)
         }
@@ -150,31 +309,36 @@ pub fn resolve(
                 .collect();
             match ours.len() {
                 0 => {
-                    return Err(format!(
-                        "no metric of {shown} uses provider.plugin.{PLUGIN_NAME} (metrics: {})",
-                        names.join(", ")
-                    ))
+                    return Err(ResolveError::NoneOurs {
+                        file: file(),
+                        metrics: names,
+                    })
                 }
                 1 => ours.into_iter().next().unwrap_or_default(),
                 _ => {
-                    return Err(format!(
-                    "several metrics of {shown} use {PLUGIN_NAME}: {}; choose one with --metric",
-                    ours.iter()
-                        .map(|(n, _)| n.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ))
+                    return Err(ResolveError::SeveralOurs {
+                        file: file(),
+                        metrics: ours.into_iter().map(|(n, _)| n).collect(),
+                    })
                 }
             }
         }
     };
 
-    let (values, secrets) = arg_values(spec, overrides)?;
-    let json = serde_json::to_string(&block)
-        .map_err(|e| format!("metric {metric:?}: cannot serialize the block: {e}"))?;
-    let json = substitute(&json, &values).map_err(|e| format!("metric {metric:?}: {e}"))?;
-    let config = JobConfig::parse(json.as_bytes())
-        .map_err(|e| format!("invalid {PLUGIN_NAME} block in metric {metric:?}: {e}"))?;
+    let ArgValues { values, secrets } = arg_values(spec, overrides)?;
+    let json = serde_json::to_string(&block).map_err(|source| ResolveError::Serialize {
+        metric: metric.clone(),
+        source,
+    })?;
+    let json = substitute(&json, &values).map_err(|source| ResolveError::Substitute {
+        metric: metric.clone(),
+        source,
+    })?;
+    let config =
+        JobConfig::parse(json.as_bytes()).map_err(|source| ResolveError::InvalidBlock {
+            metric: metric.clone(),
+            source,
+        })?;
     Ok(Resolved {
         metric,
         config,
@@ -182,12 +346,17 @@ pub fn resolve(
     })
 }
 
+/// The template's args, resolved.
+struct ArgValues {
+    /// every arg's value, by name
+    values: BTreeMap<String, String>,
+    /// the values of args that come from Secrets (redacted from output)
+    secrets: Vec<String>,
+}
+
 /// The value of every template arg: `spec.args` defaults, overridden by `--arg`. Errors name
 /// an unknown `--arg` and every arg left without a value.
-fn arg_values(
-    spec: &Value,
-    overrides: &[(String, String)],
-) -> Result<(BTreeMap<String, String>, Vec<String>), String> {
+fn arg_values(spec: &Value, overrides: &[(String, String)]) -> Result<ArgValues, ResolveError> {
     let mut declared: BTreeMap<String, (Option<String>, bool)> = BTreeMap::new();
     for a in spec
         .get("args")
@@ -196,7 +365,7 @@ fn arg_values(
         .flatten()
     {
         let Some(name) = a.get("name").and_then(Value::as_str) else {
-            return Err("an entry of `spec.args` has no name".into());
+            return Err(ResolveError::UnnamedArg);
         };
         let value = a.get("value").and_then(|v| match v {
             Value::String(s) => Some(s.clone()),
@@ -213,33 +382,20 @@ fn arg_values(
         match declared.get_mut(name) {
             Some(slot) => slot.0 = Some(value.clone()),
             None => {
-                return Err(format!(
-                    "--arg {name}: the template has no arg {name:?} (its args: {})",
-                    if declared.is_empty() {
-                        "none".to_string()
-                    } else {
-                        declared.keys().cloned().collect::<Vec<_>>().join(", ")
-                    }
-                ))
+                return Err(ResolveError::UnknownArg {
+                    name: name.clone(),
+                    declared: declared.keys().cloned().collect(),
+                })
             }
         }
     }
-    let missing: Vec<&str> = declared
+    let missing: Vec<String> = declared
         .iter()
         .filter(|(_, (v, _))| v.is_none())
-        .map(|(n, _)| n.as_str())
+        .map(|(n, _)| n.clone())
         .collect();
     if !missing.is_empty() {
-        return Err(format!(
-            "arg{} without a value: {}; give {} (valueFrom is not resolved by `run`)",
-            if missing.len() == 1 { "" } else { "s" },
-            missing.join(", "),
-            missing
-                .iter()
-                .map(|n| format!("--arg {n}=VALUE"))
-                .collect::<Vec<_>>()
-                .join(" ")
-        ));
+        return Err(ResolveError::MissingValues { missing });
     }
     let secrets = declared
         .values()
@@ -250,12 +406,15 @@ fn arg_values(
         .into_iter()
         .filter_map(|(n, (v, _))| v.map(|v| (n, v)))
         .collect();
-    Ok((values, secrets))
+    Ok(ArgValues { values, secrets })
 }
 
 /// Replaces `{{args.NAME}}` and `{{ args.NAME }}` in `json` (a serialized block, so every
 /// placeholder sits inside a JSON string) with the JSON-escaped value.
-pub fn substitute(json: &str, values: &BTreeMap<String, String>) -> Result<String, String> {
+pub fn substitute(
+    json: &str,
+    values: &BTreeMap<String, String>,
+) -> Result<String, SubstituteError> {
     let mut out = String::with_capacity(json.len());
     let mut rest = json;
     while let Some(start) = rest.find("{{") {
@@ -266,10 +425,12 @@ pub fn substitute(json: &str, values: &BTreeMap<String, String>) -> Result<Strin
         out.push_str(&rest[..start]);
         match inner.strip_prefix("args.") {
             Some(name) => {
-                let value = values.get(name).ok_or_else(|| {
-                    format!("{{{{args.{name}}}}} is used but the template declares no arg {name:?} in spec.args")
-                })?;
-                let quoted = serde_json::to_string(value).map_err(|e| e.to_string())?;
+                let value = values
+                    .get(name)
+                    .ok_or_else(|| SubstituteError::UndeclaredArg {
+                        name: name.to_string(),
+                    })?;
+                let quoted = serde_json::to_string(value)?;
                 out.push_str(&quoted[1..quoted.len() - 1]);
             }
             None => out.push_str(&rest[start..start + len + 2]),
@@ -306,7 +467,7 @@ fn random_uid() -> String {
     )
 }
 
-fn usage_error(msg: &str) -> ExitCode {
+fn usage_error(msg: impl std::fmt::Display) -> ExitCode {
     eprintln!("rollouts-dispatch run: {msg}");
     ExitCode::from(2)
 }
@@ -315,15 +476,15 @@ fn usage_error(msg: &str) -> ExitCode {
 pub async fn run(args: RunArgs) -> ExitCode {
     let resolved = match resolve_file(&args.file, args.metric.as_deref(), &args.args) {
         Ok(r) => r,
-        Err(e) => return usage_error(&e),
+        Err(e) => return usage_error(e),
     };
     let config = match args.config.load() {
         Ok(c) => c,
-        Err(e) => return usage_error(&e.to_string()),
+        Err(e) => return usage_error(e),
     };
     let engine = match Engine::start(config).await {
         Ok(e) => e,
-        Err(e) => return usage_error(&e.to_string()),
+        Err(e) => return usage_error(e),
     };
     let unix = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -353,7 +514,7 @@ pub async fn run(args: RunArgs) -> ExitCode {
     );
     let ensured = match engine.ensure(&req).await {
         Ok(e) => e,
-        Err(e) => return usage_error(&redactor.redact(&e.to_string())),
+        Err(e) => return usage_error(redactor.redact(&e.to_string())),
     };
     let job = ensured.job;
     for ((dest, outcome), p) in ensured.outcomes.iter().zip(&job.placements) {
@@ -474,27 +635,20 @@ spec:
 
     #[test]
     fn errors_name_the_problem() {
-        let e = resolve(TEMPLATE, "t.yaml", None, &[]).unwrap_err();
+        let err = |text: &str, metric: Option<&str>, overrides: &[(String, String)]| {
+            resolve(text, "t.yaml", metric, overrides)
+                .unwrap_err()
+                .to_string()
+        };
+        let e = err(TEMPLATE, None, &[]);
         assert!(e.contains("destination"), "{e}");
-        let e = resolve(
-            TEMPLATE,
-            "t.yaml",
-            Some("nope"),
-            &over(&[("destination", "a")]),
-        )
-        .unwrap_err();
+        let e = err(TEMPLATE, Some("nope"), &over(&[("destination", "a")]));
         assert!(e.contains("web, check"), "{e}");
-        let e = resolve(
-            TEMPLATE,
-            "t.yaml",
-            Some("web"),
-            &over(&[("destination", "a")]),
-        )
-        .unwrap_err();
+        let e = err(TEMPLATE, Some("web"), &over(&[("destination", "a")]));
         assert!(e.contains("no provider.plugin"), "{e}");
-        let e = resolve(TEMPLATE, "t.yaml", None, &over(&[("nope", "a")])).unwrap_err();
+        let e = err(TEMPLATE, None, &over(&[("nope", "a")]));
         assert!(e.contains("no arg \"nope\""), "{e}");
-        let e = resolve("a: [", "t.yaml", None, &[]).unwrap_err();
+        let e = err("a: [", None, &[]);
         assert!(e.contains("not a YAML"), "{e}");
     }
 

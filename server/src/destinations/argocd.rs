@@ -19,8 +19,8 @@ use kube::runtime::WatchStreamExt;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::client::{config_from_kubeconfig, single_kubeconfig};
-use super::{DestinationSpec, Registry, Source, IN_CLUSTER_NAME, IN_CLUSTER_SERVER};
+use super::client::{config_from_kubeconfig, single_kubeconfig, AccessError};
+use super::{DestinationSpec, Registry, Source, SpecError, IN_CLUSTER_NAME, IN_CLUSTER_SERVER};
 use crate::config::ArgoCdConfig;
 use crate::job::fnv1a;
 
@@ -30,6 +30,64 @@ pub const SECRET_TYPE_LABEL: &str = "argocd.argoproj.io/secret-type";
 pub const CLUSTER_SELECTOR: &str = "argocd.argoproj.io/secret-type=cluster";
 /// Annotation on a cluster Secret: default namespace of Jobs on that destination.
 pub const NAMESPACE_ANNOTATION: &str = "rollouts-dispatch.io/namespace";
+
+/// Why the credentials of an Argo CD cluster Secret cannot be used, and which Secret to fix.
+#[derive(Debug, thiserror::Error)]
+#[error("{problem} (fix the Argo CD cluster Secret {secret})")]
+pub struct SecretError {
+    /// the Secret
+    pub secret: Source,
+    /// what is wrong with it
+    #[source]
+    pub problem: SecretProblem,
+}
+
+/// What is wrong with an Argo CD cluster Secret.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretProblem {
+    /// A `data` field is not text.
+    #[error("data.{key} is not UTF-8")]
+    NotUtf8 {
+        /// the field
+        key: &'static str,
+        /// the decoding error
+        #[source]
+        source: std::string::FromUtf8Error,
+    },
+    /// `data.name` is absent or empty.
+    #[error("data.name is missing")]
+    MissingName,
+    /// `data.server` is absent or empty.
+    #[error("data.server is missing")]
+    MissingServer,
+    /// `data.config` is not JSON of Argo CD's `ClusterConfig` shape.
+    #[error("data.config is not valid JSON: {0}")]
+    ConfigJson(#[source] serde_json::Error),
+    /// `proxyUrl` is set; this server does not support proxies.
+    #[error("data.config.proxyUrl is not supported by this server")]
+    ProxyUrl,
+    /// Only one of a client certificate and its key is given.
+    #[error("data.config.tlsClientConfig: certData and keyData go together")]
+    CertWithoutKey,
+    /// A PEM field is not base64.
+    #[error("data.config.{field} is not base64: {source}")]
+    NotBase64 {
+        /// the field under `data.config`
+        field: &'static str,
+        /// the decoding error
+        #[source]
+        source: base64::DecodeError,
+    },
+    /// A PEM field decodes to something else than a PEM block.
+    #[error("data.config.{field} is not a base64-encoded PEM block")]
+    NotPem {
+        /// the field under `data.config`
+        field: &'static str,
+    },
+    /// The kubeconfig made from the Secret cannot be used (e.g. an exec command is missing).
+    #[error(transparent)]
+    Access(#[from] AccessError),
+}
 
 /// The `config` JSON of a cluster Secret (Argo CD's `ClusterConfig`); unknown fields ignored.
 #[derive(Debug, Default, Deserialize)]
@@ -93,12 +151,12 @@ pub async fn spec_from_secret(
         secret: secret_name.clone(),
     };
     let data = secret.data.clone().unwrap_or_default();
-    let text = |key: &str| -> Result<Option<String>, String> {
+    let text = |key: &'static str| -> Result<Option<String>, SecretProblem> {
         match data.get(key) {
             None => Ok(None),
             Some(b) => String::from_utf8(b.0.clone())
                 .map(|s| Some(s.trim().to_string()))
-                .map_err(|_| format!("data.{key} is not UTF-8")),
+                .map_err(|source| SecretProblem::NotUtf8 { key, source }),
         }
     };
     let labels = meta.labels.clone().unwrap_or_default();
@@ -119,15 +177,15 @@ pub async fn spec_from_secret(
         .map(|s| s.trim_end_matches('/').to_string())
         .unwrap_or_default();
     let config = async {
-        let name = name.clone().ok_or("data.name is missing")?;
+        let name = name.clone().ok_or(SecretProblem::MissingName)?;
         if server.is_empty() {
-            return Err("data.server is missing".to_string());
+            return Err(SecretProblem::MissingServer);
         }
         let raw = text("config")?.unwrap_or_default();
         let cfg: ClusterConfig = if raw.is_empty() {
             ClusterConfig::default()
         } else {
-            serde_json::from_str(&raw).map_err(|e| format!("data.config is not valid JSON: {e}"))?
+            serde_json::from_str(&raw).map_err(SecretProblem::ConfigJson)?
         };
         let no_credentials = cfg.bearer_token.is_none()
             && cfg.username.is_none()
@@ -139,10 +197,17 @@ pub async fn spec_from_secret(
             return Ok(control_plane.clone());
         }
         let (cluster, user) = kubeconfig_entries(&server, &cfg)?;
-        config_from_kubeconfig(single_kubeconfig(&name, cluster, user, None), Some(&name)).await
+        config_from_kubeconfig(single_kubeconfig(&name, cluster, user, None), Some(&name))
+            .await
+            .map_err(SecretProblem::Access)
     }
     .await
-    .map_err(|e| format!("{e} (fix the Argo CD cluster Secret {source})"));
+    .map_err(|problem| {
+        SpecError::from(SecretError {
+            secret: source.clone(),
+            problem,
+        })
+    });
     DestinationSpec {
         name: name.unwrap_or(secret_name),
         labels,
@@ -154,9 +219,9 @@ pub async fn spec_from_secret(
     }
 }
 
-fn kubeconfig_entries(server: &str, cfg: &ClusterConfig) -> Result<(Value, Value), String> {
+fn kubeconfig_entries(server: &str, cfg: &ClusterConfig) -> Result<(Value, Value), SecretProblem> {
     if cfg.proxy_url.is_some() {
-        return Err("data.config.proxyUrl is not supported by this server".into());
+        return Err(SecretProblem::ProxyUrl);
     }
     let mut cluster = Map::new();
     cluster.insert("server".into(), server.into());
@@ -193,7 +258,7 @@ fn kubeconfig_entries(server: &str, cfg: &ClusterConfig) -> Result<(Value, Value
             user.insert("client-key-data".into(), k.clone().into());
         }
         (None, None) => {}
-        _ => return Err("data.config.tlsClientConfig: certData and keyData go together".into()),
+        _ => return Err(SecretProblem::CertWithoutKey),
     }
     if let Some(aws) = &cfg.aws_auth_config {
         // What Argo CD runs for EKS (argocd-k8s-auth must be installed on this server).
@@ -240,15 +305,13 @@ fn kubeconfig_entries(server: &str, cfg: &ClusterConfig) -> Result<(Value, Value
     Ok((Value::Object(cluster), Value::Object(user)))
 }
 
-fn check_pem(field: &str, b64: &str) -> Result<(), String> {
+fn check_pem(field: &'static str, b64: &str) -> Result<(), SecretProblem> {
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(b64.trim())
-        .map_err(|e| format!("data.config.{field} is not base64: {e}"))?;
+        .map_err(|source| SecretProblem::NotBase64 { field, source })?;
     let text = String::from_utf8_lossy(&bytes);
     if !text.contains("-----BEGIN") {
-        return Err(format!(
-            "data.config.{field} is not a base64-encoded PEM block"
-        ));
+        return Err(SecretProblem::NotPem { field });
     }
     Ok(())
 }
@@ -497,7 +560,7 @@ mod tests {
             ),
         ] {
             let s = spec_from_secret(&secret(&data), &settings(), &cp()).await;
-            let e = s.config.unwrap_err();
+            let e = s.config.unwrap_err().to_string();
             assert!(e.contains(needle), "{e}");
             assert!(
                 e.contains("Argo CD cluster Secret argocd/cluster-prod"),

@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 
 use base64::Engine as _;
 use kube::client::ClientBuilder;
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::config::{InferConfigError, KubeConfigOptions, Kubeconfig, KubeconfigError};
 use serde_json::{json, Value};
 
 use crate::config::{Access, DirectAccess, EngineSettings};
@@ -57,17 +57,94 @@ where
     }
 }
 
+/// Why the credentials of an access (or a kubeconfig context) give no config or client. The
+/// messages say where the credentials come from and what to fix; the kube error stays the source.
+#[derive(Debug, thiserror::Error)]
+pub enum AccessError {
+    /// `Access::Infer` found neither in-cluster credentials nor a kubeconfig.
+    #[error(
+        "cannot find cluster credentials (no in-cluster service account, no usable $KUBECONFIG \
+         or ~/.kube/config): {0}"
+    )]
+    NoCredentials(#[source] InferConfigError),
+    /// A kubeconfig file named in the config cannot be read.
+    #[error("cannot read kubeconfig {path}: {source}")]
+    ReadKubeconfig {
+        /// the file, as shown
+        path: String,
+        /// the read or parse error
+        #[source]
+        source: KubeconfigError,
+    },
+    /// The default kubeconfig (`$KUBECONFIG`, else `~/.kube/config`) cannot be read.
+    #[error("cannot read the default kubeconfig ({path}): {source}")]
+    ReadDefaultKubeconfig {
+        /// `$KUBECONFIG`, else `~/.kube/config`
+        path: String,
+        /// the read or parse error
+        #[source]
+        source: KubeconfigError,
+    },
+    /// A context of a kubeconfig file cannot be used.
+    #[error("kubeconfig {path}: {source}")]
+    InKubeconfig {
+        /// the file, as shown
+        path: String,
+        /// what is wrong with the context
+        #[source]
+        source: Box<AccessError>,
+    },
+    /// The user of the context runs an exec plugin but names no command.
+    #[error("exec credentials without a command")]
+    ExecWithoutCommand,
+    /// The exec plugin's command is not on this machine: it would only fail, obscurely, on
+    /// the first request.
+    #[error(
+        "exec credential command {command:?} is not installed on this server (not found in \
+         PATH); install it or use a bearer token{}",
+        install_hint_suffix(.install_hint.as_deref())
+    )]
+    ExecNotInstalled {
+        /// the command
+        command: String,
+        /// the plugin's `installHint`
+        install_hint: Option<String>,
+    },
+    /// kube rejects the named context.
+    #[error("context {context:?}: {source}")]
+    Context {
+        /// the context
+        context: String,
+        /// why kube rejects it
+        #[source]
+        source: KubeconfigError,
+    },
+    /// kube rejects the current context of a kubeconfig.
+    #[error(transparent)]
+    Kubeconfig(KubeconfigError),
+    /// The config is fine but no client can be built from it (TLS setup, proxy).
+    #[error("building the client: {0}")]
+    Client(#[source] kube::Error),
+}
+
+fn install_hint_suffix(hint: Option<&str>) -> String {
+    hint.map(|h| format!(" ({})", h.trim())).unwrap_or_default()
+}
+
 /// The kube config for `access`; `name` names the kubeconfig entries of a direct access.
-pub async fn config_for(access: &Access, name: &str) -> Result<kube::Config, String> {
+pub async fn config_for(access: &Access, name: &str) -> Result<kube::Config, AccessError> {
     match access {
-        Access::Infer => kube::Config::infer().await.map_err(|e| {
-            format!("cannot find cluster credentials (no in-cluster service account, no usable $KUBECONFIG or ~/.kube/config): {e}")
-        }),
+        Access::Infer => kube::Config::infer()
+            .await
+            .map_err(AccessError::NoCredentials),
         Access::Kubeconfig { path, context } => {
             let (kubeconfig, shown) = read_kubeconfig(path.as_deref())?;
             config_from_kubeconfig(kubeconfig, context.as_deref())
                 .await
-                .map_err(|e| format!("kubeconfig {shown}: {e}"))
+                .map_err(|e| AccessError::InKubeconfig {
+                    path: shown,
+                    source: Box::new(e),
+                })
         }
         Access::Direct(d) => config_from_kubeconfig(direct_kubeconfig(d, name), Some(name)).await,
     }
@@ -75,18 +152,19 @@ pub async fn config_for(access: &Access, name: &str) -> Result<kube::Config, Str
 
 /// Reads a kubeconfig file (`None`: `$KUBECONFIG`, else `~/.kube/config`); returns it and the
 /// path as shown in messages.
-pub fn read_kubeconfig(path: Option<&Path>) -> Result<(Kubeconfig, String), String> {
+pub fn read_kubeconfig(path: Option<&Path>) -> Result<(Kubeconfig, String), AccessError> {
     match path {
         Some(p) => Kubeconfig::read_from(p)
             .map(|k| (k, p.display().to_string()))
-            .map_err(|e| format!("cannot read kubeconfig {}: {e}", p.display())),
+            .map_err(|source| AccessError::ReadKubeconfig {
+                path: p.display().to_string(),
+                source,
+            }),
         None => Kubeconfig::read()
             .map(|k| (k, default_kubeconfig_path()))
-            .map_err(|e| {
-                format!(
-                    "cannot read the default kubeconfig ({}): {e}",
-                    default_kubeconfig_path()
-                )
+            .map_err(|source| AccessError::ReadDefaultKubeconfig {
+                path: default_kubeconfig_path(),
+                source,
             }),
     }
 }
@@ -99,7 +177,7 @@ fn default_kubeconfig_path() -> String {
 pub async fn config_from_kubeconfig(
     kubeconfig: Kubeconfig,
     context: Option<&str>,
-) -> Result<kube::Config, String> {
+) -> Result<kube::Config, AccessError> {
     check_exec(&kubeconfig, context)?;
     let options = KubeConfigOptions {
         context: context.map(String::from),
@@ -107,15 +185,18 @@ pub async fn config_from_kubeconfig(
     };
     kube::Config::from_custom_kubeconfig(kubeconfig, &options)
         .await
-        .map_err(|e| match context {
-            Some(c) => format!("context {c:?}: {e}"),
-            None => e.to_string(),
+        .map_err(|source| match context {
+            Some(c) => AccessError::Context {
+                context: c.to_string(),
+                source,
+            },
+            None => AccessError::Kubeconfig(source),
         })
 }
 
 /// An exec credential plugin only fails on the first request, and then obscurely: check now
 /// that its command exists.
-fn check_exec(kubeconfig: &Kubeconfig, context: Option<&str>) -> Result<(), String> {
+fn check_exec(kubeconfig: &Kubeconfig, context: Option<&str>) -> Result<(), AccessError> {
     let context = context.or(kubeconfig.current_context.as_deref());
     let user = kubeconfig
         .contexts
@@ -131,20 +212,15 @@ fn check_exec(kubeconfig: &Kubeconfig, context: Option<&str>) -> Result<(), Stri
         .and_then(|a| a.exec.as_ref());
     let Some(exec) = exec else { return Ok(()) };
     let Some(command) = exec.command.as_deref() else {
-        return Err("exec credentials without a command".into());
+        return Err(AccessError::ExecWithoutCommand);
     };
     if find_command(command).is_some() {
         return Ok(());
     }
-    let hint = exec
-        .install_hint
-        .as_deref()
-        .map(|h| format!(" ({})", h.trim()))
-        .unwrap_or_default();
-    Err(format!(
-        "exec credential command {command:?} is not installed on this server (not found in PATH); \
-         install it or use a bearer token{hint}"
-    ))
+    Err(AccessError::ExecNotInstalled {
+        command: command.to_string(),
+        install_hint: exec.install_hint.clone(),
+    })
 }
 
 /// The path of `command`: as given when it has a `/`, else the first match in `$PATH`.
@@ -226,13 +302,12 @@ pub fn client(
     mut config: kube::Config,
     settings: &EngineSettings,
     counter: &RequestCounter,
-) -> Result<kube::Client, String> {
+) -> Result<kube::Client, AccessError> {
     config.connect_timeout = Some(settings.connect_timeout);
     // Watches are long reads: their liveness is kube-runtime's idle timeout; every other call
     // is bounded by `request_timeout` in the engine.
     config.read_timeout = None;
-    let builder =
-        ClientBuilder::try_from(config).map_err(|e| format!("building the client: {e}"))?;
+    let builder = ClientBuilder::try_from(config).map_err(AccessError::Client)?;
     Ok(builder.with_layer(counter).build())
 }
 
@@ -305,7 +380,10 @@ mod tests {
                             "installHint": "install argocd-k8s-auth"}}),
             None,
         );
-        let e = config_from_kubeconfig(kc, Some("eks")).await.unwrap_err();
+        let e = config_from_kubeconfig(kc, Some("eks"))
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("\"argocd-k8s-auth-missing\" is not installed"),
             "{e}"
@@ -325,6 +403,7 @@ mod tests {
         )
         .await
         .unwrap_err();
-        assert!(e.contains("/nonexistent/kc"), "{e}");
+        assert!(matches!(e, AccessError::ReadKubeconfig { .. }), "{e:?}");
+        assert!(e.to_string().contains("/nonexistent/kc"), "{e}");
     }
 }

@@ -39,7 +39,7 @@ use crate::config::{
 use crate::job::{LABEL_RUN_UID, MANAGED_SELECTOR};
 use crate::policy::glob_match;
 use cache::Cache;
-use client::RequestCounter;
+use client::{AccessError, RequestCounter};
 
 /// Name of Argo CD's implicit local cluster.
 pub const IN_CLUSTER_NAME: &str = "in-cluster";
@@ -111,8 +111,20 @@ impl fmt::Display for Source {
     }
 }
 
+/// Why a [`DestinationSpec`] has no client config: the credentials its source gives cannot be
+/// used. The destination is then registered as [`Broken`] with this message.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    /// A configured access or a kubeconfig context.
+    #[error(transparent)]
+    Access(#[from] AccessError),
+    /// An Argo CD cluster Secret.
+    #[error(transparent)]
+    ArgoCd(#[from] argocd::SecretError),
+}
+
 /// Everything needed to register a destination.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct DestinationSpec {
     /// the name
     pub name: String,
@@ -127,7 +139,7 @@ pub struct DestinationSpec {
     /// changes when the source's data changes (an unchanged Secret is not reconnected)
     pub fingerprint: u64,
     /// the client config, or why there is none
-    pub config: Result<kube::Config, String>,
+    pub config: Result<kube::Config, SpecError>,
 }
 
 /// A usable destination.
@@ -192,10 +204,10 @@ fn pod_group_key(namespace: &str, job: &str) -> String {
 impl Destination {
     /// Builds the client and starts the watch caches (without waiting for them).
     fn start(
-        spec: DestinationSpec,
+        spec: &DestinationSpec,
         config: kube::Config,
         settings: &EngineSettings,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, AccessError> {
         let counter = RequestCounter::default();
         let client = client::client(config, settings, &counter)?;
         let jobs = Arc::new(Cache::new("Job", &spec.name, job_group));
@@ -209,11 +221,11 @@ impl Destination {
         tracing::info!(destination = %spec.name, server = %spec.server, source = %spec.source,
                        namespace = %spec.namespace, "destination registered");
         Ok(Self {
-            name: spec.name,
-            labels: spec.labels,
-            namespace: spec.namespace,
-            server: spec.server,
-            source: spec.source,
+            name: spec.name.clone(),
+            labels: spec.labels.clone(),
+            namespace: spec.namespace.clone(),
+            server: spec.server.clone(),
+            source: spec.source.clone(),
             client,
             jobs,
             pods,
@@ -525,12 +537,12 @@ impl Registry {
         }
         let name = spec.name.clone();
         let fingerprint = spec.fingerprint;
-        let entry = match spec.config.clone() {
-            Ok(config) => match Destination::start(spec.clone(), config, &self.settings) {
+        let entry = match &spec.config {
+            Ok(config) => match Destination::start(&spec, config.clone(), &self.settings) {
                 Ok(d) => Entry::Ready(Arc::new(d)),
-                Err(e) => Entry::Broken(Arc::new(broken(spec, e))),
+                Err(e) => Entry::Broken(Arc::new(broken(&spec, &e))),
             },
-            Err(e) => Entry::Broken(Arc::new(broken(spec, e))),
+            Err(e) => Entry::Broken(Arc::new(broken(&spec, e))),
         };
         if let Entry::Broken(b) = &entry {
             tracing::error!(destination = %b.name, source = %b.source, error = %b.error,
@@ -637,20 +649,23 @@ impl Registry {
     }
 }
 
-fn broken(spec: DestinationSpec, error: String) -> Broken {
+fn broken(spec: &DestinationSpec, error: &dyn std::error::Error) -> Broken {
     Broken {
-        name: spec.name,
-        labels: spec.labels,
-        namespace: spec.namespace,
-        server: spec.server,
-        source: spec.source,
-        error,
+        name: spec.name.clone(),
+        labels: spec.labels.clone(),
+        namespace: spec.namespace.clone(),
+        server: spec.server.clone(),
+        source: spec.source.clone(),
+        // The message alone: it already names the cause, and it is what users see.
+        error: error.to_string(),
     }
 }
 
 /// The spec of `destinations[index]` of the config file.
 pub async fn spec_from_config(index: usize, d: &DestinationConfig) -> DestinationSpec {
-    let config = client::config_for(&d.access, &d.name).await;
+    let config = client::config_for(&d.access, &d.name)
+        .await
+        .map_err(SpecError::from);
     let server = config
         .as_ref()
         .map(|c| c.cluster_url.to_string().trim_end_matches('/').to_string())
@@ -672,7 +687,9 @@ pub async fn spec_from_config(index: usize, d: &DestinationConfig) -> Destinatio
 }
 
 /// One spec per (matching) context of a kubeconfig. `Err` when the file cannot be read.
-pub async fn specs_from_kubeconfig(k: &KubeconfigContexts) -> Result<Vec<DestinationSpec>, String> {
+pub async fn specs_from_kubeconfig(
+    k: &KubeconfigContexts,
+) -> Result<Vec<DestinationSpec>, AccessError> {
     let (kubeconfig, shown) = client::read_kubeconfig(k.path.as_deref())?;
     let mut specs = Vec::new();
     for ctx in &kubeconfig.contexts {
@@ -687,7 +704,12 @@ pub async fn specs_from_kubeconfig(k: &KubeconfigContexts) -> Result<Vec<Destina
         }
         let config = client::config_from_kubeconfig(kubeconfig.clone(), Some(&name))
             .await
-            .map_err(|e| format!("kubeconfig {shown}: {e}"));
+            .map_err(|e| {
+                SpecError::from(AccessError::InKubeconfig {
+                    path: shown.clone(),
+                    source: Box::new(e),
+                })
+            });
         let server = config
             .as_ref()
             .map(|c| c.cluster_url.to_string().trim_end_matches('/').to_string())
@@ -730,7 +752,7 @@ mod tests {
             config: if ok {
                 Ok(kube::Config::new("https://127.0.0.1:1".parse().unwrap()))
             } else {
-                Err("no credentials".into())
+                Err(AccessError::ExecWithoutCommand.into())
             },
         }
     }
@@ -744,7 +766,9 @@ mod tests {
             secret: "s".into(),
         };
         assert!(r.insert(spec("a", argo.clone(), "https://x", false)));
-        assert!(matches!(r.get("a"), Some(Entry::Broken(b)) if b.error == "no credentials"));
+        assert!(
+            matches!(r.get("a"), Some(Entry::Broken(b)) if b.error == "exec credentials without a command")
+        );
         // Unchanged data from the same source is a no-op; config wins over Argo CD.
         assert!(!r.insert(spec("a", argo.clone(), "https://x", false)));
         assert!(r.insert(spec("a", Source::Config { index: 0 }, "https://y", true)));

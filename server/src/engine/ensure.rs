@@ -207,7 +207,7 @@ impl Engine {
             self.inner.settings.request_timeout,
         )
         .await
-        .map_err(EngineError::Stage)?;
+        .map_err(|e| EngineError::Stage(e.to_string()))?;
         let mut memo = self.inner.stages.lock().unwrap_or_else(|e| e.into_inner());
         if memo.len() >= MAX_REMEMBERED {
             memo.clear();
@@ -260,6 +260,7 @@ impl Engine {
                         )
                     })?;
                 client::client(config, &inner.settings, &RequestCounter::default())
+                    .map_err(|e| e.to_string())
             })
             .await
             .clone()

@@ -230,8 +230,9 @@ impl Engine {
         let raw = match known {
             Some(r) => r,
             None => {
-                let r =
-                    logs::fetch(d.client(), failed, lines, self.inner.settings.log_timeout).await;
+                let r = logs::fetch(d.client(), failed, lines, self.inner.settings.log_timeout)
+                    .await
+                    .map_err(|e| e.to_string());
                 let mut cache = self.inner.logs.lock().unwrap_or_else(|e| e.into_inner());
                 if cache.len() >= MAX_CACHED_LOGS {
                     cache.clear();
