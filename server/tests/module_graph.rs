@@ -214,3 +214,25 @@ fn every_server_source_file_reads_in_one_sitting() {
         "split these along their concerns (at most {MAX_LINES} lines each): {long:?}"
     );
 }
+
+#[test]
+fn production_code_has_typed_errors() {
+    // A `String` error loses its cause and cannot be matched; thiserror types keep both.
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut found = Vec::new();
+    for f in files.iter().filter(|f| !f.ends_with("tests.rs")) {
+        let code = production_code(&std::fs::read_to_string(f).expect("read a source file"));
+        for (n, line) in code.lines().enumerate() {
+            let compact: String = line.chars().filter(|c| !c.is_whitespace()).collect();
+            if compact.contains("Result<") && compact.contains(",String>") {
+                found.push(format!("{}:{}: {}", f.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "production Result<_, String> (use a thiserror type): {found:#?}"
+    );
+}

@@ -1,7 +1,7 @@
 //! Agent destinations: the engine writes a `DispatchJob` record per Job and reads the state the
 //! agent reported, instead of calling a cluster it cannot reach.
 
-use super::cleanup::measurement_of;
+use super::cleanup::{measurement_of, CleanupError};
 use super::*;
 
 impl Engine {
@@ -131,8 +131,8 @@ impl Engine {
         agent: &AgentDestination,
         job: &JobRef,
         p: &Placement,
-    ) -> Result<bool, String> {
-        let store = self.agent_store().map_err(|s| s.summary())?;
+    ) -> Result<bool, CleanupError> {
+        let store = self.agent_store().map_err(CleanupError::Destination)?;
         let name = store::record_name(&job.name, &agent.name);
         match store.get(&name) {
             Some(r) if r.status.as_ref().is_some_and(|s| s.deleted) => Ok(false),
@@ -140,13 +140,10 @@ impl Engine {
             Some(_) => match store.request_delete(&name).await {
                 Ok(()) => Ok(true),
                 Err(store::StoreError::NotFound(_)) => Ok(false),
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(e.into()),
             },
             None => {
-                store
-                    .create(bare_record(agent, job, p, true))
-                    .await
-                    .map_err(|e| e.to_string())?;
+                store.create(bare_record(agent, job, p, true)).await?;
                 Ok(true)
             }
         }

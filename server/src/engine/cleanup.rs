@@ -3,6 +3,42 @@
 
 use super::*;
 
+/// Why Jobs (or agent records) could not be deleted.
+#[derive(Debug, thiserror::Error)]
+pub enum CleanupError {
+    /// the destination cannot be reached or answered an error; the state says which and how
+    #[error("{}", .0.summary())]
+    Destination(DestState),
+    /// the Job is not ours (another run's, or a person's): it is never deleted
+    #[error("refusing to delete job {namespace}/{name}: {why}")]
+    Foreign {
+        /// the Job's namespace
+        namespace: String,
+        /// the Job's name
+        name: String,
+        /// whose it is
+        why: String,
+    },
+    /// the agent store refused the delete request
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    /// several deletes failed
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Several(Vec<CleanupError>),
+    /// the control plane is needed (orphan sweep) and cannot be reached
+    #[error(transparent)]
+    ControlPlane(#[from] ControlPlaneError),
+    /// the orphan sweep may not (or cannot) list AnalysisRuns
+    #[error(
+        "cannot list analysisruns on the control plane: {0} (the server needs list on \
+         analysisruns.argoproj.io to sweep orphans)"
+    )]
+    ListRuns(String),
+    /// listing AnalysisRuns took longer than the request timeout
+    #[error("listing analysisruns timed out")]
+    ListRunsTimeout,
+}
+
 impl Engine {
     /// Deletes the measurement's Jobs (foreground: their Pods go first) on every destination.
     /// Only Jobs of this run created by us are deleted.
@@ -14,7 +50,7 @@ impl Engine {
             match r {
                 Ok(true) => report.deleted.push(p.destination.clone()),
                 Ok(false) => report.absent.push(p.destination.clone()),
-                Err(e) => report.failed.push((p.destination.clone(), e)),
+                Err(e) => report.failed.push((p.destination.clone(), e.to_string())),
             }
         }
         tracing::info!(job = %job.name, deleted = ?report.deleted, absent = ?report.absent,
@@ -24,11 +60,13 @@ impl Engine {
 
     /// Deletes the measurement's Job on one destination; `Ok(false)`: none of ours was there.
     /// The agent calls this for its own cluster.
-    pub async fn delete_one(&self, job: &JobRef, p: &Placement) -> Result<bool, String> {
+    pub async fn delete_one(&self, job: &JobRef, p: &Placement) -> Result<bool, CleanupError> {
         if let Some(Entry::Agent(a)) = self.inner.registry.get(&p.destination) {
             return self.agent_delete(&a, job, p).await;
         }
-        let d = self.ready(&p.destination).map_err(|s| s.summary())?;
+        let d = self
+            .ready(&p.destination)
+            .map_err(CleanupError::Destination)?;
         let existing = match self.cached(&d, &p.namespace, &job.name).await {
             Some((j, _)) => Some(j),
             None => self
@@ -47,14 +85,14 @@ impl Engine {
         d: &Destination,
         namespace: &str,
         name: &str,
-    ) -> Result<Option<Job>, String> {
+    ) -> Result<Option<Job>, CleanupError> {
         let timeout = self.inner.settings.request_timeout;
         let jobs: Api<Job> = Api::namespaced(d.client().clone(), namespace);
         let what = format!("read job {namespace}/{name}");
         match tokio::time::timeout(timeout, jobs.get_opt(name)).await {
             Ok(Ok(j)) => Ok(j),
-            Ok(Err(e)) => Err(api_failure(d, &what, &e).summary()),
-            Err(_) => Err(no_answer(d, &what, timeout).summary()),
+            Ok(Err(e)) => Err(CleanupError::Destination(api_failure(d, &what, &e))),
+            Err(_) => Err(CleanupError::Destination(no_answer(d, &what, timeout))),
         }
     }
 
@@ -64,11 +102,15 @@ impl Engine {
         d: &Destination,
         obj: &Job,
         run_uid: &str,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, CleanupError> {
         let namespace = obj.metadata.namespace.clone().unwrap_or_default();
         let name = obj.metadata.name.clone().unwrap_or_default();
         if let Ownership::Foreign(why) = job::ownership(obj, run_uid) {
-            return Err(format!("refusing to delete job {namespace}/{name}: {why}"));
+            return Err(CleanupError::Foreign {
+                namespace,
+                name,
+                why,
+            });
         }
         let params = DeleteParams {
             preconditions: Some(Preconditions {
@@ -84,8 +126,8 @@ impl Engine {
             Ok(Ok(_)) => Ok(true),
             // Gone, or replaced by another object of that name: nothing of ours to delete.
             Ok(Err(kube::Error::Api(s))) if s.code == 404 || s.code == 409 => Ok(false),
-            Ok(Err(e)) => Err(api_failure(d, &what, &e).summary()),
-            Err(_) => Err(no_answer(d, &what, timeout).summary()),
+            Ok(Err(e)) => Err(CleanupError::Destination(api_failure(d, &what, &e))),
+            Err(_) => Err(CleanupError::Destination(no_answer(d, &what, timeout))),
         }
     }
 
@@ -115,7 +157,7 @@ impl Engine {
                 Ok(deleted) => report
                     .deleted
                     .extend(deleted.into_iter().map(|j| (d.name.clone(), j))),
-                Err(e) => report.failed.push((d.name.clone(), e)),
+                Err(e) => report.failed.push((d.name.clone(), e.to_string())),
             }
         }
         if !report.deleted.is_empty() || !report.failed.is_empty() {
@@ -130,7 +172,7 @@ impl Engine {
         run_uid: &str,
         metric: Option<&str>,
         limit: usize,
-    ) -> Result<Vec<String>, String> {
+    ) -> Result<Vec<String>, CleanupError> {
         let mut jobs: Vec<Arc<Job>> = if d.jobs().is_authoritative() {
             d.jobs().group(run_uid)
         } else {
@@ -140,8 +182,16 @@ impl Engine {
             let timeout = self.inner.settings.request_timeout;
             match tokio::time::timeout(timeout, api.list(&params)).await {
                 Ok(Ok(l)) => l.items.into_iter().map(Arc::new).collect(),
-                Ok(Err(e)) => return Err(api_failure(d, "list jobs", &e).summary()),
-                Err(_) => return Err(no_answer(d, "list jobs", timeout).summary()),
+                Ok(Err(e)) => {
+                    return Err(CleanupError::Destination(api_failure(d, "list jobs", &e)))
+                }
+                Err(_) => {
+                    return Err(CleanupError::Destination(no_answer(
+                        d,
+                        "list jobs",
+                        timeout,
+                    )))
+                }
             }
         };
         jobs.retain(|j| {
@@ -192,7 +242,7 @@ impl Engine {
         if errors.is_empty() {
             Ok(deleted)
         } else {
-            Err(errors.join("; "))
+            Err(CleanupError::Several(errors))
         }
     }
 }
@@ -227,7 +277,7 @@ impl Engine {
     /// its run, so a Job in the snapshot whose run is missing from the later list is an orphan —
     /// never a Job of a run created in between. Only Jobs of ours (labels, run UID) are deleted.
     #[tracing::instrument(name = "sweep_orphans", skip_all)]
-    pub async fn sweep_orphans(&self) -> Result<GcReport, String> {
+    pub async fn sweep_orphans(&self) -> Result<GcReport, CleanupError> {
         let direct: Vec<(Arc<Destination>, Vec<Arc<Job>>)> = self
             .inner
             .registry
@@ -258,14 +308,8 @@ impl Engine {
                     .into_iter()
                     .filter_map(|r| r.metadata.uid)
                     .collect(),
-                Ok(Err(e)) => {
-                    return Err(format!(
-                    "cannot list analysisruns on the control plane: {} (the server needs list on \
-                         analysisruns.argoproj.io to sweep orphans)",
-                    client::describe(&e)
-                ))
-                }
-                Err(_) => return Err("listing analysisruns timed out".into()),
+                Ok(Err(e)) => return Err(CleanupError::ListRuns(client::describe(&e))),
+                Err(_) => return Err(CleanupError::ListRunsTimeout),
             };
         let mut report = GcReport::default();
         for (d, jobs) in direct {
@@ -284,7 +328,7 @@ impl Engine {
                 match self.delete_job(&d, &j, &uid).await {
                     Ok(true) => report.deleted.push((d.name.clone(), what)),
                     Ok(false) => {}
-                    Err(e) => report.failed.push((d.name.clone(), e)),
+                    Err(e) => report.failed.push((d.name.clone(), e.to_string())),
                 }
             }
         }

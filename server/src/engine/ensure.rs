@@ -196,7 +196,10 @@ impl Engine {
         if let Some(names) = known {
             return Ok(names);
         }
-        let cp = self.control_plane().await.map_err(EngineError::Stage)?;
+        let cp = self
+            .control_plane()
+            .await
+            .map_err(|e| EngineError::Stage(e.to_string()))?;
         let registry = &self.inner.registry;
         registry.wait_sources(self.sources_wait()).await;
         let names = stage::resolve(
@@ -246,21 +249,19 @@ impl Engine {
         })
     }
 
-    pub(super) async fn control_plane(&self) -> Result<kube::Client, String> {
+    pub(super) async fn control_plane(&self) -> Result<kube::Client, ControlPlaneError> {
         let inner = &self.inner;
         inner
             .control_plane
             .get_or_init(|| async {
                 let config = client::config_for(&inner.control_plane_access, "control-plane")
                     .await
-                    .map_err(|e| {
-                        format!(
-                            "the control plane is not reachable (`controlPlane` in {}): {e}",
-                            inner.origin
-                        )
+                    .map_err(|e| ControlPlaneError::Unreachable {
+                        origin: inner.origin.clone(),
+                        source: Arc::new(e),
                     })?;
                 client::client(config, &inner.settings, &RequestCounter::default())
-                    .map_err(|e| e.to_string())
+                    .map_err(|e| ControlPlaneError::Client(Arc::new(e)))
             })
             .await
             .clone()

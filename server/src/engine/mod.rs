@@ -47,6 +47,7 @@ mod job_ref;
 mod start;
 mod status;
 
+pub use cleanup::CleanupError;
 pub use job_ref::{JobRef, JobRefError, Placement, JOB_NAMESPACE_KEY, JOB_NAME_KEY, REF_KEY};
 
 /// `(destination, namespace, pod, container)`
@@ -70,6 +71,24 @@ pub struct MeasureRequest {
     pub config: JobConfig,
     /// values of the run's secret args, redacted from every message
     pub secrets: Vec<String>,
+}
+
+/// The control plane (Kargo Stages, Argo CD Applications, AnalysisRuns) cannot be used. Cloned
+/// to every caller of the one lazily built client, so its causes are shared.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ControlPlaneError {
+    /// no credentials for it, or they cannot be read
+    #[error("the control plane is not reachable (`controlPlane` in {origin}): {source}")]
+    Unreachable {
+        /// the config file naming it
+        origin: String,
+        /// why
+        #[source]
+        source: Arc<crate::destinations::client::AccessError>,
+    },
+    /// its client cannot be built from the credentials
+    #[error("{0}")]
+    Client(#[source] Arc<crate::destinations::client::AccessError>),
 }
 
 /// What `ensure` did on one destination.
@@ -173,11 +192,11 @@ struct Inner {
     policy: Policy,
     settings: EngineSettings,
     origin: String,
-    control_plane: tokio::sync::OnceCell<Result<kube::Client, String>>,
+    control_plane: tokio::sync::OnceCell<Result<kube::Client, ControlPlaneError>>,
     control_plane_access: crate::config::Access,
     argocd_namespace: String,
     /// `pods/log` answers (or failures) per (destination, namespace, pod, container)
-    logs: Mutex<HashMap<LogKey, Result<String, String>>>,
+    logs: Mutex<HashMap<LogKey, Result<String, Arc<logs::LogError>>>>,
     /// `destination: stage` resolutions per run UID
     stages: Mutex<HashMap<String, Vec<String>>>,
     tasks: Vec<tokio::task::AbortHandle>,

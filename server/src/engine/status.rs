@@ -232,7 +232,7 @@ impl Engine {
             None => {
                 let r = logs::fetch(d.client(), failed, lines, self.inner.settings.log_timeout)
                     .await
-                    .map_err(|e| e.to_string());
+                    .map_err(Arc::new);
                 let mut cache = self.inner.logs.lock().unwrap_or_else(|e| e.into_inner());
                 if cache.len() >= MAX_CACHED_LOGS {
                     cache.clear();
@@ -247,7 +247,7 @@ impl Engine {
                 "no log of {} (pod {}): {}",
                 failed.describe(),
                 failed.pod,
-                secrets.redact(&e)
+                secrets.redact(&e.to_string())
             ),
         })
     }
