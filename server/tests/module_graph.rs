@@ -225,8 +225,7 @@ fn production_code_has_typed_errors() {
     for f in files.iter().filter(|f| !f.ends_with("tests.rs")) {
         let code = production_code(&std::fs::read_to_string(f).expect("read a source file"));
         for (n, line) in code.lines().enumerate() {
-            let compact: String = line.chars().filter(|c| !c.is_whitespace()).collect();
-            if compact.contains("Result<") && compact.contains(",String>") {
+            if result_error_types(line).iter().any(|e| e == "String") {
                 found.push(format!("{}:{}: {}", f.display(), n + 1, line.trim()));
             }
         }
@@ -235,4 +234,42 @@ fn production_code_has_typed_errors() {
         found.is_empty(),
         "production Result<_, String> (use a thiserror type): {found:#?}"
     );
+}
+
+/// The error type of every `Result<T, E>` written on `line` (`E` with white space removed).
+fn result_error_types(line: &str) -> Vec<String> {
+    let compact: String = line.chars().filter(|c| !c.is_whitespace()).collect();
+    let mut out = Vec::new();
+    for (i, _) in compact.match_indices("Result<") {
+        let (mut depth, mut comma) = (0i32, None);
+        for (j, c) in compact[i + "Result<".len()..].char_indices() {
+            match c {
+                '<' | '(' => depth += 1,
+                '>' | ')' if depth > 0 => depth -= 1,
+                ',' if depth == 0 => comma = Some(j + 1),
+                '>' => {
+                    if let Some(start) = comma {
+                        let args = &compact[i + "Result<".len()..];
+                        out.push(args[start..j].to_string());
+                    }
+                    break;
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_error_type_finder_reads_nested_generics() {
+    assert_eq!(
+        result_error_types("fn f(m: &BTreeMap<String, String>) -> Result<Self, JobRefError> {"),
+        vec!["JobRefError"]
+    );
+    assert_eq!(
+        result_error_types("-> Result<(Vec<u8>, BTreeMap<String, String>), String>"),
+        vec!["String"]
+    );
+    assert!(result_error_types("-> anyhow::Result<()>").is_empty());
 }
