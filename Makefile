@@ -48,9 +48,17 @@ test: ## the whole suite: Rust tests, golden vectors, Go conformance, real clust
 bench: bench-plugin bench-engine bench-verdict bench-agents ## every benchmark, side by side with its baseline (ratios printed)
 
 .PHONY: lint
-lint: conformance-lint ## rustfmt check, clippy with warnings denied, gofmt + go vet
+lint: conformance-lint deny ## rustfmt check, clippy with warnings denied, cargo-deny, gofmt + go vet
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+# Licenses, banned crates and sources of every dependency against deny.toml. The advisory
+# database cannot be fetched here, so `advisories` is not checked; everything else needs only
+# Cargo.lock and the crates already downloaded (`--offline`).
+.PHONY: deny
+deny: ## cargo-deny: dependency licenses, bans and sources (deny.toml); installs cargo-deny from crates.io if missing
+	@command -v cargo-deny >/dev/null || $(CARGO) install cargo-deny --locked
+	$(CARGO) deny --offline --locked check --hide-inclusion-graph licenses bans sources
 
 # Coverage-guided fuzzing with cargo-fuzz on the stable toolchain (libFuzzer, no sanitizer: the
 # code under test forbids `unsafe`, so the fuzzer is after panics, hangs and runaway allocation).
