@@ -1,5 +1,6 @@
 # One Makefile drives dev and CI. `make test` is the test command (README, .ci/run).
-# Fragments owned by each test tier live next to their code and are included below.
+# Fragments live next to what they build and are included below: every test and benchmark
+# target is in tests/tests.mk.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
@@ -27,25 +28,6 @@ build: ## build every crate (debug)
 plugin-release: ## build the static release plugin binary ($(PLUGIN_BIN))
 	RUSTFLAGS="$(STATIC_RUSTFLAGS)" $(CARGO) build --release --locked --target $(TARGET) -p dispatch-metric-provider --bin rollouts-dispatch-plugin
 	@if readelf -l $(PLUGIN_BIN) | grep -q INTERP || readelf -d $(PLUGIN_BIN) | grep -q NEEDED; then echo "error: $(PLUGIN_BIN) is not statically linked"; exit 1; fi
-
-.PHONY: test-fast
-test-fast: ## unit, golden-vector and property tests (no Go, no clusters)
-	$(CARGO) test --workspace --locked
-
-.PHONY: test
-test: ## the whole suite: Rust tests, golden vectors, Go conformance, real clusters (README, .ci/run)
-	$(MAKE) test-fast
-	$(MAKE) golden-check
-	$(MAKE) conformance
-	$(MAKE) clusters-smoke
-	$(MAKE) test-engine
-	$(MAKE) test-cli
-	$(MAKE) e2e
-	$(MAKE) e2e-agent
-	$(MAKE) chart
-
-.PHONY: bench
-bench: bench-plugin bench-engine bench-verdict bench-agents ## every benchmark, side by side with its baseline (ratios printed)
 
 .PHONY: lint
 lint: conformance-lint deny ## rustfmt check, clippy with warnings denied, cargo-deny, gofmt + go vet
@@ -89,10 +71,10 @@ fmt: ## format Rust and Go code
 docs: ## regenerate docs/configuration.md from the config types (server/src/config.rs)
 	UPDATE_DOCS=1 $(CARGO) test --locked -q -p dispatch-server --lib config::reference_tests
 
--include tests/conformance/conformance.mk
--include tests/k8s/k8s.mk
--include server/engine.mk
--include charts/chart.mk
+include tests/conformance/conformance.mk
+include tests/k8s/k8s.mk
+include tests/tests.mk
+include charts/chart.mk
 
 # Release artifacts: the static plugin (what argo-rollouts-config downloads; its sha256 is what
 # Argo >= 1.8 checks), and a tarball with both binaries; SHA256SUMS covers everything.
@@ -110,22 +92,3 @@ dist: plugin-release ## release artifacts in dist/: static plugin binary + sha25
 	  && sha256sum rollouts-dispatch-plugin-linux-amd64 rollouts-dispatch-$(VERSION)-linux-amd64.tar.gz > SHA256SUMS \
 	  && sha256sum -c --quiet SHA256SUMS); \
 	ls -l $(DIST); echo "dist: plugin sha256 for argo-rollouts-config: $$(cat $(DIST)/rollouts-dispatch-plugin-linux-amd64.sha256)"
-
-.PHONY: demo
-demo: k8s-bin plugin-release ## the main job locally: 3 clusters, Argo Rollouts, the server, a passing and a failing verification; last line `demo: cluster-a=… cluster-b=…`
-	@set -euo pipefail; \
-	summary=$$(mktemp); trap 'rm -f "$$summary"' EXIT; \
-	K8S_BIN_ENV=$(K8S_BIN_ENV) PLUGIN_BINARY=$(abspath $(PLUGIN_BIN)) DEMO_SUMMARY_FILE=$$summary \
-	  $(CARGO) test --locked -q -p dispatch-tests --test demo -- --ignored --nocapture 2>&1 \
-	  | grep -E '^(demo:|ANALYSISRUN|[a-z0-9-]+\.[0-9a-z]+\.[0-9a-f]{7} |$$)' | grep -v '^demo: cluster-a=' || true; \
-	test -s "$$summary" || { echo "demo: failed (run the test for details: make demo-debug)"; exit 1; }; \
-	tail -n 1 "$$summary"
-
-.PHONY: demo-debug
-demo-debug: k8s-bin plugin-release ## make demo with every log line
-	K8S_BIN_ENV=$(K8S_BIN_ENV) PLUGIN_BINARY=$(abspath $(PLUGIN_BIN)) $(CARGO) test --locked -p dispatch-tests --test demo -- --ignored --nocapture
-
-.PHONY: api-fuzz
-api-fuzz: ## fuzz the /v1 API from its OpenAPI document with schemathesis (installs it from PyPI if missing)
-	$(CARGO) build --locked -p dispatch-server --bin rollouts-dispatch
-	tests/api-fuzz/run.sh $(abspath target/debug/rollouts-dispatch) $${API_FUZZ_EXAMPLES:-100}
