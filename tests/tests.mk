@@ -43,7 +43,7 @@ define summary_test
 	$(2) SUMMARY_FILE=$$summary $(CARGO) test --locked -p dispatch-tests --test $(1) -- --ignored --nocapture \
 	  $(if $(3),2>&1 | { $(3) || true; }) || status=$$?; \
 	if [ "$$status" -ne 0 ] || [ ! -s "$$summary" ]; then \
-	  echo "$@: FAILED (cargo test exit $$status; rerun with every log line: $(CARGO) test -p dispatch-tests --test $(1) -- --ignored --nocapture)"; exit 1; fi; \
+	  echo "$@: FAILED (cargo test exit $$status); every log line: $(strip $(2)) $(CARGO) test -p dispatch-tests --test $(1) -- --ignored --nocapture"; exit 1; fi; \
 	tail -n 1 "$$summary"
 endef
 

@@ -1,4 +1,5 @@
-//! Where Jobs go: `require`, label selectors, kubeconfig contexts and direct credentials, Argo CD cluster Secrets, Kargo `stage` through Argo CD Applications, and the policy.
+//! Where Jobs go: `require`, label selectors, kubeconfig contexts and direct credentials, Argo CD
+//! cluster Secrets, Kargo `stage` through Argo CD Applications, and the policy.
 
 use std::time::Duration;
 

@@ -4,7 +4,10 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use dispatch_tests::cluster::argo;
 use dispatch_tests::cluster::{start_many, Cluster, FAKE_NODE};
+use dispatch_tests::objects::{self, create_crd};
+use dispatch_tests::shared::Shared;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
@@ -13,10 +16,6 @@ use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
 };
 use serde_json::{json, Value};
-
-use dispatch_tests::cluster::argo;
-use dispatch_tests::objects::{self, create_crd};
-use dispatch_tests::shared::Shared;
 
 use crate::engine_support::*;
 

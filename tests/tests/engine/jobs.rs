@@ -1,4 +1,5 @@
-//! One Job through its life: created with the Kargo context, verdicts from success, failure (with the redacted log tail), an image pull error and a deadline, terminate and GC.
+//! One Job through its life: created with the Kargo context; verdicts from success, failure (with
+//! the redacted log tail), an image pull error and a deadline; terminate and GC.
 
 use std::time::{Duration, Instant};
 
