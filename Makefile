@@ -1,5 +1,6 @@
 # One Makefile drives dev and CI. `make test` is the test command (README, .ci/run).
-# Fragments owned by each test tier live next to their code and are included below.
+# Fragments live next to what they build and are included below: every test and benchmark
+# target is in tests/tests.mk.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
@@ -28,30 +29,19 @@ plugin-release: ## build the static release plugin binary ($(PLUGIN_BIN))
 	RUSTFLAGS="$(STATIC_RUSTFLAGS)" $(CARGO) build --release --locked --target $(TARGET) -p dispatch-metric-provider --bin rollouts-dispatch-plugin
 	@if readelf -l $(PLUGIN_BIN) | grep -q INTERP || readelf -d $(PLUGIN_BIN) | grep -q NEEDED; then echo "error: $(PLUGIN_BIN) is not statically linked"; exit 1; fi
 
-.PHONY: test-fast
-test-fast: ## unit, golden-vector and property tests (no Go, no clusters)
-	$(CARGO) test --workspace --locked
-
-.PHONY: test
-test: ## the whole suite: Rust tests, golden vectors, Go conformance, real clusters (README, .ci/run)
-	$(MAKE) test-fast
-	$(MAKE) golden-check
-	$(MAKE) conformance
-	$(MAKE) clusters-smoke
-	$(MAKE) test-engine
-	$(MAKE) test-cli
-	$(MAKE) e2e
-	$(MAKE) e2e-agent
-	$(MAKE) chart
-
-.PHONY: bench
-bench: bench-plugin bench-engine bench-verdict bench-agents ## every benchmark, side by side with its baseline (ratios printed)
-
 .PHONY: lint
-lint: conformance-lint ## rustfmt check, clippy with warnings denied, no module cycle in the server, gofmt + go vet
+lint: conformance-lint deny ## rustfmt check, clippy with warnings denied, no module cycle in the server, cargo-deny, gofmt + go vet
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	$(CARGO) test --locked -q -p dispatch-server --test module_graph
+
+# Licenses, banned crates and sources of every dependency against deny.toml. The advisory
+# database cannot be fetched here, so `advisories` is not checked; everything else needs only
+# Cargo.lock and the crates already downloaded (`--offline`).
+.PHONY: deny
+deny: ## cargo-deny: dependency licenses, bans and sources (deny.toml); installs cargo-deny from crates.io if missing
+	@command -v cargo-deny >/dev/null || $(CARGO) install cargo-deny --locked
+	$(CARGO) deny --offline --locked check --hide-inclusion-graph licenses bans sources
 
 # Coverage-guided fuzzing with cargo-fuzz on the stable toolchain (libFuzzer, no sanitizer: the
 # code under test forbids `unsafe`, so the fuzzer is after panics, hangs and runaway allocation).
@@ -82,11 +72,11 @@ fmt: ## format Rust and Go code
 docs: ## regenerate docs/configuration.md from the config types (server/src/config/reference.rs)
 	UPDATE_DOCS=1 $(CARGO) test --locked -q -p dispatch-server --lib config::reference::tests
 
--include tests/conformance/conformance.mk
--include tests/k8s/k8s.mk
--include server/engine.mk
--include charts/chart.mk
--include coverage.mk
+include tests/conformance/conformance.mk
+include tests/k8s/k8s.mk
+include tests/tests.mk
+include charts/chart.mk
+include coverage.mk
 
 # Release artifacts: the static plugin (what argo-rollouts-config downloads; its sha256 is what
 # Argo >= 1.8 checks), and a tarball with both binaries; SHA256SUMS covers everything.
@@ -104,22 +94,3 @@ dist: plugin-release ## release artifacts in dist/: static plugin binary + sha25
 	  && sha256sum rollouts-dispatch-plugin-linux-amd64 rollouts-dispatch-$(VERSION)-linux-amd64.tar.gz > SHA256SUMS \
 	  && sha256sum -c --quiet SHA256SUMS); \
 	ls -l $(DIST); echo "dist: plugin sha256 for argo-rollouts-config: $$(cat $(DIST)/rollouts-dispatch-plugin-linux-amd64.sha256)"
-
-.PHONY: demo
-demo: k8s-bin plugin-release ## the main job locally: 3 clusters, Argo Rollouts, the server, a passing and a failing verification; last line `demo: cluster-a=… cluster-b=…`
-	@set -euo pipefail; \
-	summary=$$(mktemp); trap 'rm -f "$$summary"' EXIT; \
-	K8S_BIN_ENV=$(K8S_BIN_ENV) PLUGIN_BINARY=$(abspath $(PLUGIN_BIN)) DEMO_SUMMARY_FILE=$$summary \
-	  $(CARGO) test --locked -q -p dispatch-tests --test demo -- --ignored --nocapture 2>&1 \
-	  | grep -E '^(demo:|ANALYSISRUN|[a-z0-9-]+\.[0-9a-z]+\.[0-9a-f]{7} |$$)' | grep -v '^demo: cluster-a=' || true; \
-	test -s "$$summary" || { echo "demo: failed (run the test for details: make demo-debug)"; exit 1; }; \
-	tail -n 1 "$$summary"
-
-.PHONY: demo-debug
-demo-debug: k8s-bin plugin-release ## make demo with every log line
-	K8S_BIN_ENV=$(K8S_BIN_ENV) PLUGIN_BINARY=$(abspath $(PLUGIN_BIN)) $(CARGO) test --locked -p dispatch-tests --test demo -- --ignored --nocapture
-
-.PHONY: api-fuzz
-api-fuzz: ## fuzz the /v1 API from its OpenAPI document with schemathesis (installs it from PyPI if missing)
-	$(CARGO) build --locked -p dispatch-server --bin rollouts-dispatch
-	tests/api-fuzz/run.sh $(abspath target/debug/rollouts-dispatch) $${API_FUZZ_EXAMPLES:-100}

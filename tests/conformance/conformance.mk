@@ -33,7 +33,7 @@ golden-check: golden ## regenerate the golden vectors, fail if they changed, che
 
 bench-plugin: plugin-release ## compare the Rust plugin with the Go reference: Run latency, RSS, gob decode time
 	$(if $(PLUGIN_BIN),,$(error PLUGIN_BIN is not defined))
-	-$(CARGO) build --release -p dispatch-metric-provider --example gob_decode_bench
+	$(CARGO) build --release --locked -p dispatch-metric-provider --example gob_decode_bench
 	cd $(CONFORMANCE_DIR) && $(CONFORMANCE_GO) run ./cmd/benchplugin \
 		-ours $(abspath $(PLUGIN_BIN)) -rust-decode $(abspath $(GOB_DECODE_BENCH))
 

@@ -88,15 +88,3 @@ $(K8S_BIN_ENV): $(K8S_BINARIES) $(K8S_DIR)/k8s.mk
 
 .PHONY: k8s-bin
 k8s-bin: $(K8S_BIN_ENV) ## build the missing test-cluster binaries (kube-*, kubectl, etcd, kwok, rollouts-controller) into CACHE_DIR/bin
-
-# The smoke test loads the plugin that `make plugin-release` builds (root Makefile), unless
-# PLUGIN_BINARY names another file.
-.PHONY: clusters-smoke
-clusters-smoke: k8s-bin ## start real clusters + the Argo Rollouts controller and run the smoke tests
-	@set -euo pipefail; \
-	if [ -z "$${PLUGIN_BINARY:-}" ]; then $(MAKE) --no-print-directory plugin-release; fi; \
-	summary=$$(mktemp); trap 'rm -f "$$summary"' EXIT; \
-	K8S_BIN_ENV=$(K8S_BIN_ENV) SMOKE_SUMMARY_FILE=$$summary \
-	  $(CARGO) test -p dispatch-tests --test clusters_smoke -- --ignored --nocapture; \
-	tail -n 1 "$$summary"
-

@@ -1,23 +1,40 @@
-//! `dispatch-tests`: helpers for cross-crate, cross-language and real-cluster tests.
+//! `dispatch-tests`: the scene library of the cross-crate, cross-language and real-cluster tests
+//! (the tests themselves are in `tests/tests/`, run by the targets of `tests/tests.mk`).
+//!
+//! # Layout
+//!
+//! * [`cluster`]: real, isolated Kubernetes control planes on loopback ports (kwok runs the
+//!   pods) and the real Argo Rollouts controller on them.
+//! * [`world`]: the World, the whole system on this machine (three clusters, the controller
+//!   with our plugin, `rollouts-dispatch` in-process or as replicas with an agent).
+//! * [`kargo`] and [`analysis`]: AnalysisRuns shaped as Kargo creates them, and reading their
+//!   verdict as Kargo does.
+//! * [`block`]: the one builder of plugin blocks and the Jobs in them.
+//! * [`wait`]: the one [`eventually`](wait::eventually) every wait goes through.
+//! * [`ports`]: the one way to pick a free loopback port.
+//! * [`artifacts`]: where the plugin and server binaries and the repository's files are.
+//! * [`server`], [`admin`], [`objects`]: an in-process server, GETs on admin ports, Kubernetes
+//!   objects (CRDs, our Jobs).
+//! * [`shared`]: one scene per test binary, shared by its tests; [`summary`]: the last line of
+//!   benchmarks and smoke tests.
+//!
+//! Tests that need real clusters are `#[ignore]`d, so `cargo test` runs without the Go-built
+//! binaries; see `tests/README.md`.
 
+pub mod admin;
+pub mod analysis;
+pub mod artifacts;
+pub mod block;
 pub mod cluster;
+pub mod kargo;
+pub mod objects;
+pub mod ports;
+pub mod server;
+pub mod shared;
+pub mod summary;
+pub mod wait;
+pub mod world;
 
-use std::path::{Path, PathBuf};
-
-/// The `rollouts-dispatch` binary the process-level tests run:
-/// `<workspace>/target/debug/rollouts-dispatch`, or `$ROLLOUTS_DISPATCH_BINARY`.
-pub fn rollouts_dispatch_binary() -> anyhow::Result<PathBuf> {
-    let path = std::env::var_os("ROLLOUTS_DISPATCH_BINARY")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/rollouts-dispatch")
-        });
-    if !path.is_file() {
-        anyhow::bail!(
-            "{} is missing: build it with `cargo build -p dispatch-server --bin rollouts-dispatch` \
-             (the make targets that need it do)",
-            path.display()
-        );
-    }
-    Ok(path)
-}
+pub use artifacts::{plugin_binary, rollouts_dispatch_binary};
+pub use ports::free_port;
+pub use wait::eventually;

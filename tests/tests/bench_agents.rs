@@ -6,9 +6,7 @@
 //! Measured: dispatch latency (from the `ensure` call to the agent holding the Job in a poll
 //! reply), and the server's peak RSS (`VmHWM`). Every measurement must then read Successful
 //! through `status`, so a fast but wrong server fails. Last line (also written to
-//! `$BENCH_SUMMARY_FILE`): `agents=500 dispatch_p99_ms=X server_rss_mib=Y`.
-
-mod e2e_support;
+//! `$SUMMARY_FILE`): `agents=500 dispatch_p99_ms=X server_rss_mib=Y`.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -16,14 +14,15 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use dispatch_api::agent::{
     self as api, Report, ReportReply, ReportRequest, WorkReply, WorkRequest,
 };
 use dispatch_api::client::{ClientConfig, ServerClient};
 use dispatch_api::v1::{Ensured, MeasurementRef, RunRef, Verdict};
 use dispatch_api::DestState;
-use e2e_support::free_port;
+use dispatch_tests::wait::{eventually, Progress};
+use dispatch_tests::{free_port, summary};
 
 const AGENTS: usize = 500;
 const JOBS: usize = 2_000;
@@ -165,17 +164,13 @@ async fn five_hundred_agents_two_thousand_jobs() -> Result<()> {
         dispatch_server::token::issue_token(&key_bytes, "plugin", None, Duration::from_secs(3600))?;
     std::fs::write(dir.join("plugin.token"), plugin_token)?;
     let plugin = client(&url, &dir.join("plugin.token"), Duration::from_secs(30))?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while plugin
-        .get::<serde_json::Value>("/v1/destinations")
-        .await
-        .is_err()
-    {
-        if Instant::now() > deadline {
-            bail!("the server did not answer within 30s");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually("the server answering", Duration::from_secs(30), || async {
+        Ok(plugin
+            .get::<serde_json::Value>("/v1/destinations")
+            .await
+            .is_ok())
+    })
+    .await?;
 
     let seen: Seen = Arc::new(Mutex::new(HashMap::new()));
     let mut agents = Vec::new();
@@ -223,32 +218,35 @@ async fn five_hundred_agents_two_thousand_jobs() -> Result<()> {
         s.await??;
     }
     let ensure_secs = started.elapsed().as_secs_f64();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while seen.lock().unwrap_or_else(|e| e.into_inner()).len() < JOBS {
-        if Instant::now() > deadline {
-            bail!(
-                "only {} of {JOBS} Jobs reached their agent within 60s",
-                seen.lock().unwrap_or_else(|e| e.into_inner()).len()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let reached = || seen.lock().unwrap_or_else(|e| e.into_inner()).len();
+    eventually(
+        "every Job at its agent",
+        Duration::from_secs(60),
+        || async {
+            Ok(if reached() >= JOBS {
+                Progress::Done(())
+            } else {
+                Progress::Waiting(format!("{} of {JOBS} Jobs reached their agent", reached()))
+            })
+        },
+    )
+    .await?;
 
     // Every verdict must be the agent's: Successful.
     let mut successful = 0;
     for i in 0..JOBS {
-        let v: Verdict = loop {
-            match plugin.post(dispatch_api::v1::STATUS, &measurement(i)).await {
-                Ok(v) => {
-                    let v: Verdict = v;
-                    if v.phase != "Running" {
-                        break v;
-                    }
-                }
-                Err(e) => bail!("status {i}: {e}"),
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        let v: Verdict = eventually(
+            &format!("a verdict for measurement {i}"),
+            Duration::from_secs(60),
+            || async {
+                let v: Verdict = plugin
+                    .post(dispatch_api::v1::STATUS, &measurement(i))
+                    .await
+                    .map_err(|e| anyhow::anyhow!("status {i}: {e}"))?;
+                Ok((v.phase != "Running").then_some(v))
+            },
+        )
+        .await?;
         ensure!(v.phase == "Successful", "measurement {i}: {v:?}");
         successful += 1;
     }
@@ -282,15 +280,11 @@ async fn five_hundred_agents_two_thousand_jobs() -> Result<()> {
     println!(
         "bench-agents: server RSS MiB idle-with-{AGENTS}-polls={rss_idle:.1} peak={rss_peak:.1}"
     );
-    let summary = format!(
+    let line = format!(
         "agents={AGENTS} dispatch_p99_ms={:.0} server_rss_mib={:.0}",
         percentile(&latencies, 0.99),
         rss_peak
     );
-    println!("{summary}");
-    if let Some(file) = std::env::var_os("BENCH_SUMMARY_FILE") {
-        std::fs::write(file, format!("{summary}\n"))?;
-    }
     std::fs::remove_dir_all(&dir).ok();
-    Ok(())
+    summary::report(&line)
 }

@@ -5,18 +5,19 @@
 //!
 //! Last line: `verdict_p50_ms=X builtin_job_p50_ms=Y`.
 
-mod e2e_support;
-
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use dispatch_tests::cluster::argo;
-use dispatch_tests::cluster::kwok::lifecycle_annotations;
-use e2e_support::*;
+use dispatch_tests::analysis::{is_finished, phase};
+use dispatch_tests::block::Block;
+use dispatch_tests::kargo::{Verification, PROJECT};
+use dispatch_tests::objects::RUN_UID_LABEL;
+use dispatch_tests::summary;
+use dispatch_tests::world::World;
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// Verifications of each kind, started together.
 const RUNS: usize = 6;
@@ -27,13 +28,9 @@ fn builtin_run(i: usize) -> Result<DynamicObject> {
     Ok(serde_json::from_value(json!({
         "apiVersion": "argoproj.io/v1alpha1", "kind": "AnalysisRun",
         "metadata": {"name": format!("builtin-{i}"), "namespace": PROJECT},
-        "spec": {"metrics": [{"name": "smoke", "provider": {"job": {"spec": {
-            "backoffLimit": 0,
-            "template": {
-                "metadata": {"annotations": lifecycle_annotations(0, JOB_DURATION)},
-                "spec": {"restartPolicy": "Never", "containers": [{"name": "check", "image": "example.invalid/check:1"}]}
-            }
-        }}}}]}
+        "spec": {"metrics": [{"name": "smoke", "provider": {"job": {
+            "spec": Block::default().runs_for(JOB_DURATION).job_spec()
+        }}}]}
     }))?)
 }
 
@@ -65,26 +62,15 @@ fn p50(mut v: Vec<f64>) -> f64 {
 async fn verdict_latency_against_the_builtin_job_provider() -> Result<()> {
     // Keep the whole world alive to the end: its clusters stop when it is dropped.
     let world = World::start().await?;
-    let (a, client, freight) = (&world.a, world.client.clone(), world.freight.clone());
-    let runs = argo::analysis_runs(&client, PROJECT);
+    let (a, client) = (&world.a, world.client.clone());
+    let runs = world.runs();
     let post = PostParams::default();
     // run name → (ours?, uid)
     let mut kinds: HashMap<String, (bool, String)> = HashMap::new();
     for i in 0..RUNS {
         let ulid = format!("01jbench{i:018}");
-        let ours = runs
-            .create(
-                &post,
-                &kargo_run_with(
-                    &format!("v{i}"),
-                    &ulid,
-                    &freight,
-                    "cluster-a",
-                    json!({"destination": "{{args.destination}}"}),
-                    0,
-                    JOB_DURATION,
-                )?,
-            )
+        let ours = world
+            .submit(&Verification::new(&format!("v{i}"), &ulid, "cluster-a").runs_for(JOB_DURATION))
             .await?;
         let builtin = runs.create(&post, &builtin_run(i)?).await?;
         for (o, is_ours) in [(ours, true), (builtin, false)] {
@@ -96,7 +82,7 @@ async fn verdict_latency_against_the_builtin_job_provider() -> Result<()> {
     }
     let jobs_a: Api<Job> = Api::all(a.client().await?);
     let jobs_control: Api<Job> = Api::all(client.clone());
-    let by_uid = ListParams::default().labels("analysisrun.argoproj.io/uid");
+    let by_uid = ListParams::default().labels(RUN_UID_LABEL);
     let mut job_done: HashMap<String, Instant> = HashMap::new(); // run uid → first seen Complete
     let mut run_done: HashMap<String, (Instant, String)> = HashMap::new(); // run name → when, phase
     let deadline = Instant::now() + Duration::from_secs(240);
@@ -121,26 +107,17 @@ async fn verdict_latency_against_the_builtin_job_provider() -> Result<()> {
                     .metadata
                     .labels
                     .as_ref()
-                    .and_then(|l| l.get("analysisrun.argoproj.io/uid"))
+                    .and_then(|l| l.get(RUN_UID_LABEL))
                 {
                     job_done.entry(uid.clone()).or_insert(now);
                 }
             }
         }
         for r in runs.list(&ListParams::default()).await?.items {
-            let p = r
-                .data
-                .pointer("/status/phase")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string();
-            if matches!(
-                p.as_str(),
-                "Successful" | "Failed" | "Error" | "Inconclusive"
-            ) {
+            if is_finished(&r) {
                 run_done
                     .entry(r.metadata.name.clone().unwrap_or_default())
-                    .or_insert((now, p));
+                    .or_insert((now, phase(&r)));
             }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -165,14 +142,9 @@ async fn verdict_latency_against_the_builtin_job_provider() -> Result<()> {
             builtin.push(ms)
         }
     }
-    let line = format!(
+    summary::report(&format!(
         "verdict_p50_ms={:.0} builtin_job_p50_ms={:.0}",
         p50(ours),
         p50(builtin)
-    );
-    println!("{line}");
-    if let Some(path) = std::env::var_os("BENCH_SUMMARY_FILE") {
-        std::fs::write(path, format!("{line}\n"))?;
-    }
-    Ok(())
+    ))
 }

@@ -2,24 +2,25 @@
 //! agent destination (cluster-b) while a killer sends SIGKILL, at random moments, to a server
 //! replica, the agent, the plugin process, the Argo Rollouts controller or cluster-a's API server
 //! (and starts them again; Argo starts a new plugin itself); midway one replica stays down for
-//! good, so the server goes from 2 replicas to 1. Nothing is mocked: the scene is `AgentWorld` (two
-//! server replicas on the Kubernetes store behind a TCP front, the real controller).
+//! good, so the server goes from 2 replicas to 1. Nothing is mocked: the scene is the agent World
+//! (`World::start_with_agent`: two server replicas on the Kubernetes store behind a TCP front,
+//! the real controller).
 //!
 //! Then: every AnalysisRun has its correct verdict (exit code 0 → Successful, else Failed);
 //! each measurement has exactly one Job, on its own destination only; and after the runs are
 //! deleted, the servers' orphan sweep (`--sweep-orphans-every 3s`) leaves no Job and no
-//! DispatchJob behind. Last line (also to `$BENCH_SUMMARY_FILE`):
+//! DispatchJob behind. Last line (also to `$SUMMARY_FILE`):
 //! `verifications=50 correct=N duplicate_jobs=D orphans=O`.
-
-mod e2e_support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use dispatch_tests::cluster::argo;
-use e2e_support::agents::*;
-use e2e_support::*;
+use dispatch_tests::analysis::{is_finished, phase};
+use dispatch_tests::kargo::Verification;
+use dispatch_tests::objects::RUN_UID_LABEL;
+use dispatch_tests::summary;
+use dispatch_tests::world::World;
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use nix::sys::signal::{kill, Signal};
@@ -71,8 +72,8 @@ async fn managed_jobs(cluster: &dispatch_tests::cluster::Cluster) -> Result<Vec<
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "kills and restarts components for minutes: run `make chaos`"]
 async fn fifty_verifications_survive_kills() -> Result<()> {
-    let mut w = AgentWorld::start(&["--sweep-orphans-every", "3s"]).await?;
-    let runs = argo::analysis_runs(&w.client, PROJECT);
+    let mut w = World::start_with_agent(&["--sweep-orphans-every", "3s"]).await?;
+    let runs = w.runs();
     let mut rng = rand::rng();
     let plans: Vec<(&str, i32, String)> = (0..RUNS).map(|i| plan(i, &mut rng)).collect();
 
@@ -82,15 +83,14 @@ async fn fifty_verifications_survive_kills() -> Result<()> {
         tokio::spawn(async move {
             let mut names = Vec::new();
             for (i, (destination, exit, duration)) in plans.iter().enumerate() {
-                let ar = kargo_run_with(
+                let ar = Verification::new(
                     &format!("stage-{i:02}"),
                     &format!("01jchaos{i:018}"),
-                    &freight,
                     destination,
-                    serde_json::json!({"destination": "{{args.destination}}"}),
-                    *exit,
-                    duration,
-                )?;
+                )
+                .exits(*exit)
+                .runs_for(duration)
+                .analysis_run(&freight)?;
                 let created = runs.create(&PostParams::default(), &ar).await?;
                 names.push(created.metadata.name.unwrap_or_default());
                 tokio::time::sleep(Duration::from_millis(800)).await;
@@ -115,10 +115,7 @@ async fn fifty_verifications_survive_kills() -> Result<()> {
         if let Some(names) = &names {
             let mut done = 0;
             for n in names {
-                if matches!(
-                    phase(&runs.get(n).await?).as_str(),
-                    "Successful" | "Failed" | "Error" | "Inconclusive"
-                ) {
+                if is_finished(&runs.get(n).await?) {
                     done += 1;
                 }
             }
@@ -155,7 +152,7 @@ async fn fifty_verifications_survive_kills() -> Result<()> {
             "agent" => {
                 w.b.kill_process("agent")?;
                 tokio::time::sleep(down).await;
-                let token = w.agent_token.clone();
+                let token = w.dispatch.agent_token.clone();
                 w.spawn_agent("agent", &token)?;
             }
             "plugin" => {
@@ -206,7 +203,7 @@ async fn fifty_verifications_survive_kills() -> Result<()> {
                 .metadata
                 .labels
                 .as_ref()
-                .and_then(|l| l.get("analysisrun.argoproj.io/uid"))
+                .and_then(|l| l.get(RUN_UID_LABEL))
                 .cloned()
                 .unwrap_or_default();
             match uids.get(&uid) {
@@ -254,12 +251,8 @@ async fn fifty_verifications_survive_kills() -> Result<()> {
     let summary = format!(
         "verifications={RUNS} correct={correct} duplicate_jobs={duplicates} orphans={orphans}"
     );
-    println!("{summary}");
-    if let Some(file) = std::env::var_os("BENCH_SUMMARY_FILE") {
-        std::fs::write(file, format!("{summary}\n"))?;
-    }
     if correct != RUNS || duplicates != 0 || orphans != 0 {
         bail!("{summary}");
     }
-    Ok(())
+    summary::report(&summary)
 }

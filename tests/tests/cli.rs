@@ -1,44 +1,26 @@
 //! `rollouts-dispatch run` and `rollouts-dispatch doctor`: the real binary against a real cluster
 //! (`make test-cli`, which builds the binary first).
 //!
-//! One cluster starts once per test binary and is shared; kwok runs the pods, and pod-template
-//! annotations choose the container's exit code. `#[ignore]`d so that a plain `cargo test` needs
-//! no cluster binaries.
+//! One cluster starts once per test binary and is shared (`dispatch_tests::shared`); kwok runs
+//! the pods, and pod-template annotations choose the container's exit code. `#[ignore]`d so
+//! that a plain `cargo test` needs no cluster binaries.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::{LazyLock, OnceLock};
 
-use anyhow::{anyhow, ensure, Context, Result};
-use dispatch_tests::cluster::kwok::lifecycle_annotations;
+use anyhow::{ensure, Context, Result};
+use dispatch_tests::block::Block;
 use dispatch_tests::cluster::Cluster;
+use dispatch_tests::rollouts_dispatch_binary;
+use dispatch_tests::shared::{block_on, Shared};
 
-/// Kept alive for the whole test binary: the cluster's kube clients live on it.
-static RT: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap_or_else(|e| panic!("cannot build the tokio runtime: {e}"))
-});
-
-static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
+static CLUSTER: Shared<Cluster> = Shared::new();
 
 /// A token that must never appear in `doctor` output.
 const SECRET_TOKEN: &str = "cli-test-secret-token-5f2c9a";
 
 fn cluster() -> Result<&'static Cluster> {
-    CLUSTER
-        .get_or_init(|| {
-            RT.block_on(Cluster::start("cli"))
-                .map_err(|e| format!("{e:#}"))
-        })
-        .as_ref()
-        .map_err(|e| anyhow!("cluster: {e}"))
-}
-
-fn binary() -> Result<PathBuf> {
-    dispatch_tests::rollouts_dispatch_binary()
+    CLUSTER.get_or_start(|| Cluster::start("cli"))
 }
 
 /// A scratch directory for `test` inside the cluster's directory.
@@ -64,7 +46,12 @@ fn write_config(c: &Cluster, dir: &Path, extra: &str) -> Result<PathBuf> {
 /// An AnalysisTemplate with one `rollouts-dispatch/job` metric (and one web metric) whose
 /// container exits `exit_code` after 2s.
 fn write_template(dir: &Path, exit_code: i32) -> Result<PathBuf> {
-    let annotations = serde_json::to_string(&lifecycle_annotations(exit_code, "2s"))?;
+    let annotations = serde_json::to_string(
+        &Block::default()
+            .exits(exit_code)
+            .runs_for("2s")
+            .annotations(),
+    )?;
     let path = dir.join("template.yaml");
     std::fs::write(
         &path,
@@ -130,7 +117,7 @@ fn tail(s: &str, n: usize) -> String {
 }
 
 fn rollouts_dispatch(args: &[&str]) -> Result<Ran> {
-    let out: Output = Command::new(binary()?)
+    let out: Output = Command::new(rollouts_dispatch_binary()?)
         .args(args)
         .env("ROLLOUTS_DISPATCH_LOG", "warn")
         .env_remove("ROLLOUTS_DISPATCH_CONFIG")
@@ -190,7 +177,7 @@ fn run_successful_job_exits_0() -> Result<()> {
         })?
         .to_string();
     let c = cluster()?;
-    let job = RT.block_on(async {
+    let job = block_on(async {
         let jobs: kube::Api<k8s_openapi::api::batch::v1::Job> =
             kube::Api::namespaced(c.client().await?, "default");
         jobs.get(&name).await.context("reading the Job")

@@ -13,39 +13,23 @@
 //! missing. The plugin binary is `$PLUGIN_BINARY`, by default
 //! `target/x86_64-unknown-linux-gnu/release/rollouts-dispatch-plugin` of the workspace (what
 //! `make plugin-release` builds).
-//! The last line it prints (also written to `$SMOKE_SUMMARY_FILE` if set) is
+//! The last line it prints (also written to `$SUMMARY_FILE` if set) is
 //! `clusters_ready=N start_s_p50=X smoke=pass`.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use dispatch_tests::analysis::{is_finished, phase, wait_for};
+use dispatch_tests::artifacts::{plugin_binary, PLUGIN_NAME};
+use dispatch_tests::block::Block;
 use dispatch_tests::cluster::argo::{self, ArgoRollouts, MetricPlugin};
-use dispatch_tests::cluster::kwok::lifecycle_annotations;
 use dispatch_tests::cluster::{start_many, Cluster};
-use k8s_openapi::api::batch::v1::{Job, JobSpec};
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodTemplateSpec};
-use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, PostParams};
+use dispatch_tests::summary;
+use dispatch_tests::wait::{eventually, Progress};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde_json::{json, Value};
-
-/// Name under which the plugin is registered in `argo-rollouts-config`.
-const PLUGIN_NAME: &str = "rollouts-dispatch/job";
-
-fn plugin_binary() -> Result<PathBuf> {
-    let path = match std::env::var_os("PLUGIN_BINARY") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("..")
-            .join("target/x86_64-unknown-linux-gnu/release/rollouts-dispatch-plugin"),
-    };
-    if !path.is_file() {
-        bail!(
-            "plugin binary {} is missing: run `make plugin-release` or set PLUGIN_BINARY",
-            path.display()
-        );
-    }
-    std::fs::canonicalize(&path).with_context(|| format!("resolving {}", path.display()))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs the Go-built cluster binaries: run `make clusters-smoke`"]
@@ -88,86 +72,54 @@ async fn clusters_smoke() -> Result<()> {
         start_s.len()
     );
     drop((a, b, control));
-    if let Some(path) = std::env::var_os("SMOKE_SUMMARY_FILE") {
-        std::fs::write(&path, format!("{summary}\n")).context("writing SMOKE_SUMMARY_FILE")?;
-    }
-    println!("{summary}");
-    Ok(())
+    summary::report(&summary)
 }
 
-fn test_job(name: &str, exit_code: i32) -> Job {
-    Job {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(JobSpec {
-            backoff_limit: Some(0),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    annotations: Some(lifecycle_annotations(exit_code, "1s")),
-                    ..ObjectMeta::default()
-                }),
-                spec: Some(PodSpec {
-                    restart_policy: Some("Never".to_owned()),
-                    containers: vec![Container {
-                        name: "check".to_owned(),
-                        image: Some("example.invalid/check:1".to_owned()),
-                        ..Container::default()
-                    }],
-                    ..PodSpec::default()
-                }),
-            },
-            ..JobSpec::default()
-        }),
-        ..Job::default()
-    }
+fn test_job(name: &str, exit_code: i32) -> Result<Job> {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": Block::default().exits(exit_code).job_spec()
+    }))
+    .with_context(|| format!("building job {name}"))
 }
 
 /// Creates a Job whose container exits with `exit_code` and waits for condition `expected`.
 async fn job_reaches(cluster: &Cluster, name: &str, exit_code: i32, expected: &str) -> Result<()> {
     let client = cluster.client().await?;
     let jobs: Api<Job> = Api::namespaced(client.clone(), "default");
-    jobs.create(&PostParams::default(), &test_job(name, exit_code))
+    jobs.create(&PostParams::default(), &test_job(name, exit_code)?)
         .await
         .with_context(|| format!("creating job {name} on {}", cluster.name))?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let job = jobs
-            .get(name)
-            .await
-            .with_context(|| format!("getting job {name}"))?;
-        let conditions = job
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.clone())
-            .unwrap_or_default();
-        let finished: Vec<_> = conditions
-            .iter()
-            .filter(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
-            .collect();
-        if let Some(condition) = finished.first() {
-            if condition.type_ != expected {
-                bail!(
-                    "job {name} on {}: condition {} ({}), expected {expected}",
-                    cluster.name,
-                    condition.type_,
-                    condition.message.clone().unwrap_or_default()
-                );
-            }
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "job {name} on {}: no Complete/Failed condition after 60s; conditions {:?}",
-                cluster.name,
+    let finished = eventually(
+        &format!("job {name} on {} Complete or Failed", cluster.name),
+        Duration::from_secs(60),
+        || async {
+            let job = jobs
+                .get(name)
+                .await
+                .with_context(|| format!("getting job {name}"))?;
+            let conditions = job.status.and_then(|s| s.conditions).unwrap_or_default();
+            let seen = format!(
+                "conditions {:?}",
                 conditions
                     .iter()
                     .map(|c| format!("{}={}", c.type_, c.status))
                     .collect::<Vec<_>>()
             );
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
+            Ok(conditions
+                .into_iter()
+                .find(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+                .map_or(Progress::Waiting(seen), Progress::Done))
+        },
+    )
+    .await?;
+    if finished.type_ != expected {
+        bail!(
+            "job {name} on {}: condition {} ({}), expected {expected}",
+            cluster.name,
+            finished.type_,
+            finished.message.clone().unwrap_or_default()
+        );
     }
     // The pod really ended with the chosen exit code.
     let pods: Api<Pod> = Api::namespaced(client, "default");
@@ -198,16 +150,7 @@ async fn job_reaches(cluster: &Cluster, name: &str, exit_code: i32, expected: &s
 fn job_metric(name: &str, exit_code: i32) -> Value {
     json!({
         "name": name,
-        "provider": {"job": {"spec": {
-            "backoffLimit": 0,
-            "template": {
-                "metadata": {"annotations": lifecycle_annotations(exit_code, "1s")},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [{"name": "check", "image": "example.invalid/check:1"}]
-                }
-            }
-        }}}
+        "provider": {"job": {"spec": Block::default().exits(exit_code).job_spec()}}
     })
 }
 
@@ -219,40 +162,6 @@ fn analysis_run(name: &str, metric: Value) -> Result<DynamicObject> {
         "spec": {"metrics": [metric]}
     }))
     .context("building an AnalysisRun")
-}
-
-fn phase(ar: &DynamicObject) -> String {
-    ar.data
-        .pointer("/status/phase")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_owned()
-}
-
-/// Polls AnalysisRun `name` until `done` returns true for it.
-async fn wait_analysis_run(
-    runs: &Api<DynamicObject>,
-    name: &str,
-    timeout: Duration,
-    done: impl Fn(&DynamicObject) -> bool,
-) -> Result<DynamicObject> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let ar = runs
-            .get(name)
-            .await
-            .with_context(|| format!("getting analysisrun {name}"))?;
-        if done(&ar) {
-            return Ok(ar);
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "analysisrun {name}: not done after {timeout:?}; status {}",
-                ar.data.get("status").cloned().unwrap_or(Value::Null)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 async fn argo_smoke(control: &mut Cluster, plugin: &std::path::Path) -> Result<()> {
@@ -276,27 +185,15 @@ async fn argo_smoke(control: &mut Cluster, plugin: &std::path::Path) -> Result<(
     .context("creating analysisrun smoke-job-fail")?;
     let plugin_metric = json!({
         "name": "dispatch",
-        "provider": {"plugin": {PLUGIN_NAME: {
-            "destination": "a",
-            "spec": {"backoffLimit": 0, "template": {"spec": {
-                "restartPolicy": "Never",
-                "containers": [{"name": "check", "image": "example.invalid/check:1"}]
-            }}}
-        }}}
+        "provider": {"plugin": {PLUGIN_NAME: Block::to("a").json()}}
     });
     runs.create(&post, &analysis_run("smoke-plugin", plugin_metric)?)
         .await
         .context("creating analysisrun smoke-plugin")?;
 
-    let terminal = |ar: &DynamicObject| {
-        matches!(
-            phase(ar).as_str(),
-            "Successful" | "Failed" | "Error" | "Inconclusive"
-        )
-    };
     let timeout = Duration::from_secs(90);
-    let ok = wait_analysis_run(&runs, "smoke-job-ok", timeout, terminal).await?;
-    let fail = wait_analysis_run(&runs, "smoke-job-fail", timeout, terminal).await?;
+    let ok = wait_for(&runs, "smoke-job-ok", timeout, is_finished).await?;
+    let fail = wait_for(&runs, "smoke-job-fail", timeout, is_finished).await?;
     if phase(&ok) != "Successful" || phase(&fail) != "Failed" {
         bail!(
             "analysisruns: smoke-job-ok is {:?} (want Successful), smoke-job-fail is {:?} \
@@ -314,13 +211,13 @@ async fn argo_smoke(control: &mut Cluster, plugin: &std::path::Path) -> Result<(
     // plugin's Run (had InitPlugin failed, the measurement would carry "unable to initialize
     // plugin via rpc"). No server is configured, so the measurement itself may be an Error.
     let measured = |ar: &DynamicObject| {
-        terminal(ar)
+        is_finished(ar)
             || ar
                 .data
                 .pointer("/status/metricResults/0/measurements/0")
                 .is_some()
     };
-    let run = wait_analysis_run(&runs, "smoke-plugin", timeout, measured).await?;
+    let run = wait_for(&runs, "smoke-plugin", timeout, measured).await?;
     let log = rollouts.log_text();
     let status = run.data.get("status").cloned().unwrap_or(Value::Null);
     let status_text = status.to_string();

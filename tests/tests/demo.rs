@@ -4,14 +4,14 @@
 //! on cluster-b runs a check that fails). Prints the AnalysisRuns as a table and, last,
 //! `demo: cluster-a=<phase> cluster-b=<phase>`. Everything is torn down at the end.
 
-mod e2e_support;
-
 use std::time::Instant;
 
 use anyhow::Result;
-use dispatch_tests::cluster::argo;
-use e2e_support::*;
-use kube::api::{DynamicObject, PostParams};
+use dispatch_tests::analysis::{measurement_message, phase};
+use dispatch_tests::kargo::Verification;
+use dispatch_tests::summary;
+use dispatch_tests::world::World;
+use kube::api::DynamicObject;
 
 /// The first line of the last measurement's message: one row per run in the table.
 fn last_message(ar: &DynamicObject) -> String {
@@ -29,42 +29,29 @@ async fn demo() -> Result<()> {
     println!("demo: starting clusters control, a, b, rollouts-dispatch serve (destinations cluster-a, cluster-b) and the Argo Rollouts controller with plugin rollouts-dispatch/job ...");
     // Keep the whole world alive to the end: its clusters stop when it is dropped.
     let world = World::start().await?;
-    let (client, freight, url) = (
-        world.client.clone(),
-        world.freight.clone(),
-        world.url.clone(),
-    );
-    println!("demo: all up; the plugin talks to {url}");
-    let runs = argo::analysis_runs(&client, PROJECT);
-    let post = PostParams::default();
+    println!("demo: all up; the plugin talks to {}", world.url);
     println!(
         "demo: Kargo verifies Freight {} on Stage uat (cluster-a) and Stage prod (cluster-b) ...",
-        &freight.0[..7]
+        &world.freight.name[..7]
     );
     let mut created = Vec::new();
     for (stage, ulid, dest, exit_code) in [
         ("uat", "01jdemo0000000000000000000", "cluster-a", 0),
         ("prod", "01jdemo0000000000000000001", "cluster-b", 1),
     ] {
-        let run = runs
-            .create(&post, &kargo_run(stage, ulid, &freight, dest, exit_code)?)
-            .await?;
-        created.push((dest, run.metadata.name.clone().unwrap_or_default()));
+        let verification = Verification::new(stage, ulid, dest).exits(exit_code);
+        created.push((dest, world.submit(&verification).await?));
     }
     let mut rows = Vec::new();
     let mut tails = Vec::new();
-    for (dest, name) in &created {
-        let ar = wait_done(&runs, name).await?;
+    for (dest, run) in &created {
+        let ar = world.finished(run).await?;
+        let name = ar.metadata.name.clone().unwrap_or_default();
         let full = measurement_message(&ar);
         if full.lines().count() > 1 {
             tails.push((name.clone(), full));
         }
-        rows.push((
-            name.clone(),
-            dest.to_string(),
-            phase(&ar),
-            last_message(&ar),
-        ));
+        rows.push((name, dest.to_string(), phase(&ar), last_message(&ar)));
     }
     println!();
     println!(
@@ -87,10 +74,8 @@ async fn demo() -> Result<()> {
         "demo: done in {:.0}s; tearing everything down",
         started.elapsed().as_secs_f64()
     );
-    let line = format!("demo: cluster-a={} cluster-b={}", rows[0].2, rows[1].2);
-    println!("{line}");
-    if let Some(path) = std::env::var_os("DEMO_SUMMARY_FILE") {
-        std::fs::write(path, format!("{line}\n"))?;
-    }
-    Ok(())
+    summary::report(&format!(
+        "demo: cluster-a={} cluster-b={}",
+        rows[0].2, rows[1].2
+    ))
 }

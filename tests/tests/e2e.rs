@@ -3,330 +3,358 @@
 //! `rollouts-dispatch serve` (in this process), whose engine runs the Job on the destination
 //! cluster; the verdict lands in the AnalysisRun exactly where Kargo reads it.
 //!
-//! AnalysisRuns are shaped as Kargo creates them: name `<stage>.<ulid>.<freight7>`, the Kargo
-//! labels and promotion annotation, a Freight owner reference, and the `destination` arg that a
-//! Stage's `verification.args` provides.
+//! Every scenario is one test on one shared World (three clusters, the controller, the server;
+//! see `dispatch_tests::world`), started by the first scenario that runs. Scenarios that kill a
+//! component take the World alone; the others run side by side, each with its own runs
+//! (AnalysisRuns are shaped as Kargo creates them, see `dispatch_tests::kargo`). A failure
+//! names the scenario (the test) and what it saw; the clusters' logs stay in their directories.
 //!
-//! `#[ignore]`d for plain `cargo test`; `make e2e` runs it.
-
-mod e2e_support;
+//! `#[ignore]`d for plain `cargo test`; `make e2e` runs it (`cargo test … -- --ignored NAME`
+//! runs one scenario).
 
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{ensure, Context, Result};
+use dispatch_tests::analysis::{self, all_messages, measurement_message, phase, wait_finished};
+use dispatch_tests::artifacts::example_analysis_templates;
 use dispatch_tests::cluster::argo;
-use e2e_support::*;
-use kube::api::PostParams;
-use serde_json::{json, Value};
+use dispatch_tests::kargo::{Verification, PROJECT};
+use dispatch_tests::objects::{job_env, jobs_of};
+use dispatch_tests::shared::{block_on, Shared};
+use dispatch_tests::wait::{eventually, Progress};
+use dispatch_tests::world::{Direct, World};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
+use serde_json::json;
+use tokio::sync::RwLock;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+/// How long a Job that a scenario waits for may take to appear on its destination.
+const JOB_TIMEOUT: Duration = Duration::from_secs(90);
+
+static WORLD: Shared<RwLock<World<Direct>>> = Shared::new();
+
+/// Runs `scenario` on the shared World next to other side-by-side scenarios.
+fn side_by_side(scenario: impl AsyncFnOnce(&World<Direct>) -> Result<()>) -> Result<()> {
+    let world = WORLD.get_or_start(|| async { Ok(RwLock::new(World::start().await?)) })?;
+    block_on(async { scenario(&*world.read().await).await })
+}
+
+/// Runs `scenario` with the World to itself: it kills and restarts components.
+fn alone(scenario: impl AsyncFnOnce(&mut World<Direct>) -> Result<()>) -> Result<()> {
+    let world = WORLD.get_or_start(|| async { Ok(RwLock::new(World::start().await?)) })?;
+    block_on(async { scenario(&mut *world.write().await).await })
+}
+
+/// What a run ended as, with the controller's last log lines: the report of a failed check.
+fn report(w: &World<Direct>, run: &DynamicObject) -> String {
+    format!(
+        "run {} is {} with message {:?}; status {}\ncontroller log tail:\n{}",
+        analysis::name(run),
+        phase(run),
+        measurement_message(run),
+        run.data["status"],
+        w.controller_log_tail(30)
+    )
+}
+
+#[test]
 #[ignore = "needs the Go-built cluster binaries and the release plugin: run `make e2e`"]
-async fn kargo_verification_runs_on_the_destination_cluster() -> Result<()> {
-    let World {
-        mut control,
-        a,
-        b,
-        server,
-        rollouts,
-        client,
-        freight,
-        ..
-    } = World::start().await?;
-    let templates = create_example_templates(&client, PROJECT).await?;
-    println!(
-        "e2e: the {templates} example AnalysisTemplates in config/ are accepted by the real CRD"
-    );
-    let runs = argo::analysis_runs(&client, PROJECT);
-    let post = PostParams::default();
-    let ok = runs
-        .create(
-            &post,
-            &kargo_run(
+fn the_example_analysis_templates_are_accepted_by_the_real_crd() -> Result<()> {
+    side_by_side(async |w| {
+        let resource = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "AnalysisTemplate"),
+            "analysistemplates",
+        );
+        let api: Api<DynamicObject> = Api::namespaced_with(w.client.clone(), PROJECT, &resource);
+        let templates = example_analysis_templates()?;
+        ensure!(
+            !templates.is_empty(),
+            "config/analysis-templates holds no template"
+        );
+        for (path, template) in &templates {
+            let object: DynamicObject = serde_json::from_value(template.clone())?;
+            api.create(&PostParams::default(), &object)
+                .await
+                .with_context(|| format!("the AnalysisTemplate CRD refuses {}", path.display()))?;
+        }
+        println!(
+            "e2e: the {} example AnalysisTemplates in config/ are accepted by the real CRD",
+            templates.len()
+        );
+        Ok(())
+    })
+}
+
+#[test]
+#[ignore = "needs the Go-built cluster binaries and the release plugin: run `make e2e`"]
+fn a_passing_check_succeeds_with_one_job_on_its_destination_only() -> Result<()> {
+    side_by_side(async |w| {
+        let run = w
+            .submit(&Verification::new(
                 "uat",
                 "01jabcdefghjkmnpqrstvwxyz0",
-                &freight,
                 "cluster-a",
-                0,
-            )?,
-        )
-        .await?;
-    let bad = runs
-        .create(
-            &post,
-            &kargo_run(
-                "prod",
-                "01jabcdefghjkmnpqrstvwxyz1",
-                &freight,
-                "cluster-b",
-                1,
-            )?,
-        )
-        .await?;
-    let lost = runs
-        .create(
-            &post,
-            &kargo_run("edge", "01jabcdefghjkmnpqrstvwxyz2", &freight, "nowhere", 0)?,
-        )
-        .await?;
-
-    let ok = wait_done(&runs, ok.metadata.name.as_deref().unwrap_or_default()).await?;
-    let bad = wait_done(&runs, bad.metadata.name.as_deref().unwrap_or_default()).await?;
-    let lost = wait_done(&runs, lost.metadata.name.as_deref().unwrap_or_default()).await?;
-    let message = measurement_message;
-    let report = format!(
-        "ok={} {:?} | bad={} {:?} | lost={} {:?}\ncontroller log tail:\n{}",
-        phase(&ok),
-        message(&ok),
-        phase(&bad),
-        message(&bad),
-        phase(&lost),
-        message(&lost),
-        rollouts
-            .log_text()
-            .lines()
-            .rev()
-            .take(30)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
-    println!("{report}");
-    if phase(&ok) != "Successful" || phase(&bad) != "Failed" {
-        bail!("want uat Successful and prod Failed: {report}");
-    }
-    if !message(&bad).contains("cluster-b") {
-        bail!("the failure message does not name the destination: {report}");
-    }
-    if !message(&bad).contains("check failed: svc is not healthy") {
-        bail!("the failure message lacks the failed container's log tail: {report}");
-    }
-    // `nowhere` is not a destination: Error naming it and listing the known ones.
-    let lost_msg = lost
-        .data
-        .pointer("/status/message")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string()
-        + &message(&lost);
-    if phase(&lost) != "Error" || !lost_msg.contains("nowhere") || !lost_msg.contains("cluster-a") {
-        bail!("want an Error naming `nowhere` and the known destinations: {report}");
-    }
-    // The Job ran on the destination the Stage asked for, and only there.
-    let uid = ok.metadata.uid.clone().unwrap_or_default();
-    let (on_a, on_b, on_control) = (
-        jobs_of(&a, &uid).await?,
-        jobs_of(&b, &uid).await?,
-        jobs_of(&control, &uid).await?,
-    );
-    if on_a.len() != 1 || !on_b.is_empty() || !on_control.is_empty() {
-        bail!(
-            "jobs of run {uid}: {} on a, {} on b, {} on control; want 1/0/0",
+            ))
+            .await?;
+        let run = w.finished(&run).await?;
+        ensure!(
+            phase(&run) == "Successful",
+            "want Successful: {}",
+            report(w, &run)
+        );
+        let uid = analysis::uid(&run);
+        let (on_a, on_b, on_control) = (
+            jobs_of(&w.a, &uid).await?,
+            jobs_of(&w.b, &uid).await?,
+            jobs_of(&w.control, &uid).await?,
+        );
+        ensure!(
+            on_a.len() == 1 && on_b.is_empty() && on_control.is_empty(),
+            "Jobs of run {uid}: {} on a, {} on b, {} on control; want 1/0/0",
             on_a.len(),
             on_b.len(),
             on_control.len()
         );
-    }
-    let env = on_a[0]
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
-        .map(|p| p.containers[0].env.clone().unwrap_or_default())
-        .unwrap_or_default();
-    let stage = env
-        .iter()
-        .find(|e| e.name == "KARGO_STAGE")
-        .and_then(|e| e.value.clone());
-    if stage.as_deref() != Some("uat") {
-        bail!("the Job lacks KARGO_STAGE=uat: {env:?}");
-    }
-    println!("e2e: uat=Successful (Job on cluster-a only), prod=Failed on cluster-b, unknown destination=Error");
-
-    // Policy: only project kargo-demo may use cluster-*; another project is denied, by name.
-    argo::apply_namespace(&client, "intruder").await?;
-    let intruder_runs = argo::analysis_runs(&client, "intruder");
-    let mut denied = kargo_run(
-        "intruder",
-        "01jabcdefghjkmnpqrstvwxyz6",
-        &freight,
-        "cluster-a",
-        0,
-    )?;
-    denied.metadata.namespace = Some("intruder".into());
-    denied.metadata.owner_references = None;
-    let denied = intruder_runs.create(&post, &denied).await?;
-    let denied = wait_done(
-        &intruder_runs,
-        denied.metadata.name.as_deref().unwrap_or_default(),
-    )
-    .await?;
-    let denied_msg = message(&denied);
-    if phase(&denied) != "Error"
-        || !denied_msg.contains("intruder")
-        || !denied_msg.contains("cluster-a")
-        || !denied_msg.contains("policy")
-    {
-        bail!(
-            "want a policy Error naming project intruder and cluster-a: {} {denied_msg:?}",
-            phase(&denied)
+        let env = job_env(&on_a[0]);
+        ensure!(
+            env.iter().any(|(k, v)| k == "KARGO_STAGE" && v == "uat"),
+            "the Job lacks KARGO_STAGE=uat: {env:?}"
         );
-    }
-    if !jobs_of(&a, denied.metadata.uid.as_deref().unwrap_or_default())
-        .await?
-        .is_empty()
-    {
-        bail!("a denied verification created a Job");
-    }
-    println!("e2e: policy denies project intruder on cluster-a: {denied_msg}");
+        println!("e2e: uat=Successful, its Job on cluster-a only, with the Kargo context");
+        Ok(())
+    })
+}
 
-    // Two destinations by selector, `require: all`: a Job on each, Successful.
-    let multi = runs
-        .create(
-            &post,
-            &kargo_run_with(
-                "multi",
-                "01jabcdefghjkmnpqrstvwxyz3",
-                &freight,
-                "unused",
-                json!({"destinationSelector": "env=e2e", "require": "all"}),
-                0,
-                "2s",
-            )?,
-        )
-        .await?;
-    // Kargo's abort: `spec.terminate: true` while the Job runs.
-    let abort = runs
-        .create(
-            &post,
-            &kargo_run_with(
-                "abort",
-                "01jabcdefghjkmnpqrstvwxyz4",
-                &freight,
-                "cluster-a",
-                json!({"destination": "{{args.destination}}"}),
-                0,
-                "10m",
-            )?,
-        )
-        .await?;
-    // The server killed and restarted while the Job runs.
-    let restart = runs
-        .create(
-            &post,
-            &kargo_run_with(
-                "restart",
-                "01jabcdefghjkmnpqrstvwxyz5",
-                &freight,
-                "cluster-b",
-                json!({"destination": "{{args.destination}}"}),
-                0,
-                "20s",
-            )?,
-        )
-        .await?;
-    // The Rollouts controller killed and restarted while the Job runs: the plugin is relaunched.
-    let ctrl = runs
-        .create(
-            &post,
-            &kargo_run_with(
-                "ctrl",
-                "01jabcdefghjkmnpqrstvwxyz7",
-                &freight,
-                "cluster-a",
-                json!({"destination": "{{args.destination}}"}),
-                0,
-                "20s",
-            )?,
-        )
-        .await?;
-    let ctrl_uid = ctrl.metadata.uid.clone().unwrap_or_default();
-    let (abort_uid, restart_uid) = (
-        abort.metadata.uid.clone().unwrap_or_default(),
-        restart.metadata.uid.clone().unwrap_or_default(),
-    );
-    eventually("the abort Job on cluster-a", || async {
-        Ok(!jobs_of(&a, &abort_uid).await?.is_empty())
-    })
-    .await?;
-    eventually("the restart Job on cluster-b", || async {
-        Ok(!jobs_of(&b, &restart_uid).await?.is_empty())
-    })
-    .await?;
-    eventually("the ctrl Job on cluster-a", || async {
-        Ok(!jobs_of(&a, &ctrl_uid).await?.is_empty())
-    })
-    .await?;
-    rollouts.restart(&mut control).await?;
-    let server = server.restart(Duration::from_secs(3)).await?;
-    runs.patch(
-        abort.metadata.name.as_deref().unwrap_or_default(),
-        &kube::api::PatchParams::default(),
-        &kube::api::Patch::Merge(json!({"spec": {"terminate": true}})),
-    )
-    .await
-    .context("aborting the verification")?;
-
-    let multi = wait_done(&runs, multi.metadata.name.as_deref().unwrap_or_default()).await?;
-    let multi_uid = multi.metadata.uid.clone().unwrap_or_default();
-    let (multi_a, multi_b) = (
-        jobs_of(&a, &multi_uid).await?.len(),
-        jobs_of(&b, &multi_uid).await?.len(),
-    );
-    if phase(&multi) != "Successful" || multi_a != 1 || multi_b != 1 {
-        bail!("selector env=e2e, require all: phase {} with {multi_a} Job(s) on a and {multi_b} on b; want Successful, 1 and 1 ({})", phase(&multi), message(&multi));
-    }
-    let abort = wait_done(&runs, abort.metadata.name.as_deref().unwrap_or_default()).await?;
-    eventually("the aborted Job deleted from cluster-a", || async {
-        Ok(jobs_of(&a, &abort_uid).await?.is_empty())
-    })
-    .await?;
-    let restart = wait_done(&runs, restart.metadata.name.as_deref().unwrap_or_default()).await?;
-    let restart_jobs = jobs_of(&b, &restart_uid).await?.len();
-    if phase(&restart) != "Successful" || restart_jobs != 1 {
-        bail!("after a server restart mid-Job: phase {} ({}), {restart_jobs} Job(s) on b; want Successful and exactly 1", phase(&restart), message(&restart));
-    }
-    let ctrl = wait_done(&runs, ctrl.metadata.name.as_deref().unwrap_or_default()).await?;
-    let ctrl_jobs = jobs_of(&a, &ctrl_uid).await?.len();
-    let launches = rollouts
-        .log_text()
-        .matches("rollouts-dispatch-plugin started")
-        .count();
-    if phase(&ctrl) != "Successful" || ctrl_jobs != 1 || launches < 2 {
-        bail!(
-            "after a controller restart mid-Job: phase {} ({}), {ctrl_jobs} Job(s) on a, plugin launched {launches} time(s); \
-             want Successful, exactly 1 Job, at least 2 launches",
-            phase(&ctrl),
-            message(&ctrl)
+#[test]
+#[ignore = "needs the Go-built cluster binaries and the release plugin: run `make e2e`"]
+fn a_failing_check_fails_naming_the_destination_and_quoting_its_log() -> Result<()> {
+    side_by_side(async |w| {
+        let failing = Verification::new("prod", "01jabcdefghjkmnpqrstvwxyz1", "cluster-b").exits(1);
+        let run = w.finished(&w.submit(&failing).await?).await?;
+        let message = measurement_message(&run);
+        ensure!(phase(&run) == "Failed", "want Failed: {}", report(w, &run));
+        ensure!(
+            message.contains("cluster-b"),
+            "the failure message does not name the destination: {}",
+            report(w, &run)
         );
-    }
-    println!("e2e: controller killed mid-Job -> plugin relaunched ({launches} launches), verdict Successful, 1 Job");
-    // The admin port reports what happened: Jobs per destination and phase, verdict latency.
-    let admin = server.args.admin.admin_listen.port();
-    let last = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let seen = eventually("Job and verdict metrics on the admin port", || {
-        let last = last.clone();
-        async move {
-            let m = http_get(admin, "/metrics").await.unwrap_or_default();
-            let ok = m
-                .contains(r#"rollouts_dispatch_jobs{destination="cluster-a",phase="succeeded"}"#)
-                && m.contains("rollouts_dispatch_verdict_latency_seconds_count")
-                && !m.contains("rollouts_dispatch_verdict_latency_seconds_count 0");
-            *last.lock().expect("lock") = m;
-            Ok(ok)
-        }
+        ensure!(
+            message.contains("check failed: svc is not healthy"),
+            "the failure message lacks the failed container's log tail: {}",
+            report(w, &run)
+        );
+        println!("e2e: prod=Failed on cluster-b, with its log tail: {message:?}");
+        Ok(())
     })
-    .await;
-    if let Err(e) = seen {
-        bail!("{e}; /metrics:\n{}", last.lock().expect("lock"));
-    }
-    println!("e2e: /metrics has rollouts_dispatch_jobs per destination/phase and verdict latency");
-    drop(server);
-    println!(
-        "e2e: selector+require all=Successful (1 Job on each), abort={} (Job deleted), server restart mid-Job=Successful (1 Job)",
-        phase(&abort)
-    );
-    Ok(())
+}
+
+#[test]
+#[ignore = "needs the Go-built cluster binaries and the release plugin: run `make e2e`"]
+fn an_unknown_destination_is_an_error_naming_it_and_the_known_ones() -> Result<()> {
+    side_by_side(async |w| {
+        let lost = Verification::new("edge", "01jabcdefghjkmnpqrstvwxyz2", "nowhere");
+        let run = w.finished(&w.submit(&lost).await?).await?;
+        let messages = all_messages(&run);
+        ensure!(
+            phase(&run) == "Error"
+                && messages.contains("nowhere")
+                && messages.contains("cluster-a"),
+            "want an Error naming `nowhere` and the known destinations: {}",
+            report(w, &run)
+        );
+        println!("e2e: unknown destination=Error: {messages:?}");
+        Ok(())
+    })
+}
+
+#[test]
+#[ignore = "needs the Go-built cluster binaries and the release plugin: run `make e2e`"]
+fn policy_refuses_another_project_by_name_and_creates_no_job() -> Result<()> {
+    side_by_side(async |w| {
+        // Policy: only project kargo-demo may use cluster-*.
+        argo::apply_namespace(&w.client, "intruder").await?;
+        let runs = argo::analysis_runs(&w.client, "intruder");
+        let mut denied = Verification::new("intruder", "01jabcdefghjkmnpqrstvwxyz6", "cluster-a")
+            .analysis_run(&w.freight)?;
+        denied.metadata.namespace = Some("intruder".into());
+        denied.metadata.owner_references = None;
+        let denied = runs.create(&PostParams::default(), &denied).await?;
+        let denied = wait_finished(&runs, analysis::name(&denied)).await?;
+        let message = measurement_message(&denied);
+        ensure!(
+            phase(&denied) == "Error"
+                && message.contains("intruder")
+                && message.contains("cluster-a")
+                && message.contains("policy"),
+            "want a policy Error naming project intruder and cluster-a: {}",
+            report(w, &denied)
+        );
+        let jobs = jobs_of(&w.a, &analysis::uid(&denied)).await?;
+        ensure!(
+            jobs.is_empty(),
+            "a denied verification created {} Job(s) on cluster-a",
+            jobs.len()
+        );
+        println!("e2e: policy denies project intruder on cluster-a: {message}");
+        Ok(())
+    })
+}
+
+#[test]
+#[ignore = "needs the Go-built cluster binaries and the release plugin: run `make e2e`"]
+fn a_selector_with_require_all_runs_one_job_on_each_destination() -> Result<()> {
+    side_by_side(async |w| {
+        let multi = Verification::new("multi", "01jabcdefghjkmnpqrstvwxyz3", "unused")
+            .routed(json!({"destinationSelector": "env=e2e", "require": "all"}));
+        let run = w.finished(&w.submit(&multi).await?).await?;
+        let uid = analysis::uid(&run);
+        let (on_a, on_b) = (
+            jobs_of(&w.a, &uid).await?.len(),
+            jobs_of(&w.b, &uid).await?.len(),
+        );
+        ensure!(
+            phase(&run) == "Successful" && on_a == 1 && on_b == 1,
+            "selector env=e2e, require all: {on_a} Job(s) on a and {on_b} on b; want Successful, 1 and 1: {}",
+            report(w, &run)
+        );
+        println!("e2e: selector + require all=Successful, one Job on each destination");
+        Ok(())
+    })
+}
+
+#[test]
+#[ignore = "needs the Go-built cluster binaries and the release plugin: run `make e2e`"]
+fn a_server_restart_mid_job_loses_no_job_and_duplicates_none() -> Result<()> {
+    alone(async |w| {
+        // One Job running across the restart, one aborted (Kargo's `spec.terminate: true`)
+        // through the restarted server.
+        let restart =
+            Verification::new("restart", "01jabcdefghjkmnpqrstvwxyz5", "cluster-b").runs_for("20s");
+        let abort =
+            Verification::new("abort", "01jabcdefghjkmnpqrstvwxyz4", "cluster-a").runs_for("10m");
+        let restart = w.submit(&restart).await?;
+        let abort = w.submit(&abort).await?;
+        let (restart_uid, abort_uid) = (analysis::uid(&restart), analysis::uid(&abort));
+        eventually(
+            "the restart run's Job on cluster-b",
+            JOB_TIMEOUT,
+            || async { Ok(!jobs_of(&w.b, &restart_uid).await?.is_empty()) },
+        )
+        .await?;
+        eventually("the abort run's Job on cluster-a", JOB_TIMEOUT, || async {
+            Ok(!jobs_of(&w.a, &abort_uid).await?.is_empty())
+        })
+        .await?;
+        w.dispatch.server.restart(Duration::from_secs(3)).await?;
+        w.runs()
+            .patch(
+                analysis::name(&abort),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"terminate": true}})),
+            )
+            .await
+            .context("aborting the verification")?;
+
+        let restart = w.finished(&restart).await?;
+        let restart_jobs = jobs_of(&w.b, &restart_uid).await?.len();
+        ensure!(
+            phase(&restart) == "Successful" && restart_jobs == 1,
+            "after a server restart mid-Job: {restart_jobs} Job(s) on b; want Successful and exactly 1: {}",
+            report(w, &restart)
+        );
+        let abort = w.finished(&abort).await?;
+        eventually(
+            "the aborted Job deleted from cluster-a",
+            JOB_TIMEOUT,
+            || async { Ok(jobs_of(&w.a, &abort_uid).await?.is_empty()) },
+        )
+        .await
+        .with_context(|| format!("the abort after a server restart: {}", report(w, &abort)))?;
+        println!(
+            "e2e: server restart mid-Job=Successful (1 Job); abort after it={} (Job deleted)",
+            phase(&abort)
+        );
+        Ok(())
+    })
+}
+
+#[test]
+#[ignore = "needs the Go-built cluster binaries and the release plugin: run `make e2e`"]
+fn a_controller_restart_mid_job_relaunches_the_plugin_and_keeps_one_job() -> Result<()> {
+    alone(async |w| {
+        let launches = || {
+            w.rollouts
+                .log_text()
+                .matches("rollouts-dispatch-plugin started")
+                .count()
+        };
+        let ctrl =
+            Verification::new("ctrl", "01jabcdefghjkmnpqrstvwxyz7", "cluster-a").runs_for("20s");
+        let ctrl = w.submit(&ctrl).await?;
+        let uid = analysis::uid(&ctrl);
+        eventually("the ctrl run's Job on cluster-a", JOB_TIMEOUT, || async {
+            Ok(!jobs_of(&w.a, &uid).await?.is_empty())
+        })
+        .await?;
+        let before = launches();
+        w.rollouts.restart(&mut w.control).await?;
+        let ctrl = w.finished(&ctrl).await?;
+        let jobs = jobs_of(&w.a, &uid).await?.len();
+        let after = launches();
+        ensure!(
+            phase(&ctrl) == "Successful" && jobs == 1 && after > before && after >= 2,
+            "after a controller restart mid-Job: {jobs} Job(s) on a, plugin launched {before} time(s) \
+             before the restart and {after} after; want Successful, exactly 1 Job, a new launch: {}",
+            report(w, &ctrl)
+        );
+        println!("e2e: controller killed mid-Job -> plugin relaunched ({after} launches), Successful, 1 Job");
+        Ok(())
+    })
+}
+
+#[test]
+#[ignore = "needs the Go-built cluster binaries and the release plugin: run `make e2e`"]
+fn the_admin_port_reports_jobs_per_destination_and_verdict_latency() -> Result<()> {
+    side_by_side(async |w| {
+        let run = w
+            .submit(&Verification::new(
+                "metrics",
+                "01jabcdefghjkmnpqrstvwxyz8",
+                "cluster-a",
+            ))
+            .await?;
+        let run = w.finished(&run).await?;
+        ensure!(
+            phase(&run) == "Successful",
+            "want Successful: {}",
+            report(w, &run)
+        );
+        let admin = w.dispatch.server.admin_port;
+        eventually(
+            "Job and verdict metrics on the admin port",
+            JOB_TIMEOUT,
+            || async {
+                let metrics = dispatch_tests::admin::get_body(admin, "/metrics")
+                    .await
+                    .unwrap_or_default();
+                let complete = metrics.contains(
+                    r#"rollouts_dispatch_jobs{destination="cluster-a",phase="succeeded"}"#,
+                ) && metrics
+                    .contains("rollouts_dispatch_verdict_latency_seconds_count")
+                    && !metrics.contains("rollouts_dispatch_verdict_latency_seconds_count 0");
+                Ok(if complete {
+                    Progress::Done(())
+                } else {
+                    Progress::Waiting(format!("/metrics:\n{metrics}"))
+                })
+            },
+        )
+        .await?;
+        println!(
+            "e2e: /metrics has rollouts_dispatch_jobs per destination/phase and verdict latency"
+        );
+        Ok(())
+    })
 }
 
 /// The Rollouts controller's projected ServiceAccount token (audience `rollouts-dispatch`) is
@@ -338,7 +366,6 @@ async fn service_account_tokens_are_checked_by_token_review() -> Result<()> {
     use dispatch_server::http::tokenreview::TokenReviewAuthenticator;
     use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
     use k8s_openapi::api::core::v1::ServiceAccount;
-    use kube::api::Api;
 
     let cluster = dispatch_tests::cluster::Cluster::start("auth").await?;
     let client = cluster.client().await?;
@@ -373,11 +400,11 @@ async fn service_account_tokens_are_checked_by_token_review() -> Result<()> {
     let ok = auth
         .authenticate(&token("argo-rollouts", "rollouts-dispatch").await?)
         .await;
-    if ok.as_ref().map(|p| p.subject.as_str())
-        != Ok("system:serviceaccount:argo-rollouts:argo-rollouts")
-    {
-        bail!("the controller's token was not accepted: {ok:?}");
-    }
+    ensure!(
+        ok.as_ref().map(|p| p.subject.as_str())
+            == Ok("system:serviceaccount:argo-rollouts:argo-rollouts"),
+        "the controller's token was not accepted: {ok:?}"
+    );
     let wrong_audience = auth
         .authenticate(&token("argo-rollouts", "kubernetes").await?)
         .await;
@@ -387,8 +414,12 @@ async fn service_account_tokens_are_checked_by_token_review() -> Result<()> {
     let garbage = auth.authenticate("not-a-token").await;
     match (&wrong_audience, &other_user, &garbage) {
         (Err(a), Err(b), Err(c))
-            if a.to_string().contains("rejected") && b.to_string().contains("not allowed") && c.to_string().contains("rejected") => {}
-        _ => bail!("want refusals: audience {wrong_audience:?}, other user {other_user:?}, garbage {garbage:?}"),
+            if a.to_string().contains("rejected")
+                && b.to_string().contains("not allowed")
+                && c.to_string().contains("rejected") => {}
+        _ => anyhow::bail!(
+            "want refusals: audience {wrong_audience:?}, other user {other_user:?}, garbage {garbage:?}"
+        ),
     }
     println!("e2e: TokenReview accepts the controller's projected token, refuses other audiences/users/garbage");
     Ok(())

@@ -9,7 +9,7 @@
 //! Knobs (environment): `BENCH_JOBS` (10000), `BENCH_CLUSTERS` (5), `BENCH_ROUNDS` (3 rounds of
 //! cached lookups over every Job), `BENCH_NAIVE_LOOKUPS` (2000), `BENCH_CREATE_CONCURRENCY` (48).
 //! The last line is `api_requests_per_lookup=X naive_api_requests_per_lookup=Y lookup_p99_us=Z`
-//! (also written to `$BENCH_SUMMARY_FILE` if set).
+//! (also written to `$SUMMARY_FILE` if set).
 
 mod engine_support;
 
@@ -23,6 +23,7 @@ use dispatch_server::engine::{JobRef, Outcome};
 use dispatch_server::logs::Redactor;
 use dispatch_server::Phase;
 use dispatch_tests::cluster::{start_many, Cluster};
+use dispatch_tests::summary;
 use engine_support::*;
 use rand::Rng;
 use serde_json::json;
@@ -181,17 +182,12 @@ fn bench_engine() -> Result<()> {
             percentile(&naive, 0.5),
             percentile(&naive, 0.99)
         );
-        let summary = format!(
+        let line = format!(
             "api_requests_per_lookup={x:.4} naive_api_requests_per_lookup={y:.2} lookup_p99_us={z:.0}"
         );
-        if let Ok(path) = std::env::var("BENCH_SUMMARY_FILE") {
-            std::fs::write(&path, format!("{summary}\n"))
-                .with_context(|| format!("writing {path}"))?;
-        }
-        println!("{summary}");
         drop(engine);
         drop(clusters);
-        Ok(())
+        summary::report(&line)
     })
 }
 

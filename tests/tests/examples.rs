@@ -9,10 +9,11 @@ use std::path::{Path, PathBuf};
 
 use clap::Parser;
 use dispatch_api::{JobConfig, PLUGIN_NAME};
+use dispatch_tests::artifacts::{example_analysis_templates, repo_path};
 use serde_json::Value;
 
 fn config_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../config")
+    repo_path("config")
 }
 
 fn yaml(path: &Path) -> Value {
@@ -21,12 +22,9 @@ fn yaml(path: &Path) -> Value {
 }
 
 /// The AnalysisTemplates in `config/analysis-templates`, by metadata.name.
-pub fn templates() -> BTreeMap<String, Value> {
-    let dir = config_dir().join("analysis-templates");
+fn templates() -> BTreeMap<String, Value> {
     let mut out = BTreeMap::new();
-    for entry in std::fs::read_dir(&dir).expect("config/analysis-templates") {
-        let path = entry.expect("dir entry").path();
-        let t = yaml(&path);
+    for (path, t) in example_analysis_templates().expect("config/analysis-templates") {
         assert_eq!(t["kind"], "AnalysisTemplate", "{}", path.display());
         out.insert(
             t["metadata"]["name"].as_str().expect("a name").to_string(),

@@ -11,7 +11,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
@@ -21,7 +21,11 @@ use kube::api::{
 };
 use kube::Client;
 
-use super::{ports, Cluster};
+use super::process::tail;
+use super::Cluster;
+use crate::objects::wait_established;
+use crate::ports;
+use crate::wait::eventually;
 
 /// Namespace of the controller and its ConfigMap.
 pub const NAMESPACE: &str = "argo-rollouts";
@@ -118,21 +122,17 @@ impl ArgoRollouts {
                 "--loglevel=debug".into(),
             ]);
         cluster.spawn_process(PROCESS, cmd)?;
-        let argo = self;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            cluster.check_alive()?;
-            if healthz_ok(healthz_port) {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "rollouts-controller /healthz not ok after 60s; log tail:\n{}",
-                    super::process::tail(&argo.log, 30)
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        eventually(
+            "rollouts-controller /healthz ok",
+            Duration::from_secs(60),
+            || {
+                // Checked here, not in the future: it must own its data (see `Cluster`'s waits).
+                let up = cluster.check_alive().map(|()| healthz_ok(healthz_port));
+                async move { up }
+            },
+        )
+        .await
+        .with_context(|| format!("controller log tail:\n{}", tail(&self.log, 30)))
     }
 
     /// The controller's log so far.
@@ -189,29 +189,8 @@ pub async fn apply_crds(client: &Client, dir: &Path) -> Result<()> {
         .with_context(|| format!("applying crd {name}"))?;
         names.push(name);
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
     for name in names {
-        loop {
-            let crd = api
-                .get(&name)
-                .await
-                .with_context(|| format!("getting crd {name}"))?;
-            let established = crd
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| {
-                    cs.iter()
-                        .any(|c| c.type_ == "Established" && c.status == "True")
-                });
-            if established {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("crd {name} not Established after 30s");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_established(client, &name).await?;
     }
     Ok(())
 }

@@ -13,7 +13,6 @@ pub mod argo;
 pub mod binaries;
 pub mod kwok;
 mod pki;
-pub mod ports;
 pub mod process;
 
 use std::path::{Path, PathBuf};
@@ -26,6 +25,9 @@ use kube::api::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
 use rand::distr::{Alphanumeric, SampleString};
+
+use crate::ports;
+use crate::wait::{eventually, Progress};
 
 pub use binaries::Binaries;
 pub use process::ProcessGroup;
@@ -315,20 +317,23 @@ impl Cluster {
 
     /// Waits up to `timeout` until the API server answers `/readyz` with "ok".
     async fn wait_apiserver(&mut self, client: &Client, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.processes.check_alive()?;
-            let request = http::Request::get("/readyz").body(Vec::new())?;
-            let last = match client.request_text(request).await {
-                Ok(body) if body.trim() == "ok" => return Ok(()),
-                Ok(body) => body,
-                Err(err) => err.to_string(),
-            };
-            if Instant::now() > deadline {
-                bail!("kube-apiserver /readyz not ok after {timeout:?}: {last}");
+        // Plain closures whose futures own their data: `start_many` spawns cluster starts, so
+        // these futures must be `Send` for every lifetime, which borrowing async closures are not.
+        let processes = &mut self.processes;
+        eventually("kube-apiserver /readyz ok", timeout, || {
+            let alive = processes.check_alive();
+            let client = client.clone();
+            async move {
+                alive?;
+                let request = http::Request::get("/readyz").body(Vec::new())?;
+                Ok(match client.request_text(request).await {
+                    Ok(body) if body.trim() == "ok" => Progress::Done(()),
+                    Ok(body) => Progress::Waiting(body),
+                    Err(err) => Progress::Waiting(err.to_string()),
+                })
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        })
+        .await
     }
 
     async fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
@@ -341,29 +346,34 @@ impl Cluster {
         // 3. The ServiceAccount controller made `default/default`, and the node is Ready.
         let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
         let nodes: Api<Node> = Api::all(client);
-        loop {
-            self.processes.check_alive()?;
-            let sa = accounts
-                .get_opt("default")
-                .await
-                .context("getting serviceaccount default/default")?;
-            let node = nodes
-                .get_opt(FAKE_NODE)
-                .await
-                .with_context(|| format!("getting node {FAKE_NODE}"))?;
-            let node_ready = node.as_ref().is_some_and(kwok::node_is_ready);
-            if sa.is_some() && node_ready {
-                return Ok(());
+        let processes = &mut self.processes;
+        let left = deadline.saturating_duration_since(Instant::now());
+        eventually("default serviceaccount and a Ready node", left, || {
+            let alive = processes.check_alive();
+            let (accounts, nodes) = (accounts.clone(), nodes.clone());
+            async move {
+                alive?;
+                let sa = accounts
+                    .get_opt("default")
+                    .await
+                    .context("getting serviceaccount default/default")?;
+                let node = nodes
+                    .get_opt(FAKE_NODE)
+                    .await
+                    .with_context(|| format!("getting node {FAKE_NODE}"))?;
+                let node_ready = node.as_ref().is_some_and(kwok::node_is_ready);
+                Ok(if sa.is_some() && node_ready {
+                    Progress::Done(())
+                } else {
+                    Progress::Waiting(format!(
+                        "default serviceaccount {}, node {FAKE_NODE} {}",
+                        if sa.is_some() { "exists" } else { "missing" },
+                        if node_ready { "Ready" } else { "not Ready" }
+                    ))
+                })
             }
-            if Instant::now() > deadline {
-                bail!(
-                    "not ready after {timeout:?}: default serviceaccount {}, node {FAKE_NODE} {}",
-                    if sa.is_some() { "exists" } else { "missing" },
-                    if node_ready { "Ready" } else { "not Ready" }
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        })
+        .await
     }
 
     /// A `kube` client for the admin user, built from the cluster's kubeconfig file.

@@ -1,37 +1,29 @@
-//! Helpers shared by the dispatch-engine tests (`engine.rs`) and benchmark (`engine_bench.rs`):
-//! one tokio runtime per test binary, run UIDs, plugin blocks, engine configs and waits.
+//! Helpers shared by the dispatch-engine tests (`engine/`) and benchmark (`engine_bench.rs`):
+//! run UIDs, plugin blocks as the engine takes them, engine configs and verdict waits. The
+//! runtime, the block builder and `eventually` are the scene library's (`dispatch_tests`).
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::future::Future;
-use std::sync::LazyLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use dispatch_api::JobConfig;
 use dispatch_server::config::ServerConfig;
 use dispatch_server::engine::{Engine, JobRef, MeasureRequest};
 use dispatch_server::job::RunContext;
 use dispatch_server::logs::Redactor;
 use dispatch_server::verdict::Verdict;
-use dispatch_tests::cluster::kwok::lifecycle_annotations;
+use dispatch_tests::block::Block;
 use dispatch_tests::cluster::Cluster;
+pub use dispatch_tests::eventually;
+use dispatch_tests::wait::Progress;
 use rand::Rng;
 use serde_json::{json, Value};
 
-/// One runtime for the whole test binary: clusters, kube clients and engine watch tasks outlive
-/// a single test (tests share the clusters).
-pub static RT: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .unwrap_or_else(|e| panic!("cannot build the tokio runtime: {e}"))
-});
-
-/// Runs `f` on [`RT`].
-pub fn run<F: Future<Output = Result<()>>>(f: F) -> Result<()> {
-    RT.block_on(f)
+/// Runs `f` on the runtime shared by every test of the binary (clusters, kube clients and
+/// engine watch tasks outlive a single test).
+pub fn run<F: std::future::Future<Output = Result<()>>>(f: F) -> Result<()> {
+    dispatch_tests::shared::block_on(f)
 }
 
 /// A fresh UUID-shaped run UID.
@@ -70,36 +62,20 @@ pub fn run_context(namespace: &str, stage: Option<&str>) -> RunContext {
 }
 
 /// A plugin block: `routing` fields (destination, require, …) plus a Job whose container exits
-/// `exit_code` after `duration` (kwok), and `pod_spec` merged into the pod spec.
+/// `exit_code` after `duration` (kwok), and the fields of `pod_spec` set in the pod spec.
 pub fn block(routing: Value, exit_code: i32, duration: &str, pod_spec: Value) -> Result<JobConfig> {
-    let mut spec = json!({
-        "restartPolicy": "Never",
-        "containers": [{
-            "name": "check",
-            "image": "example.invalid/check:1",
-            "env": [{"name": "ANALYSIS_METRIC", "value": "set-by-user"}]
-        }]
-    });
-    if let (Some(s), Some(extra)) = (spec.as_object_mut(), pod_spec.as_object()) {
-        for (k, v) in extra {
-            s.insert(k.clone(), v.clone());
-        }
+    let mut block = Block::routed(routing)
+        .exits(exit_code)
+        .runs_for(duration)
+        .container(
+            "env",
+            json!([{"name": "ANALYSIS_METRIC", "value": "set-by-user"}]),
+        );
+    for (key, value) in pod_spec.as_object().into_iter().flatten() {
+        block = block.pod(key, value.clone());
     }
-    let mut b = json!({
-        "spec": {
-            "backoffLimit": 0,
-            "template": {
-                "metadata": {"annotations": lifecycle_annotations(exit_code, duration)},
-                "spec": spec
-            }
-        }
-    });
-    if let (Some(o), Some(r)) = (b.as_object_mut(), routing.as_object()) {
-        for (k, v) in r {
-            o.insert(k.clone(), v.clone());
-        }
-    }
-    JobConfig::parse(b.to_string().as_bytes()).map_err(|e| anyhow::anyhow!("plugin block: {e}"))
+    JobConfig::parse(block.json().to_string().as_bytes())
+        .map_err(|e| anyhow::anyhow!("plugin block: {e}"))
 }
 
 /// A measurement request.
@@ -141,38 +117,17 @@ pub async fn wait_verdict(
     timeout: Duration,
     done: impl Fn(&Verdict) -> bool,
 ) -> Result<Verdict> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let v = engine.status(job, secrets).await;
-        if done(&v) {
-            return Ok(v);
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "job {}: verdict not reached after {timeout:?}; last {} {:?}",
-                job.name,
-                v.phase,
-                v.message
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-/// Polls `check` until it returns `Ok(Some(_))`.
-pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<Option<T>>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await? {
-            return Ok(v);
-        }
-        if Instant::now() > deadline {
-            bail!("{what}: not true after {timeout:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually(
+        &format!("the verdict of job {}", job.name),
+        timeout,
+        || async {
+            let verdict = engine.status(job, secrets).await;
+            Ok(if done(&verdict) {
+                Progress::Done(verdict)
+            } else {
+                Progress::Waiting(format!("{} {:?}", verdict.phase, verdict.message))
+            })
+        },
+    )
+    .await
 }

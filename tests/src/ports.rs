@@ -1,8 +1,11 @@
-//! Free loopback TCP ports for the components of the test clusters.
+//! Free loopback TCP ports: the one strategy for every listener a test starts (cluster
+//! components, servers, agents, admin ports).
 //!
 //! Ports are drawn at random from 20000..32000, below Linux's ephemeral range (32768..60999)
 //! so that outgoing connections do not take them between the check and the component's bind,
-//! and each port is handed out at most once per process so parallel clusters never collide.
+//! and each port is handed out at most once per process so parallel scenes never collide.
+//! (Binding port 0 and closing would hand out ephemeral ports, which any outgoing connection
+//! can take before the component binds.)
 
 use std::collections::HashSet;
 use std::net::{Ipv4Addr, TcpListener};
@@ -40,6 +43,11 @@ pub fn allocate(n: usize) -> Result<Vec<u16>> {
         ports.push(port);
     }
     Ok(ports)
+}
+
+/// One port that was free on 127.0.0.1 a moment ago and that this process has not handed out.
+pub fn free_port() -> Result<u16> {
+    Ok(allocate(1)?[0])
 }
 
 #[cfg(test)]

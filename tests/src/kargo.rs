@@ -1,0 +1,141 @@
+//! AnalysisRuns shaped exactly as Kargo creates them for a Stage's verification: name
+//! `<stage>.<ulid>.<freight7>`, the Kargo labels and promotion annotation, a Freight owner
+//! reference, and the `destination` arg that a Stage's `verification.args` provides.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+use kube::core::GroupVersionKind;
+use serde_json::{json, Value};
+
+use crate::artifacts::PLUGIN_NAME;
+use crate::block::Block;
+use crate::objects;
+use crate::wait::{eventually, Progress};
+
+/// The Kargo project (namespace) of the verifications.
+pub const PROJECT: &str = "kargo-demo";
+
+/// The log a failing check prints (its termination message on the test clusters); the verdict
+/// must quote its last lines.
+pub const FAILED_CHECK_LOG: &str =
+    "GET http://svc/health\nHTTP 503 Service Unavailable\ncheck failed: svc is not healthy\n";
+
+/// The Freight that owns the verifications, as Kargo's owner reference needs it.
+#[derive(Debug, Clone)]
+pub struct Freight {
+    /// The Freight's name (a commit-like hash; its first 7 characters end run names).
+    pub name: String,
+    /// The Freight's UID.
+    pub uid: String,
+}
+
+impl Freight {
+    /// Installs a minimal Freight CRD on the control plane and creates one Freight in
+    /// [`PROJECT`], so AnalysisRuns can carry Kargo's owner reference.
+    pub async fn create(client: &kube::Client) -> Result<Self> {
+        objects::create_crd(client, "kargo.akuity.io", "Freight", "freights").await?;
+        let resource = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("kargo.akuity.io", "v1alpha1", "Freight"),
+            "freights",
+        );
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), PROJECT, &resource);
+        let name = "abc1234f9e8d7c6b5a4938271605f4e3d2c1b0a9";
+        let object: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "kargo.akuity.io/v1alpha1", "kind": "Freight",
+            "metadata": {"name": name, "namespace": PROJECT}, "origin": {"kind": "Warehouse", "name": "w"}
+        }))?;
+        // An Established CRD can take a moment longer to be served for writes.
+        let created = eventually("a Freight created", Duration::from_secs(30), || async {
+            Ok(match api.create(&PostParams::default(), &object).await {
+                Ok(created) => Progress::Done(created),
+                Err(e) => Progress::Waiting(e.to_string()),
+            })
+        })
+        .await?;
+        Ok(Self {
+            name: name.into(),
+            uid: created.metadata.uid.unwrap_or_default(),
+        })
+    }
+}
+
+/// One Kargo-shaped verification: Stage `stage` verifying Freight on destination arg
+/// `destination`, with a `rollouts-dispatch/job` metric whose check exits 0 after 2 s unless
+/// told otherwise.
+#[derive(Debug, Clone)]
+pub struct Verification {
+    stage: String,
+    ulid: String,
+    destination: String,
+    routing: Value,
+    exit_code: i32,
+    duration: String,
+}
+
+impl Verification {
+    /// Stage `stage`, run id `ulid` (26 characters), destination arg `destination`; the block
+    /// routes by `destination: "{{args.destination}}"`, as the example templates do.
+    pub fn new(stage: &str, ulid: &str, destination: &str) -> Self {
+        Self {
+            stage: stage.into(),
+            ulid: ulid.into(),
+            destination: destination.into(),
+            routing: json!({"destination": "{{args.destination}}"}),
+            exit_code: 0,
+            duration: "2s".into(),
+        }
+    }
+
+    /// The check exits with `code`; a failing check prints [`FAILED_CHECK_LOG`].
+    pub fn exits(mut self, code: i32) -> Self {
+        self.exit_code = code;
+        self
+    }
+
+    /// The check runs for `duration` (a Go duration).
+    pub fn runs_for(mut self, duration: &str) -> Self {
+        self.duration = duration.into();
+        self
+    }
+
+    /// Routes by these block fields instead (e.g. `destinationSelector` and `require`).
+    pub fn routed(mut self, routing: Value) -> Self {
+        self.routing = routing;
+        self
+    }
+
+    /// The plugin block of the verification's metric.
+    pub fn block(&self) -> Block {
+        let mut block = Block::routed(self.routing.clone())
+            .exits(self.exit_code)
+            .runs_for(&self.duration)
+            .with("logTail", json!(5))
+            .container("command", json!(["sh", "-c", "curl -f http://svc"]));
+        if self.exit_code != 0 {
+            block = block.logs(FAILED_CHECK_LOG);
+        }
+        block
+    }
+
+    /// The AnalysisRun Kargo would create in [`PROJECT`] for this verification of `freight`.
+    pub fn analysis_run(&self, freight: &Freight) -> Result<DynamicObject> {
+        let Self { stage, ulid, .. } = self;
+        let name = format!("{stage}.{ulid}.{}", &freight.name[..7]);
+        serde_json::from_value(json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "AnalysisRun",
+            "metadata": {
+                "name": name, "namespace": PROJECT,
+                "labels": {"kargo.akuity.io/stage": stage, "kargo.akuity.io/freight-collection": "9f8e7d6c5b4a39281706f5e4d3c2b1a098765432"},
+                "annotations": {"kargo.akuity.io/promotion": format!("{stage}.{ulid}.promo")},
+                "ownerReferences": [{"apiVersion": "kargo.akuity.io/v1alpha1", "kind": "Freight", "name": freight.name, "uid": freight.uid, "blockOwnerDeletion": false}]
+            },
+            "spec": {
+                "args": [{"name": "destination", "value": self.destination}],
+                "metrics": [{"name": "smoke", "provider": {"plugin": {PLUGIN_NAME: self.block().json()}}}]
+            }
+        }))
+        .with_context(|| format!("building AnalysisRun {name}"))
+    }
+}

@@ -1,0 +1,101 @@
+//! Kubernetes objects the scenes create or look up: CRDs (installed and waited for), and the
+//! Jobs our server made for one AnalysisRun.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::json;
+
+use crate::cluster::Cluster;
+use crate::wait::eventually;
+
+/// The label our Jobs carry: the UID of the AnalysisRun they measure for.
+pub const RUN_UID_LABEL: &str = "analysisrun.argoproj.io/uid";
+
+/// Every Job on `cluster` (any namespace) of the run with UID `uid`, including Jobs that are
+/// being deleted.
+pub async fn jobs_of(cluster: &Cluster, uid: &str) -> Result<Vec<Job>> {
+    let api: Api<Job> = Api::all(cluster.client().await?);
+    let selector = format!("{RUN_UID_LABEL}={uid}");
+    Ok(api
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .with_context(|| format!("listing the Jobs of run {uid} on {}", cluster.name))?
+        .items)
+}
+
+/// The environment of a Job's first container, as (name, value) pairs.
+pub fn job_env(job: &Job) -> Vec<(String, String)> {
+    job.spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.containers.first())
+        .and_then(|c| c.env.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| (e.name, e.value.unwrap_or_default()))
+        .collect()
+}
+
+/// Installs a namespaced `v1alpha1` CRD `<plural>.<group>` whose schema keeps every field (a
+/// stand-in for Kargo's and Argo CD's kinds), and waits until it is Established.
+pub async fn create_crd(
+    client: &kube::Client,
+    group: &str,
+    kind: &str,
+    plural: &str,
+) -> Result<()> {
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "metadata": {"name": format!("{plural}.{group}")},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
+            "versions": [{
+                "name": "v1alpha1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
+            }]
+        }
+    }))?;
+    install_crd(client, &crd).await
+}
+
+/// Creates `crd` (an existing one is kept) and waits until it is Established.
+pub async fn install_crd(client: &kube::Client, crd: &CustomResourceDefinition) -> Result<()> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    match api.create(&PostParams::default(), crd).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(e) => return Err(e).with_context(|| format!("creating CRD {name}")),
+    }
+    wait_established(client, &name).await
+}
+
+/// Waits up to 30 s until CRD `name` is Established (its kind is served).
+pub async fn wait_established(client: &kube::Client, name: &str) -> Result<()> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    eventually(
+        &format!("CRD {name} Established"),
+        Duration::from_secs(30),
+        || {
+            let (api, name) = (api.clone(), name.to_string());
+            async move {
+                let current = api
+                    .get(&name)
+                    .await
+                    .with_context(|| format!("getting CRD {name}"))?;
+                Ok(current
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True"))
+            }
+        },
+    )
+    .await
+}

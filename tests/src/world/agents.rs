@@ -1,0 +1,387 @@
+//! The agent scene ([`World::start_with_agent`]), shared by `e2e_agent` and `chaos`: the
+//! DispatchJob CRD on control; two `rollouts-dispatch serve` replicas (real processes on the
+//! Kubernetes store) behind a TCP front, serving the API over TLS; cluster-a a direct
+//! destination, cluster-b reachable only through its agent (a real process with a kubeconfig of
+//! the documented agent RBAC); the controller's plugin pointed at the front.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{ensure, Context, Result};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DynamicObject, ListParams};
+
+use super::{start_clusters, World};
+use crate::admin::wait_ready;
+use crate::artifacts::{repo_path, rollouts_dispatch_binary};
+use crate::cluster::argo;
+use crate::cluster::process::tail;
+use crate::cluster::Cluster;
+use crate::kargo::PROJECT;
+use crate::objects::install_crd;
+use crate::ports::free_port;
+use crate::wait::eventually;
+
+/// The servers' signing key (HS256): tests mint their own tokens with it.
+pub const KEY: &str = "e2e-agent-signing-key-0123456789abcdef0123456789";
+/// The namespace of the DispatchJobs on the control plane.
+pub const DJ_NAMESPACE: &str = "rollouts-dispatch";
+/// How long a log line may take to show up.
+const LOG_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// One server replica (process `name` in control's process group).
+#[derive(Debug, Clone)]
+pub struct Replica {
+    /// Process name (and log file name).
+    pub name: String,
+    /// API port (TLS).
+    pub port: u16,
+    /// Admin port (plain HTTP).
+    pub admin: u16,
+}
+
+/// [`World`]'s dispatch side in the agent scene.
+pub struct Agents {
+    /// The `rollouts-dispatch` binary.
+    pub binary: PathBuf,
+    /// Config, keys, tokens, flags.
+    pub dir: PathBuf,
+    /// The servers' config file.
+    pub config: PathBuf,
+    /// The servers' signing key file.
+    pub key: PathBuf,
+    /// The replicas behind the front.
+    pub replicas: Vec<Replica>,
+    /// The CA of the servers' TLS certificate.
+    pub ca: PathBuf,
+    /// The plugin's token file.
+    pub plugin_token: PathBuf,
+    /// cluster-b's agent token file.
+    pub agent_token: PathBuf,
+    /// Extra `serve` flags of every replica.
+    serve_args: Vec<String>,
+}
+
+impl World<Agents> {
+    /// Starts the agent scene; `serve_args` are extra `rollouts-dispatch serve` flags.
+    pub async fn start_with_agent(serve_args: &[&str]) -> Result<Self> {
+        let binary = rollouts_dispatch_binary()?;
+        let [mut control, a, mut b] = start_clusters().await?;
+        let client = control.client().await?;
+        argo::apply_namespace(&client, DJ_NAMESPACE).await?;
+        install_dispatch_job_crd(&client).await?;
+
+        // The server knows cluster-a directly and cluster-b only as an agent destination.
+        let dir: PathBuf = control.dir.join("dispatch");
+        std::fs::create_dir_all(&dir)?;
+        let key = dir.join("jwt.key");
+        std::fs::write(&key, KEY)?;
+        let config = dir.join("server.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "controlPlane: {{kubeconfig: {}}}\n\
+                 destinations:\n- name: cluster-a\n  kubeconfig: {}\n\
+                 agents:\n  store: kubernetes\n  namespace: {DJ_NAMESPACE}\n  offlineAfter: 20s\n  \
+                 destinations:\n  - name: cluster-b\n    labels: {{env: edge}}\n\
+                 policy:\n  rules:\n  - projects: [\"{PROJECT}\"]\n    destinations: [\"cluster-*\"]\n",
+                control.kubeconfig.display(),
+                a.kubeconfig.display(),
+            ),
+        )?;
+        // The API is TLS, with the control cluster's serving certificate (127.0.0.1 is in its
+        // SANs) and CA: agents and the plugin trust it through --ca-file.
+        let pki = control.dir.join("pki");
+        let ca = pki.join("ca.crt");
+        let mut extra: Vec<String> = serve_args.iter().map(|s| s.to_string()).collect();
+        extra.extend([
+            format!("--tls-cert={}", pki.join("apiserver.crt").display()),
+            format!("--tls-key={}", pki.join("apiserver.key").display()),
+        ]);
+        let mut replicas = Vec::new();
+        for name in ["server-1", "server-2"] {
+            let replica = Replica {
+                name: name.into(),
+                port: free_port()?,
+                admin: free_port()?,
+            };
+            spawn_server(&mut control, &binary, &config, &key, &replica, &extra)?;
+            replicas.push(replica);
+        }
+        for replica in &replicas {
+            wait_ready(&replica.name, replica.admin).await?;
+        }
+        let front_port = front(replicas.iter().map(|r| r.port).collect()).await?;
+        let url = format!("https://127.0.0.1:{front_port}");
+
+        let plugin_token = dir.join("plugin.token");
+        std::fs::write(
+            &plugin_token,
+            token(None, "argo-rollouts-controller", 3600)?,
+        )?;
+        let agent_token = dir.join("agent-b.token");
+        let issued = Command::new(&binary)
+            .args([
+                "token",
+                "issue",
+                "--destination",
+                "cluster-b",
+                "--ttl",
+                "1h",
+                "--key-file",
+            ])
+            .arg(&key)
+            .output()?;
+        ensure!(issued.status.success(), "token issue: {issued:?}");
+        std::fs::write(&agent_token, &issued.stdout)?;
+        write_agent_kubeconfig(&b).await?;
+        let agent_admin = spawn_agent(&mut b, &binary, &url, &ca, &agent_token, "agent")?;
+        wait_ready("the agent", agent_admin).await?;
+
+        let plugin_args = [
+            "--server",
+            url.as_str(),
+            "--token-file",
+            &plugin_token.display().to_string(),
+            "--ca-file",
+            &ca.display().to_string(),
+        ]
+        .map(String::from)
+        .to_vec();
+        let agents = Agents {
+            binary,
+            dir,
+            config,
+            key,
+            replicas,
+            ca,
+            plugin_token,
+            agent_token,
+            serve_args: extra,
+        };
+        Self::assemble([control, a, b], url, plugin_args, agents).await
+    }
+
+    /// The DispatchJobs on the control plane.
+    pub fn records(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(
+            self.client.clone(),
+            DJ_NAMESPACE,
+            &dispatch_server::store::kubernetes::api_resource(),
+        )
+    }
+
+    /// The DispatchJob of the run with UID `run_uid`, if the store holds one.
+    pub async fn record_of(&self, run_uid: &str) -> Result<Option<DynamicObject>> {
+        let records = self.records().list(&ListParams::default()).await?.items;
+        Ok(records.into_iter().find(|r| {
+            r.data
+                .pointer("/spec/runUid")
+                .and_then(serde_json::Value::as_str)
+                == Some(run_uid)
+        }))
+    }
+
+    /// (Re)starts replica `i` (after a kill) on its ports; waits until it is ready.
+    pub async fn restart_replica(&mut self, i: usize) -> Result<()> {
+        let d = &self.dispatch;
+        let replica = d.replicas[i].clone();
+        spawn_server(
+            &mut self.control,
+            &d.binary,
+            &d.config,
+            &d.key,
+            &replica,
+            &d.serve_args,
+        )?;
+        wait_ready(&replica.name, replica.admin).await
+    }
+
+    /// (Re)starts B's agent under process name `name` with `token_file`; returns its admin port.
+    pub fn spawn_agent(&mut self, name: &str, token_file: &Path) -> Result<u16> {
+        let d = &self.dispatch;
+        spawn_agent(&mut self.b, &d.binary, &self.url, &d.ca, token_file, name)
+    }
+}
+
+/// Installs the DispatchJob CRD of `config/crds` and waits until it is served.
+async fn install_dispatch_job_crd(client: &kube::Client) -> Result<()> {
+    let path = repo_path("config/crds/dispatchjobs.yaml");
+    let crd: CustomResourceDefinition =
+        serde_saphyr::from_str(&std::fs::read_to_string(&path)?).context("parsing the CRD")?;
+    install_crd(client, &crd).await?;
+    let records: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        DJ_NAMESPACE,
+        &dispatch_server::store::kubernetes::api_resource(),
+    );
+    eventually("the DispatchJob CRD served", LOG_TIMEOUT, || async {
+        Ok(records.list(&ListParams::default()).await.is_ok())
+    })
+    .await
+}
+
+/// A TCP front for the server replicas: each connection goes to the first backend that
+/// accepts it, as a Service does with its ready endpoints.
+async fn front(backends: Vec<u16>) -> Result<u16> {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", free_port()?)).await?;
+    let port = listener.local_addr()?.port();
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            let backends = backends.clone();
+            tokio::spawn(async move {
+                for port in backends {
+                    if let Ok(mut outbound) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", port)).await
+                    {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Ok(port)
+}
+
+/// POSTs `{}` to `path` of the server at `url` (TLS, trusting `ca`) with the token in
+/// `token_file`; describes the answer: `ok …`, `rejected <code>: <message>` or `transient: …`.
+pub async fn call_as(url: &str, token_file: &Path, ca: &Path, path: &str) -> Result<String> {
+    use dispatch_api::client::{CallError, ClientConfig, ServerClient};
+    let client = ServerClient::new(&ClientConfig {
+        server: url.to_string(),
+        token_file: Some(token_file.to_path_buf()),
+        ca_file: Some(ca.to_path_buf()),
+        timeout: Duration::from_secs(20),
+    })?;
+    let answer = client
+        .post::<_, serde_json::Value>(path, &serde_json::json!({}))
+        .await;
+    Ok(match answer {
+        Ok(v) => format!("ok {v}"),
+        Err(CallError::Rejected(e)) => format!("rejected {}: {}", e.code, e.message),
+        Err(CallError::Transient(m)) => format!("transient: {m}"),
+    })
+}
+
+/// A token signed with [`KEY`] for `subject` (an agent token when `destination` is set) that
+/// expires `exp_offset` seconds from now (negative: already expired).
+pub fn token(destination: Option<&str>, subject: &str, exp_offset: i64) -> Result<String> {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs() as i64;
+    let claims = dispatch_server::http::auth::Claims {
+        sub: subject.into(),
+        aud: dispatch_server::http::auth::AUDIENCE.into(),
+        exp: (now + exp_offset) as u64,
+        iat: (now - 7200).max(0) as u64,
+        jti: format!("{subject}-{now}"),
+        destination: destination.map(str::to_string),
+    };
+    Ok(dispatch_server::http::auth::issue(KEY.as_bytes(), &claims)?)
+}
+
+fn spawn_server(
+    control: &mut Cluster,
+    binary: &Path,
+    config: &Path,
+    key: &Path,
+    replica: &Replica,
+    extra: &[String],
+) -> Result<()> {
+    let mut cmd = Command::new(binary);
+    cmd.args(["serve", "--config"])
+        .arg(config)
+        .args(["--listen", &format!("127.0.0.1:{}", replica.port)])
+        .args(["--admin-listen", &format!("127.0.0.1:{}", replica.admin)])
+        .arg("--jwt-key-file")
+        .arg(key)
+        .args(["--sync-timeout", "30s"])
+        .env_remove("KUBECONFIG")
+        .env("ROLLOUTS_DISPATCH_LOG", "info")
+        .args(extra);
+    control.spawn_process(&replica.name, cmd)
+}
+
+/// Applies `config/agent-rbac.yaml` to `cluster` and writes `agent.kubeconfig` in its directory,
+/// authenticating as that ServiceAccount (a TokenRequest token): the agent runs with exactly the
+/// documented rights.
+async fn write_agent_kubeconfig(cluster: &Cluster) -> Result<PathBuf> {
+    let path = repo_path("config/agent-rbac.yaml");
+    let kubectl = |args: &[&str]| {
+        Command::new(&cluster.binaries.kubectl)
+            .arg("--kubeconfig")
+            .arg(&cluster.kubeconfig)
+            .args(args)
+            .output()
+    };
+    let applied = kubectl(&["apply", "-f", &path.display().to_string()])?;
+    ensure!(
+        applied.status.success(),
+        "kubectl apply -f {}: {}",
+        path.display(),
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    let token = kubectl(&[
+        "create",
+        "token",
+        "rollouts-dispatch-agent",
+        "-n",
+        "rollouts-dispatch",
+        "--duration",
+        "2h",
+    ])?;
+    ensure!(
+        token.status.success(),
+        "kubectl create token: {}",
+        String::from_utf8_lossy(&token.stderr)
+    );
+    let kubeconfig = cluster.dir.join("agent.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority: {}\n\
+             users:\n- name: agent\n  user:\n    token: {}\ncontexts:\n- name: c\n  context: {{cluster: c, user: agent}}\ncurrent-context: c\n",
+            cluster.server,
+            cluster.ca_file.display(),
+            String::from_utf8_lossy(&token.stdout).trim()
+        ),
+    )?;
+    Ok(kubeconfig)
+}
+
+fn spawn_agent(
+    b: &mut Cluster,
+    binary: &Path,
+    url: &str,
+    ca: &Path,
+    token_file: &Path,
+    name: &str,
+) -> Result<u16> {
+    let admin = free_port()?;
+    let mut cmd = Command::new(binary);
+    cmd.args(["agent", "--server", url, "--token-file"])
+        .arg(token_file)
+        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+        .args(["--poll-wait", "10s"])
+        .arg("--ca-file")
+        .arg(ca)
+        .env("ROLLOUTS_DISPATCH_LOG", "dispatch_server=debug,info")
+        .env("KUBECONFIG", b.dir.join("agent.kubeconfig"));
+    b.spawn_process(name, cmd)?;
+    Ok(admin)
+}
+
+/// Waits until the log file at `path` holds `needle`; on timeout, quotes the log's end.
+pub async fn log_shows(path: &Path, needle: &str) -> Result<()> {
+    eventually(
+        &format!("{needle:?} in {}", path.display()),
+        LOG_TIMEOUT,
+        || async {
+            Ok(std::fs::read_to_string(path)
+                .unwrap_or_default()
+                .contains(needle))
+        },
+    )
+    .await
+    .with_context(|| tail(path, 20))
+}

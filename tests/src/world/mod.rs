@@ -1,0 +1,177 @@
+//! The World: the whole system on this machine, nothing mocked, as the end-to-end tests, the
+//! demo, the verdict benchmark and chaos need it.
+//!
+//! Three real clusters: `control` (the real Argo Rollouts controller with our plugin registered
+//! through `argo-rollouts-config`, the Kargo project namespace and a Freight that owns the
+//! AnalysisRuns), and the destinations `a` (`cluster-a`) and `b` (`cluster-b`). What differs is
+//! how `rollouts-dispatch` runs, the `D` of [`World<D>`]:
+//!
+//! * [`Direct`] ([`World::start`]): one `rollouts-dispatch serve` in this process, with both
+//!   destinations in its config (their kubeconfigs) and policy `kargo-demo → cluster-*`.
+//! * [`agents::Agents`] ([`World::start_with_agent`]): two server replicas (real processes) on
+//!   the Kubernetes store behind a TCP front; `a` direct, `b` reachable only through its agent.
+
+pub mod agents;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use kube::api::{Api, DynamicObject, PostParams};
+
+use crate::analysis::{self, wait_finished};
+use crate::artifacts::{plugin_binary, PLUGIN_NAME};
+use crate::cluster::argo::{self, ArgoRollouts, MetricPlugin};
+use crate::cluster::process::tail;
+use crate::cluster::{start_many, Cluster};
+use crate::kargo::{Freight, Verification, PROJECT};
+use crate::ports::free_port;
+use crate::server::Server;
+
+/// The signing key of the plugin's token (HS256).
+const DIRECT_KEY: &str = "e2e-signing-key-0123456789abcdef0123456789";
+
+/// The whole system; see the module docs. Dropping it stops everything.
+pub struct World<D> {
+    /// The control plane: Argo Rollouts, the AnalysisRuns.
+    pub control: Cluster,
+    /// Destination `cluster-a`.
+    pub a: Cluster,
+    /// Destination `cluster-b`.
+    pub b: Cluster,
+    /// A client of `control`.
+    pub client: kube::Client,
+    /// The Argo Rollouts controller on `control`.
+    pub rollouts: ArgoRollouts,
+    /// The Freight that owns every verification.
+    pub freight: Freight,
+    /// The URL of the API the plugin calls.
+    pub url: String,
+    /// How `rollouts-dispatch` runs.
+    pub dispatch: D,
+}
+
+/// [`World`]'s dispatch side when the server reaches every destination itself.
+pub struct Direct {
+    /// The in-process server.
+    pub server: Server,
+    /// Its files: config, signing key, the plugin's token.
+    pub dir: PathBuf,
+}
+
+impl World<Direct> {
+    /// Starts the scene with one in-process server that reaches both destinations directly.
+    pub async fn start() -> Result<Self> {
+        let [control, a, b] = start_clusters().await?;
+        let dir = control.dir.join("dispatch");
+        std::fs::create_dir_all(&dir)?;
+        let key = dir.join("jwt.key");
+        std::fs::write(&key, DIRECT_KEY)?;
+        let config = dir.join("server.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "destinations:\n\
+                 - name: cluster-a\n  kubeconfig: {}\n  labels: {{env: e2e}}\n\
+                 - name: cluster-b\n  kubeconfig: {}\n  labels: {{env: e2e}}\n\
+                 policy:\n  rules:\n  - projects: [\"{PROJECT}\"]\n    destinations: [\"cluster-*\"]\n",
+                a.kubeconfig.display(),
+                b.kubeconfig.display()
+            ),
+        )?;
+        let (token, _) = dispatch_server::token::issue_token(
+            &dispatch_server::token::read_key(&key)?,
+            "argo-rollouts-controller",
+            None,
+            Duration::from_secs(3600),
+        )?;
+        let token_file = dir.join("plugin.token");
+        std::fs::write(&token_file, token)?;
+        let (port, admin) = (free_port()?, free_port()?);
+        let server = Server::start([
+            "--config".into(),
+            config.display().to_string(),
+            "--listen".into(),
+            format!("127.0.0.1:{port}"),
+            "--admin-listen".into(),
+            format!("127.0.0.1:{admin}"),
+            "--jwt-key-file".into(),
+            key.display().to_string(),
+            "--sync-timeout".into(),
+            "30s".into(),
+        ])
+        .await?;
+        let url = format!("http://127.0.0.1:{port}");
+        let plugin_args = [
+            "--server",
+            &url,
+            "--token-file",
+            &token_file.display().to_string(),
+        ]
+        .map(String::from)
+        .to_vec();
+        Self::assemble([control, a, b], url, plugin_args, Direct { server, dir }).await
+    }
+}
+
+impl<D> World<D> {
+    /// The rest of every scene: the controller with the plugin (started with `plugin_args`),
+    /// the Kargo project and its Freight.
+    async fn assemble(
+        [mut control, a, b]: [Cluster; 3],
+        url: String,
+        plugin_args: Vec<String>,
+        dispatch: D,
+    ) -> Result<Self> {
+        let plugin = MetricPlugin::file(PLUGIN_NAME, &plugin_binary()?)?.with_args(plugin_args);
+        let rollouts = ArgoRollouts::install(&mut control, &[plugin]).await?;
+        let client = control.client().await?;
+        argo::apply_namespace(&client, PROJECT).await?;
+        let freight = Freight::create(&client).await?;
+        Ok(Self {
+            control,
+            a,
+            b,
+            client,
+            rollouts,
+            freight,
+            url,
+            dispatch,
+        })
+    }
+
+    /// The AnalysisRuns of the Kargo project.
+    pub fn runs(&self) -> Api<DynamicObject> {
+        argo::analysis_runs(&self.client, PROJECT)
+    }
+
+    /// Creates the AnalysisRun of `verification`, as Kargo does.
+    pub async fn submit(&self, verification: &Verification) -> Result<DynamicObject> {
+        let run = verification.analysis_run(&self.freight)?;
+        let name = analysis::name(&run).to_string();
+        self.runs()
+            .create(&PostParams::default(), &run)
+            .await
+            .with_context(|| format!("creating AnalysisRun {name}"))
+    }
+
+    /// Waits until the controller has decided `run`; returns it as decided.
+    pub async fn finished(&self, run: &DynamicObject) -> Result<DynamicObject> {
+        wait_finished(&self.runs(), analysis::name(run)).await
+    }
+
+    /// The last `lines` lines of the controller's log (it includes the plugin's log lines):
+    /// the first thing to read when a verification went wrong.
+    pub fn controller_log_tail(&self, lines: usize) -> String {
+        tail(&self.rollouts.log, lines)
+    }
+}
+
+/// Starts `control`, `a` and `b` in parallel.
+async fn start_clusters() -> Result<[Cluster; 3]> {
+    let clusters = start_many(&["control", "a", "b"]).await?;
+    let count = clusters.len();
+    clusters
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("start_many returned {count} clusters, want 3"))
+}

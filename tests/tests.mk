@@ -1,0 +1,115 @@
+# Every test and benchmark target, in one place. Included by the root Makefile, which defines
+# CARGO, CACHE_DIR, PLUGIN_BIN and `plugin-release`; tests/k8s/k8s.mk defines K8S_BIN_ENV and
+# `k8s-bin`; tests/conformance/conformance.mk the Go conformance suite and golden vectors;
+# charts/chart.mk `chart`.
+#
+# The real-cluster tests live in the dispatch-tests crate (tests/, see tests/README.md) and are
+# `#[ignore]`d, so `make test-fast` (plain `cargo test`) needs no Go binaries; the targets below run
+# them with `--ignored`, where a missing binary fails them. Their artifacts are the test profile's.
+
+.PHONY: test-fast
+test-fast: ## unit, golden-vector and property tests (no Go, no clusters)
+	$(CARGO) test --workspace --locked
+
+.PHONY: test
+test: ## the whole suite: Rust tests, golden vectors, Go conformance, real clusters (README, .ci/run)
+	$(MAKE) test-fast
+	$(MAKE) golden-check
+	$(MAKE) conformance
+	$(MAKE) clusters-smoke
+	$(MAKE) test-engine
+	$(MAKE) test-cli
+	$(MAKE) e2e
+	$(MAKE) e2e-agent
+	$(MAKE) chart
+
+.PHONY: bench
+bench: bench-plugin bench-engine bench-verdict bench-agents ## every benchmark, side by side with its baseline (ratios printed)
+
+# The binaries the process-level tests run.
+DISPATCH_BIN := target/debug/rollouts-dispatch
+DISPATCH_RELEASE_BIN := target/release/rollouts-dispatch
+# What every test that loads the plugin into the real Argo Rollouts controller needs.
+CLUSTER_ENV := K8S_BIN_ENV=$(K8S_BIN_ENV) PLUGIN_BINARY=$(abspath $(PLUGIN_BIN))
+
+# $(call summary_test,TEST,ENV,OUTPUT_FILTER): run the #[ignore]d tests of dispatch-tests' test
+# TEST with the environment ENV and SUMMARY_FILE naming a temporary file, show the output
+# (through the shell filter OUTPUT_FILTER, if given, which keeps the interesting lines), and end
+# with the one line the test wrote to $SUMMARY_FILE (dispatch_tests::summary): what scripts and
+# the README read. A failed test, or one that wrote no summary, fails the target and says so last.
+define summary_test
+	@set -euo pipefail; \
+	summary=$$(mktemp); trap 'rm -f "$$summary"' EXIT; status=0; \
+	$(2) SUMMARY_FILE=$$summary $(CARGO) test --locked -p dispatch-tests --test $(1) -- --ignored --nocapture \
+	  $(if $(3),2>&1 | { $(3) || true; }) || status=$$?; \
+	if [ "$$status" -ne 0 ] || [ ! -s "$$summary" ]; then \
+	  echo "$@: FAILED (cargo test exit $$status); every log line: $(strip $(2)) $(CARGO) test -p dispatch-tests --test $(1) -- --ignored --nocapture"; exit 1; fi; \
+	tail -n 1 "$$summary"
+endef
+
+# The smoke test loads the plugin that `make plugin-release` builds, unless PLUGIN_BINARY names
+# another file. Last line: `clusters_ready=N start_s_p50=X smoke=pass`.
+.PHONY: clusters-smoke
+clusters-smoke: k8s-bin ## start real clusters + the Argo Rollouts controller and run the smoke tests
+	@if [ -z "$${PLUGIN_BINARY:-}" ]; then $(MAKE) --no-print-directory plugin-release; fi
+	$(call summary_test,clusters_smoke,K8S_BIN_ENV=$(K8S_BIN_ENV))
+
+# The engine tests share 3 clusters; most of their time is waiting for Jobs, so run them wide.
+ENGINE_TEST_THREADS ?= 6
+
+.PHONY: test-engine
+test-engine: k8s-bin ## dispatch engine against 3 real clusters: Job lifecycle, verdicts, Argo CD, Kargo stage, policy
+	K8S_BIN_ENV=$(K8S_BIN_ENV) $(CARGO) test --locked -p dispatch-tests --test engine -- \
+	  --ignored --test-threads $(ENGINE_TEST_THREADS)
+
+.PHONY: bench-engine
+bench-engine: k8s-bin ## 10 000 in-flight Jobs on 5 real clusters: watch-cache vs GET-per-lookup status (last line: the ratios)
+	$(call summary_test,engine_bench,K8S_BIN_ENV=$(K8S_BIN_ENV))
+
+# The scenarios share one scene (3 clusters, the controller, the server); scenarios that kill a
+# component take it alone, the others run side by side.
+E2E_TEST_THREADS ?= 4
+
+.PHONY: e2e
+e2e: k8s-bin plugin-release ## the real Rollouts controller + plugin + server + 3 clusters: Kargo-shaped verifications
+	$(CLUSTER_ENV) $(CARGO) test --locked -p dispatch-tests --test e2e -- \
+	  --ignored --nocapture --test-threads $(E2E_TEST_THREADS)
+
+.PHONY: bench-verdict
+bench-verdict: k8s-bin plugin-release ## Job completion → AnalysisRun phase change: our plugin vs Argo's built-in job provider (last line: both p50s)
+	$(call summary_test,bench_verdict,$(CLUSTER_ENV),grep -vE '^time=|^[0-9-]+T[0-9:.]+Z \[')
+
+.PHONY: test-cli
+test-cli: k8s-bin ## `rollouts-dispatch run` and `doctor`, the real binary against a real cluster
+	$(CARGO) build --locked -p dispatch-server --bin rollouts-dispatch
+	K8S_BIN_ENV=$(K8S_BIN_ENV) $(CARGO) test --locked -p dispatch-tests --test cli -- \
+	  --ignored --test-threads 4
+
+.PHONY: e2e-agent
+e2e-agent: k8s-bin plugin-release ## agent mode end to end: 2 server replicas on the Kubernetes store, an agent as the only way into cluster B, kills (-9), 403/401
+	$(CARGO) build --locked -p dispatch-server --bin rollouts-dispatch
+	$(CLUSTER_ENV) $(CARGO) test --locked -p dispatch-tests --test e2e_agent -- \
+	  --ignored --nocapture
+
+.PHONY: bench-agents
+bench-agents: ## one server replica (release) with 500 simulated agents long-polling, 2 000 Jobs dispatched (last line: agents=500 dispatch_p99_ms=X server_rss_mib=Y)
+	$(CARGO) build --release --locked -p dispatch-server --bin rollouts-dispatch
+	$(call summary_test,bench_agents,ROLLOUTS_DISPATCH_BINARY=$(abspath $(DISPATCH_RELEASE_BIN)))
+
+.PHONY: chaos
+chaos: k8s-bin plugin-release ## 50 verifications on a direct and an agent destination while servers, agent, plugin and controller are killed (-9); last line: verifications=50 correct=N duplicate_jobs=D orphans=O
+	$(CARGO) build --locked -p dispatch-server --bin rollouts-dispatch
+	$(call summary_test,chaos,$(CLUSTER_ENV),grep -E '^(chaos|verifications=|test |Error)')
+
+.PHONY: demo
+demo: k8s-bin plugin-release ## the main job locally: 3 clusters, Argo Rollouts, the server, a passing and a failing verification; last line `demo: cluster-a=… cluster-b=…`
+	$(call summary_test,demo,$(CLUSTER_ENV),grep -E '^(demo:|ANALYSISRUN|[a-z0-9-]+\.[0-9a-z]+\.[0-9a-f]{7} |$$)' | grep -v '^demo: cluster-a=')
+
+.PHONY: demo-debug
+demo-debug: k8s-bin plugin-release ## make demo with every log line
+	$(CLUSTER_ENV) $(CARGO) test --locked -p dispatch-tests --test demo -- --ignored --nocapture
+
+.PHONY: api-fuzz
+api-fuzz: ## fuzz the /v1 API from its OpenAPI document with schemathesis (installs it from PyPI if missing)
+	$(CARGO) build --locked -p dispatch-server --bin rollouts-dispatch
+	tests/api-fuzz/run.sh $(abspath $(DISPATCH_BIN)) $${API_FUZZ_EXAMPLES:-100}
