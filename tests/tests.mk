@@ -42,8 +42,10 @@ define summary_test
 	summary=$$(mktemp); trap 'rm -f "$$summary"' EXIT; status=0; \
 	$(2) SUMMARY_FILE=$$summary $(CARGO) test --locked -p dispatch-tests --test $(1) -- --ignored --nocapture \
 	  $(if $(3),2>&1 | { $(3) || true; }) || status=$$?; \
-	if [ "$$status" -ne 0 ] || [ ! -s "$$summary" ]; then \
-	  echo "$@: FAILED (cargo test exit $$status); every log line: $(strip $(2)) $(CARGO) test -p dispatch-tests --test $(1) -- --ignored --nocapture"; exit 1; fi; \
+	if [ "$$status" -ne 0 ]; then why="cargo test exit $$status"; \
+	elif [ ! -s "$$summary" ]; then why="the test wrote no summary line"; fi; \
+	if [ -n "$${why:-}" ]; then echo "$@: FAILED ($$why); every log line:" \
+	  "$(strip $(2)) $(CARGO) test -p dispatch-tests --test $(1) -- --ignored --nocapture"; exit 1; fi; \
 	tail -n 1 "$$summary"
 endef
 
