@@ -14,6 +14,7 @@ test-fast: ## unit, golden-vector and property tests (no Go, no clusters)
 .PHONY: test
 test: ## the whole suite: Rust tests, golden vectors, Go conformance, real clusters (README, .ci/run)
 	$(MAKE) test-fast
+	$(MAKE) attacks
 	$(MAKE) golden-check
 	$(MAKE) conformance
 	$(MAKE) clusters-smoke
@@ -22,6 +23,15 @@ test: ## the whole suite: Rust tests, golden vectors, Go conformance, real clust
 	$(MAKE) e2e
 	$(MAKE) e2e-agent
 	$(MAKE) chart
+
+.PHONY: attacks
+attacks: ## every attack on authorization, tenancy, pod security, TLS and budgets, each asserted refused (last line: the tally)
+	@set -euo pipefail; \
+	tally=$$(mktemp); trap 'rm -f "$$tally"' EXIT; \
+	ATTACKS_FILE=$$tally $(CARGO) test --locked -p dispatch-server --test attacks; \
+	if [ ! -s "$$tally" ]; then echo "attacks: FAILED (no attack recorded an outcome)"; exit 1; fi; \
+	awk -F'\t' '{ n++; r += $$2; cr += $$3; cd += $$4; sl += $$5 } \
+	  END { printf "attacks=%d refused=%d cross_tenant_reads=%d cross_tenant_deletes=%d secret_leaks=%d\n", n, r, cr, cd, sl }' "$$tally"
 
 .PHONY: bench
 bench: bench-plugin bench-engine bench-verdict bench-agents ## every benchmark, side by side with its baseline (ratios printed)

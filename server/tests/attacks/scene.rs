@@ -1,0 +1,127 @@
+//! The scene of an attack: the engine on fake clusters (`a`, `b`, control plane; see
+//! `engine_fast/world.rs`) behind the real `/v1` router, served on a loopback port, and the
+//! tokens of every kind of caller.
+//!
+//! Each case builds its own scene, so cases share nothing and run in parallel.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use dispatch_server::dispatch::EngineDispatcher;
+use dispatch_server::http::auth::{self, Claims, JwtAuthenticator};
+use dispatch_server::http::{self as api_http, AppState};
+use dispatch_server::runtime::metrics::Metrics;
+use serde_json::Value;
+
+use crate::world::World;
+
+/// The server's JWT key in every scene.
+pub(crate) const KEY: &[u8] = b"attack-scene-signing-key-0123456789abcdef";
+/// A revoked token id.
+pub(crate) const REVOKED_JTI: &str = "revoked-1";
+
+/// An engine behind the API on a loopback port.
+pub(crate) struct Scene {
+    pub(crate) world: World,
+    pub(crate) addr: SocketAddr,
+    http: reqwest::Client,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Scene {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+/// The reply to one call: status code and JSON body (`Null` when the body is not JSON).
+#[derive(Debug, Clone)]
+pub(crate) struct Reply {
+    pub(crate) status: u16,
+    pub(crate) body: Value,
+}
+
+impl Scene {
+    /// The default engine configuration plus `extra` top-level keys, behind the API.
+    pub(crate) async fn start(extra: &str) -> Result<Self> {
+        let world = World::start(extra).await?;
+        let metrics = Arc::new(Metrics::new());
+        let state = AppState {
+            dispatcher: Arc::new(EngineDispatcher::new(world.engine.clone(), metrics.clone())),
+            auth: Arc::new(JwtAuthenticator::new(
+                &[KEY.to_vec()],
+                [REVOKED_JTI.to_string()],
+            )),
+            metrics,
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let router = api_http::router(state);
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        Ok(Self {
+            world,
+            addr,
+            http: reqwest::Client::new(),
+            server,
+        })
+    }
+
+    /// The calls on destinations `a` and `b` that an attack could cause: writes, deletes and log
+    /// reads. (The watch caches' own lists and watches come and go in the background.)
+    pub(crate) fn destination_calls(&self) -> Vec<String> {
+        let mut calls = Vec::new();
+        for (name, api) in [("a", &self.world.clusters.a), ("b", &self.world.clusters.b)] {
+            for r in api.requests() {
+                if r.method != "GET" || r.path.ends_with("/log") {
+                    calls.push(format!("{name}: {} {}?{}", r.method, r.path, r.query));
+                }
+            }
+        }
+        calls
+    }
+
+    /// `method path` with `token` (if any) and a JSON `body` (for POST).
+    pub(crate) async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: &Value,
+    ) -> Result<Reply> {
+        let url = format!("http://{}{path}", self.addr);
+        let method = reqwest::Method::from_bytes(method.as_bytes())?;
+        let mut req = self.http.request(method.clone(), &url);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        if method == reqwest::Method::POST {
+            req = req.json(body);
+        }
+        let resp = req
+            .send()
+            .await
+            .with_context(|| format!("calling {path}"))?;
+        let status = resp.status().as_u16();
+        let body = resp.json::<Value>().await.unwrap_or(Value::Null);
+        Ok(Reply { status, body })
+    }
+}
+
+/// A token signed with the scene's key: subject `sub`, valid for ten minutes, with `edit`
+/// applied to its claims (an agent's destination, an expiry in the past …).
+pub(crate) fn token(sub: &str, edit: impl FnOnce(&mut Claims)) -> String {
+    let now = jsonwebtoken::get_current_timestamp();
+    let mut claims = Claims {
+        sub: sub.to_string(),
+        aud: auth::AUDIENCE.to_string(),
+        exp: now + 600,
+        iat: now,
+        jti: format!("{sub}-jti"),
+        destination: None,
+    };
+    edit(&mut claims);
+    auth::issue(KEY, &claims).expect("signing a test token")
+}

@@ -1,0 +1,70 @@
+//! The outcome of one attack, appended as a line to `$ATTACKS_FILE` (when set) for `make
+//! attacks` to sum up. A case records only after its assertions ran, so the counts are of
+//! checked outcomes; an attack that got through records what it reached *and then* fails the
+//! test, so the summary line and the failure agree.
+
+use std::io::Write;
+
+/// The environment variable naming the file that receives one line per attack.
+pub(crate) const ATTACKS_FILE_ENV: &str = "ATTACKS_FILE";
+
+/// What one attack achieved.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Outcome {
+    /// the server (or agent) refused it
+    pub(crate) refused: bool,
+    /// it read another project's Job state, log or metadata
+    pub(crate) cross_tenant_read: bool,
+    /// it deleted (or changed) another project's Job
+    pub(crate) cross_tenant_delete: bool,
+    /// a secret value reached a message, a log line, a metric or a reply
+    pub(crate) secret_leak: bool,
+}
+
+impl Outcome {
+    /// Refused, nothing reached.
+    pub(crate) fn refused() -> Self {
+        Self {
+            refused: true,
+            ..Self::default()
+        }
+    }
+}
+
+/// Appends `name` and its outcome to `$ATTACKS_FILE` as `name\trefused\tread\tdelete\tleak`
+/// (0 or 1 each); tests run in parallel, so each line is one `write` in append mode.
+pub(crate) fn record(name: &str, outcome: &Outcome) {
+    let Some(path) = std::env::var_os(ATTACKS_FILE_ENV) else {
+        return;
+    };
+    let bit = |b: bool| u8::from(b);
+    let line = format!(
+        "{}\t{}\t{}\t{}\t{}\n",
+        name.replace(['\t', '\n'], " "),
+        bit(outcome.refused),
+        bit(outcome.cross_tenant_read),
+        bit(outcome.cross_tenant_delete),
+        bit(outcome.secret_leak),
+    );
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+    if let Err(e) = written {
+        panic!(
+            "writing the attack tally to {}: {e}",
+            path.to_string_lossy()
+        );
+    }
+}
+
+/// Asserts `outcome` is a clean refusal and records it under `name`.
+pub(crate) fn refused(name: &str, outcome: Outcome) {
+    record(name, &outcome);
+    assert_eq!(
+        outcome,
+        Outcome::refused(),
+        "attack {name} was not cleanly refused"
+    );
+}
