@@ -34,6 +34,21 @@ impl Redactor {
         Self { secrets }
     }
 
+    /// This redactor plus `values` (a log tail's Secret values on top of the run's secrets).
+    #[must_use]
+    pub fn with<I, S>(&self, values: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::new(
+            self.secrets
+                .iter()
+                .cloned()
+                .chain(values.into_iter().map(Into::into)),
+        )
+    }
+
     /// `text` with every secret value replaced by [`REDACTED`].
     pub fn redact(&self, text: &str) -> String {
         let mut out = text.to_string();
@@ -57,5 +72,12 @@ mod tests {
             assert_eq!(r.redact("x=abcdef y=abc"), "x=***** y=*****");
         }
         assert_eq!(Redactor::new([""]).redact("keep"), "keep");
+    }
+
+    #[test]
+    fn with_adds_values_longest_first() {
+        let r = Redactor::new(["abc"]).with(["abcdef", ""]);
+        assert_eq!(r.redact("x=abcdef y=abc"), "x=***** y=*****");
+        assert_eq!(format!("{r:?}"), "Redactor(2 values)");
     }
 }

@@ -205,6 +205,25 @@ impl Engine {
         if lines == 0 {
             return None;
         }
+        // The Secrets the container could print: read them to redact their values, or withhold.
+        let with_values;
+        let secrets = if failed.secrets.is_empty() {
+            secrets
+        } else {
+            let timeout = self.inner.settings.log_timeout;
+            match logs::secrets::read(d.client(), &failed.namespace, &failed.secrets, timeout).await
+            {
+                Ok(values) => {
+                    with_values = secrets.with(values);
+                    &with_values
+                }
+                Err(e) => {
+                    tracing::warn!(destination = %d.name, pod = %failed.pod, error = %e,
+                                   "log tail withheld: a Secret the container reads cannot be read to redact it");
+                    return Some(logs::withheld(failed, &e));
+                }
+            }
+        };
         if let Some(m) = &failed.message {
             return Some(logs::render(
                 failed,

@@ -10,6 +10,7 @@
 //! Shared: [`scene`] (the engine behind the API, tokens), [`tally`] (the record every case
 //! writes). Groups, one module each:
 //! * [`authn`]: no token, expired, revoked, forged, wrong audience → 401 on every route.
+//! * [`secrets`]: a failed check printing a destination Secret leaks nothing into the verdict.
 
 #[path = "../engine_fast/fake_api/mod.rs"]
 #[allow(dead_code)]
@@ -20,4 +21,5 @@ mod world;
 
 mod authn;
 mod scene;
+mod secrets;
 mod tally;

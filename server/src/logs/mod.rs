@@ -5,7 +5,8 @@
 //! container that does not choose one) the kubelet fills it with the end of the log. Only when
 //! it is empty does [`fetch`] call the `pods/log` API, with `tailLines` and `limitBytes`.
 //! [`render`] redacts the run's secret values, then bounds the text to `logTail` lines and
-//! [`MAX_LOG_BYTES`].
+//! [`MAX_LOG_BYTES`]. Before any of that leaves the destination, the values of the Secrets the
+//! container could read are redacted too, or the tail is withheld ([`secrets`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +15,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, LogParams};
 
 pub use dispatch_api::redact::{Redactor, REDACTED};
+
+pub mod secrets;
 
 /// The most bytes of log text a message carries.
 pub const MAX_LOG_BYTES: usize = 4096;
@@ -48,6 +51,9 @@ pub struct FailedContainer {
     pub reason: Option<String>,
     /// `state.terminated.message` (the log tail under FallbackToLogsOnError)
     pub message: Option<String>,
+    /// the Secrets the container can read ([`secrets::referenced`]): their values are
+    /// redacted from its log, or the log is withheld
+    pub secrets: Vec<String>,
 }
 
 impl FailedContainer {
@@ -102,6 +108,7 @@ pub fn failed_container(pods: &[Arc<Pod>]) -> Option<FailedContainer> {
                 exit_code: t.exit_code,
                 reason: t.reason.clone(),
                 message: t.message.clone().filter(|m| !m.trim().is_empty()),
+                secrets: secrets::referenced(pod, &cs.name),
             })
         })
     })
@@ -148,6 +155,19 @@ pub fn format_tail(failed: &FailedContainer, text: &str, source: &str) -> String
         },
         failed.container,
         failed.pod
+    )
+}
+
+/// The message block when the tail is withheld because a Secret the container reads could not
+/// be read to redact its values.
+pub fn withheld(failed: &FailedContainer, why: &secrets::SecretReadError) -> String {
+    format!(
+        "log of {} (pod {}) withheld: the container reads Secret(s) {} and {why}, so their values \
+         cannot be redacted from it; let the reader of the log (the server for this destination, \
+         or its agent) `get` those Secrets, or set `logTail: 0`",
+        failed.describe(),
+        failed.pod,
+        failed.secrets.join(", "),
     )
 }
 
