@@ -358,6 +358,22 @@ impl AgentDestination {
         p.polling = p.polling.saturating_add_signed(poll);
     }
 
+    /// Starts a long poll of the agent `subject` unless `max` are open on this replica already
+    /// (checked and counted under one lock, so concurrent polls cannot slip past the cap).
+    /// On `true`, end it with `contact(subject, -1)`.
+    pub fn start_poll(&self, subject: &str, max: usize) -> bool {
+        let mut p = self.presence();
+        p.last_contact = Some(SystemTime::now());
+        if p.polling >= max {
+            return false;
+        }
+        p.polling += 1;
+        if p.subject.as_deref() != Some(subject) {
+            p.subject = Some(subject.to_string());
+        }
+        true
+    }
+
     /// When this replica last heard from the agent.
     pub fn last_contact(&self) -> Option<SystemTime> {
         self.presence().last_contact
