@@ -383,6 +383,7 @@ impl Dispatcher for EngineDispatcher {
                         .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
                     _ => None,
                 },
+                warnings: e.warnings(),
             })
             .collect();
         rows.sort_by(|a, b| a.name.cmp(&b.name));
