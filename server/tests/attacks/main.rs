@@ -10,6 +10,11 @@
 //! Shared: [`scene`] (the engine behind the API, tokens), [`tally`] (the record every case
 //! writes). Groups, one module each:
 //! * [`authn`]: no token, expired, revoked, forged, wrong audience → 401 on every route.
+//! * [`budgets`]: DoS budgets — garbage JWTs cost no TokenReview, the review cache is capped,
+//!   metric labels are bounded, placements per measurement, long polls per agent, agent report
+//!   strings and reply bodies read by the plugin and the agent are capped.
+//! * [`argocd`]: Argo CD cluster Secret abuse — a duplicated name, an exec provider outside the
+//!   allowlist, `insecure` TLS: refused or surfaced, and no Job through a broken destination.
 
 #[path = "../engine_fast/fake_api/mod.rs"]
 #[allow(dead_code)]
@@ -18,6 +23,8 @@ mod fake_api;
 #[allow(dead_code)]
 mod world;
 
+mod argocd;
 mod authn;
+mod budgets;
 mod scene;
 mod tally;
