@@ -111,4 +111,47 @@ mod tests {
         assert_eq!(b.await.unwrap().status(), StatusCode::OK);
         assert_eq!(call("/fast").await.status(), StatusCode::OK);
     }
+
+    #[tokio::test]
+    async fn connections_beyond_the_budget_wait_until_one_closes() {
+        use std::time::Duration;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = Router::new().route("/", get(|| async { "ok" }));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(super::super::listener::serve_limited(
+            listener,
+            app,
+            None,
+            async {
+                let _ = stopped.await;
+            },
+            Some(2),
+        ));
+        // Two idle connections take both slots.
+        let first = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let _second = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut third = tokio::net::TcpStream::connect(addr).await.unwrap();
+        third
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        let early =
+            tokio::time::timeout(Duration::from_millis(300), third.read_to_end(&mut answer)).await;
+        assert!(
+            early.is_err(),
+            "served beyond the connection budget: {answer:?}"
+        );
+        drop(first);
+        tokio::time::timeout(Duration::from_secs(5), third.read_to_end(&mut answer))
+            .await
+            .expect("served once a slot is free")
+            .unwrap();
+        assert!(String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 200"));
+        let _ = stop.send(());
+        let _ = server.await;
+    }
 }
