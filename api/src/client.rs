@@ -3,6 +3,10 @@
 //! Pure-Rust TLS (rustls with ring) and DNS (hickory): the plugin is a static binary in a
 //! distroless image, where glibc's NSS resolver does not work. The bearer token is read from its
 //! file on every request, because projected ServiceAccount tokens are rotated in place.
+//!
+//! A reply is read chunk by chunk and refused as soon as it exceeds the client's limit
+//! ([`DEFAULT_MAX_REPLY_BYTES`], or [`ServerClient::with_max_reply_bytes`]): a broken server or
+//! a man in the middle cannot make the plugin or the agent buffer an unbounded body.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -11,6 +15,9 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::v1::ApiError;
+
+/// The largest reply body read by default: a verdict or a destination list is a few KiB.
+pub const DEFAULT_MAX_REPLY_BYTES: usize = 1 << 20;
 
 /// How to reach the server.
 #[derive(Debug, Clone)]
@@ -61,6 +68,7 @@ pub struct ServerClient {
     http: reqwest::Client,
     base: String,
     token_file: Option<PathBuf>,
+    max_reply_bytes: usize,
 }
 
 impl ServerClient {
@@ -106,7 +114,16 @@ impl ServerClient {
             http,
             base,
             token_file: config.token_file.clone(),
+            max_reply_bytes: DEFAULT_MAX_REPLY_BYTES,
         })
+    }
+
+    /// The same client, reading reply bodies of at most `max` bytes (default
+    /// [`DEFAULT_MAX_REPLY_BYTES`]).
+    #[must_use]
+    pub fn with_max_reply_bytes(mut self, max: usize) -> Self {
+        self.max_reply_bytes = max;
+        self
     }
 
     /// The server's base URL.
@@ -152,9 +169,11 @@ impl ServerClient {
             .await
             .map_err(|e| CallError::Transient(describe(&e, &self.base)))?;
         let status = resp.status();
-        let bytes = resp.bytes().await.map_err(|e| {
-            CallError::Transient(format!("reading the reply of {}{path}: {e}", self.base))
-        })?;
+        let bytes = read_bounded(resp, self.max_reply_bytes)
+            .await
+            .map_err(|e| {
+                CallError::Transient(format!("reading the reply of {}{path}: {e}", self.base))
+            })?;
         if status.is_success() {
             return serde_json::from_slice(&bytes).map_err(|e| {
                 CallError::Transient(format!("the server's reply to {path} is not what this plugin expects ({e}); check that plugin and server versions match"))
@@ -175,6 +194,39 @@ impl ServerClient {
     }
 }
 
+/// Why a reply body was not read.
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    /// Larger than the limit (announced, or counted while reading).
+    #[error(
+        "the reply is larger than {max} bytes; refused (is this the rollouts-dispatch server?)"
+    )]
+    TooLarge {
+        /// the limit
+        max: usize,
+    },
+    /// The connection failed mid-body.
+    #[error(transparent)]
+    Body(#[from] reqwest::Error),
+}
+
+/// The body of `resp`, read chunk by chunk and refused as soon as it exceeds `max` bytes: a
+/// `Content-Length` beyond it is refused before reading anything, a body without one (chunked)
+/// when the count passes it, so at most `max` bytes plus one chunk are ever held.
+async fn read_bounded(mut resp: reqwest::Response, max: usize) -> Result<Vec<u8>, ReadError> {
+    if resp.content_length().is_some_and(|n| n > max as u64) {
+        return Err(ReadError::TooLarge { max });
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await? {
+        if body.len() + chunk.len() > max {
+            return Err(ReadError::TooLarge { max });
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
 fn describe(e: &reqwest::Error, base: &str) -> String {
     if e.is_timeout() {
         format!("the server {base} did not answer in time")
@@ -191,4 +243,105 @@ fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
         cur = next;
     }
     cur.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// A server that answers every request with `head` and then streams zeros (up to 64 MiB)
+    /// until the client hangs up; returns its URL and the bytes of body it managed to send.
+    async fn flood(head: &'static str) -> (String, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let sent = Arc::new(AtomicUsize::new(0));
+        let counter = sent.clone();
+        tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                let counter = counter.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let _ = tcp.read(&mut buf).await;
+                    if tcp.write_all(head.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    let chunked = head.contains("chunked");
+                    let block = vec![b'0'; 64 * 1024];
+                    for _ in 0..1024 {
+                        let framed = if chunked {
+                            let mut f = format!("{:x}\r\n", block.len()).into_bytes();
+                            f.extend_from_slice(&block);
+                            f.extend_from_slice(b"\r\n");
+                            f
+                        } else {
+                            block.clone()
+                        };
+                        if tcp.write_all(&framed).await.is_err() {
+                            return;
+                        }
+                        counter.fetch_add(block.len(), Ordering::SeqCst);
+                    }
+                });
+            }
+        });
+        (url, sent)
+    }
+
+    fn client(url: &str) -> ServerClient {
+        ServerClient::new(&ClientConfig {
+            server: url.to_string(),
+            token_file: None,
+            ca_file: None,
+            timeout: Duration::from_secs(20),
+        })
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn an_oversized_reply_is_refused_without_reading_it_all() {
+        for head in [
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 67108864\r\n\r\n",
+            "HTTP/1.1 500 Internal Server Error\r\ntransfer-encoding: chunked\r\n\r\n",
+        ] {
+            let (url, sent) = flood(head).await;
+            let e = client(&url)
+                .get::<serde_json::Value>("/v1/destinations")
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(&e, CallError::Transient(m) if m.contains("larger than 1048576 bytes")),
+                "{head}: {e:?}"
+            );
+            // The client hung up long before the 64 MiB were sent.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(sent.load(Ordering::SeqCst) < 32 << 20, "{head}: {}", sent.load(Ordering::SeqCst));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reply_within_the_limit_is_read() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let (mut tcp, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = tcp.read(&mut buf).await;
+            let body = format!("[\"{}\"]", "x".repeat(1000));
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            tcp.write_all(head.as_bytes()).await.unwrap();
+            tcp.write_all(body.as_bytes()).await.unwrap();
+        });
+        let c = client(&url).with_max_reply_bytes(2000);
+        let v: Vec<String> = c.get("/v1/destinations").await.unwrap();
+        assert_eq!(v[0].len(), 1000);
+    }
 }

@@ -79,6 +79,49 @@ impl DestState {
         truncate(&line.replace('\n', " "), MAX_DETAIL)
     }
 
+    /// The same state with every text cut to `max_detail` bytes and the log tail to `max_log`
+    /// (with `...` where cut): what the server keeps of an agent's report, whatever its size.
+    #[must_use]
+    pub fn bounded(self, max_detail: usize, max_log: usize) -> Self {
+        let cut = |s: String| {
+            if s.len() <= max_detail {
+                s
+            } else {
+                truncate(&s, max_detail)
+            }
+        };
+        match self {
+            Self::Running(d) => Self::Running(d.map(cut)),
+            Self::Succeeded => Self::Succeeded,
+            Self::Failed {
+                reason,
+                detail,
+                log,
+            } => Self::Failed {
+                reason: cut(reason),
+                detail: cut(detail),
+                log: log.map(|l| {
+                    if l.len() <= max_log {
+                        l
+                    } else {
+                        truncate(&l, max_log)
+                    }
+                }),
+            },
+            Self::ImagePull {
+                container,
+                reason,
+                message,
+            } => Self::ImagePull {
+                container: cut(container),
+                reason: cut(reason),
+                message: cut(message),
+            },
+            Self::Unavailable(m) => Self::Unavailable(cut(m)),
+            Self::Error(m) => Self::Error(cut(m)),
+        }
+    }
+
     /// The short form for measurement metadata.
     pub fn short(&self) -> String {
         match self {
@@ -99,4 +142,50 @@ pub fn truncate(s: &str, max: usize) -> String {
         end -= 1;
     }
     format!("{}...", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounded_cuts_every_text_and_keeps_small_ones() {
+        let big = "é".repeat(100_000);
+        let failed = DestState::Failed {
+            reason: big.clone(),
+            detail: big.clone(),
+            log: Some(big.clone()),
+        }
+        .bounded(MAX_DETAIL, 4096);
+        let DestState::Failed {
+            reason,
+            detail,
+            log,
+        } = failed
+        else {
+            panic!("the variant changed")
+        };
+        assert!(reason.len() <= MAX_DETAIL && reason.ends_with("..."));
+        assert!(detail.len() <= MAX_DETAIL);
+        assert!(log.unwrap().len() <= 4096);
+        for s in [
+            DestState::Running(Some(big.clone())),
+            DestState::Unavailable(big.clone()),
+            DestState::Error(big.clone()),
+            DestState::ImagePull {
+                container: big.clone(),
+                reason: big.clone(),
+                message: big.clone(),
+            },
+        ] {
+            let json = serde_json::to_string(&s.bounded(MAX_DETAIL, 4096)).unwrap();
+            assert!(json.len() < 4 * MAX_DETAIL, "{}", json.len());
+        }
+        let small = DestState::Failed {
+            reason: "BackoffLimitExceeded".into(),
+            detail: "exit 1".into(),
+            log: Some("boom".into()),
+        };
+        assert_eq!(small.clone().bounded(MAX_DETAIL, 4096), small);
+    }
 }

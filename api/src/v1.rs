@@ -118,6 +118,10 @@ pub struct DestinationInfo {
     /// RFC 3339 time of the last successful contact, if any
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_contact: Option<String>,
+    /// what to know before trusting it, e.g. `insecure: TLS certificates are not verified …`
+    /// (absent from older servers: empty)
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// Reply of `POST /v1/gc`.

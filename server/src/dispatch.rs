@@ -17,14 +17,22 @@ use crate::engine::{Engine, EngineError, JobRef, MeasureRequest, REF_KEY};
 use crate::http::{DispatchError, Dispatcher, Principal};
 use crate::job::RunContext;
 use crate::logs::Redactor;
+use crate::logs::MAX_LOG_BYTES;
 use crate::runtime::metrics::Metrics;
 use crate::store::{DispatchJobStatus, Store};
 use crate::verdict::{Phase, Verdict};
 use dispatch_api::agent::{
     self as agent_api, ReportReply, ReportRequest, WorkItem, WorkReply, WorkRequest,
 };
+use dispatch_api::state::MAX_DETAIL;
 use dispatch_api::v1::DestinationInfo;
 use futures::future::BoxFuture;
+
+/// The most long polls one agent destination may hold open on a replica. An agent holds one;
+/// a few more absorb a restart whose old poll has not timed out yet. Beyond it a poll is
+/// answered `429 too_many_polls` at once: a stolen or buggy agent token cannot pin the
+/// server's request budget (`serve --max-concurrent-requests`) with idle polls.
+pub const MAX_POLLS_PER_AGENT: usize = 4;
 
 /// The engine behind the API.
 pub struct EngineDispatcher {
@@ -207,7 +215,9 @@ fn engine_error(e: EngineError) -> DispatchError {
         }
         EngineError::Denied(_) => DispatchError::Forbidden(message),
         EngineError::Stage(_) => DispatchError::NotFound(message),
-        EngineError::InvalidJob { .. } => DispatchError::InvalidBlock(message),
+        EngineError::InvalidJob { .. } | EngineError::TooManyPlacements { .. } => {
+            DispatchError::InvalidBlock(message)
+        }
         EngineError::Start(_) => DispatchError::Internal(message),
     }
 }
@@ -373,6 +383,7 @@ impl Dispatcher for EngineDispatcher {
                         .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
                     _ => None,
                 },
+                warnings: e.warnings(),
             })
             .collect();
         rows.sort_by(|a, b| a.name.cmp(&b.name));
@@ -387,7 +398,14 @@ impl Dispatcher for EngineDispatcher {
     ) -> BoxFuture<'a, Result<WorkReply, DispatchError>> {
         Box::pin(async move {
             let (agent, store) = self.agent_for(caller, &destination)?;
-            agent.contact(&caller.subject, 1);
+            if !agent.start_poll(&caller.subject, MAX_POLLS_PER_AGENT) {
+                tracing::warn!(subject = %caller.subject, destination, max = MAX_POLLS_PER_AGENT,
+                               "refused: too many open polls");
+                return Err(DispatchError::TooManyPolls(format!(
+                    "destination {destination:?} already has {MAX_POLLS_PER_AGENT} open polls on \
+                     this server; one agent needs one (is another agent running with the same token?)"
+                )));
+            }
             // Whatever happens below, the poll ends here.
             let _ended = scopeguard(|| agent.contact(&caller.subject, -1));
             let mut changes = store.subscribe(&destination);
@@ -437,7 +455,10 @@ impl Dispatcher for EngineDispatcher {
             let (agent, store) = self.agent_for(caller, &destination)?;
             agent.contact(&caller.subject, 0);
             let mut reply = ReportReply::default();
-            for report in req.reports {
+            for mut report in req.reports {
+                // An agent's texts are kept as the server would have made them itself: no
+                // detail beyond MAX_DETAIL, no log tail beyond MAX_LOG_BYTES, whatever it sent.
+                report.state = report.state.map(|s| s.bounded(MAX_DETAIL, MAX_LOG_BYTES));
                 let Some(record) = store.get(&report.name) else {
                     reply.unknown.push(report.name);
                     continue;

@@ -91,6 +91,13 @@ struct Shared {
     changed: Notify,
 }
 
+/// The largest reply the agent reads from the server. A work reply lists every record of the
+/// destination, each with its Job (at most the server's 1 MiB request body when it was
+/// ensured), so it is allowed more than the plugin's 1 MiB; beyond it the reply is refused
+/// unread (a broken server or a man in the middle cannot exhaust the agent's memory) and the
+/// poll is retried.
+pub const MAX_WORK_REPLY_BYTES: usize = 32 << 20;
+
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     let (subject, claimed) = token_identity(&opts.token_file)?;
@@ -110,7 +117,8 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         token_file: Some(opts.token_file.clone()),
         ca_file: opts.ca_file.clone(),
         timeout: opts.poll_wait + Duration::from_secs(30),
-    })?;
+    })?
+    .with_max_reply_bytes(MAX_WORK_REPLY_BYTES);
     let engine = Engine::start_local(&destination, "default", EngineSettings::default()).await?;
     let metrics = Arc::new(Metrics::new());
     let readiness = Readiness::new("the cluster's Jobs are not listed yet");

@@ -74,6 +74,7 @@ pub fn table(rows: &[DestinationInfo]) -> String {
         "LAST-CONTACT".into(),
         "NAMESPACE".into(),
         "LABELS".into(),
+        "WARNINGS".into(),
     ]];
     for r in rows {
         let labels: Vec<String> = r.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -88,9 +89,10 @@ pub fn table(rows: &[DestinationInfo]) -> String {
             } else {
                 labels.join(",")
             },
+            r.warnings.join("; "),
         ]);
     }
-    let widths: Vec<usize> = (0..6)
+    let widths: Vec<usize> = (0..7)
         .map(|i| lines.iter().map(|l| l[i].len()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
@@ -127,13 +129,16 @@ mod tests {
                 connected: false,
                 last_contact: Some("2026-12-01T05:00:00Z".into()),
                 labels: [("env".to_string(), "edge".to_string())].into(),
+                warnings: vec!["insecure: TLS".into()],
             },
         ];
         let t = table(&rows);
         let lines: Vec<&str> = t.lines().collect();
         assert!(lines[0].starts_with("NAME       SOURCE  CONNECTED"), "{t}");
         assert!(
-            lines[2].contains("agent   no         2026-12-01T05:00:00Z  verify     env=edge"),
+            lines[2].contains(
+                "agent   no         2026-12-01T05:00:00Z  verify     env=edge  insecure: TLS"
+            ),
             "{t}"
         );
     }

@@ -194,6 +194,10 @@ async fn check(entry: &Entry, deadline: Instant, call_timeout: Duration) -> Row 
     } else {
         format!("{version}: {}", problems.join("; "))
     };
+    // Works, but a person should know: not a failure of the row.
+    for w in entry.warnings() {
+        row.detail = format!("WARNING {w}; {}", row.detail);
+    }
     row
 }
 

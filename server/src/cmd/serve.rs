@@ -20,6 +20,7 @@ use crate::http::auth::{Chain, JwtAuthenticator};
 use crate::http::tokenreview::TokenReviewAuthenticator;
 use crate::http::{self, AppState, Authenticator};
 use crate::runtime::admin::{self, Readiness};
+use crate::runtime::limits;
 use crate::runtime::listener;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::shutdown::shutdown_signal;
@@ -72,6 +73,23 @@ pub struct ServeArgs {
     /// plane's runs create Jobs on the same destinations.
     #[arg(long, env = "ROLLOUTS_DISPATCH_SWEEP_ORPHANS_EVERY", value_parser = parse_duration)]
     pub sweep_orphans_every: Option<Duration>,
+    /// Most connections open at once on the API port; beyond it new connections wait in the
+    /// kernel's backlog until one closes.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_MAX_CONNECTIONS",
+          default_value_t = limits::DEFAULT_MAX_CONNECTIONS,
+          value_parser = parse_limit)]
+    pub max_connections: usize,
+    /// Most API requests served at once (agents' long polls included); beyond it a request is
+    /// answered 503 `overloaded` at once, before authentication, and its caller retries.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_MAX_CONCURRENT_REQUESTS",
+          default_value_t = limits::DEFAULT_MAX_CONCURRENT_REQUESTS,
+          value_parser = parse_limit)]
+    pub max_concurrent_requests: usize,
+}
+
+/// A budget flag: a whole number of at least 1.
+fn parse_limit(s: &str) -> Result<usize, std::num::ParseIntError> {
+    s.parse::<std::num::NonZeroUsize>().map(usize::from)
 }
 
 /// Runs `rollouts-dispatch serve`; returns the exit code.
@@ -98,6 +116,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         token_review_allow,
         sync_timeout,
         sweep_orphans_every,
+        max_connections,
+        max_concurrent_requests,
     } = args;
     let config = config.load()?;
     let auth = authenticators(&jwt_key_files, revoked_tokens, token_review_allow).await?;
@@ -169,9 +189,20 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         auth,
         metrics,
     };
+    // Outermost: an overloaded server refuses before authenticating (no TokenReview spent).
+    let router = http::router(state).layer(axum::middleware::from_fn_with_state(
+        limits::ConcurrencyLimit::new(max_concurrent_requests),
+        limits::limit_requests,
+    ));
     let api = tokio::spawn(
-        listener::serve(api_listener, http::router(state), tls, shutdown.clone())
-            .instrument(info_span!("api", %listen)),
+        listener::serve_limited(
+            api_listener,
+            router,
+            tls,
+            shutdown.clone(),
+            Some(max_connections),
+        )
+        .instrument(info_span!("api", %listen, max_connections, max_concurrent_requests)),
     );
 
     if let Some(store) = engine.store() {

@@ -219,6 +219,9 @@ pub struct ArgoCdConfig {
     /// default namespace of Jobs on these destinations (default `default`; a Secret may set
     /// annotation `rollouts-dispatch.io/namespace`)
     pub default_namespace: String,
+    /// the commands a Secret's `execProviderConfig` may run inside the server (exact match);
+    /// empty: a Secret with `execProviderConfig` is refused
+    pub exec_providers: Vec<String>,
 }
 
 /// Which projects may use which destinations and namespaces.

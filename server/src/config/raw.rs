@@ -94,6 +94,11 @@ pub(crate) enum Problem {
     Together(&'static str, &'static str),
     #[error("`certData`/`keyData` and `certFile`/`keyFile` are mutually exclusive")]
     CertDataAndFile,
+    #[error(
+        "{0:?} is not a command: give it non-empty, without surrounding white space, exactly as \
+         the cluster Secrets' execProviderConfig.command gives it"
+    )]
+    BadCommand(String),
 }
 
 /// Why a string cannot be a destination name ([`check_destination_name`]).
@@ -219,6 +224,8 @@ struct RawArgoCd {
     namespace: Option<String>,
     in_cluster: Option<bool>,
     default_namespace: Option<String>,
+    #[serde(default)]
+    exec_providers: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -323,10 +330,21 @@ impl RawConfig {
                 let default_namespace = a.default_namespace.unwrap_or_else(|| "default".into());
                 check_namespace(Some(&default_namespace))
                     .map_err(|e| invalid("argocd.defaultNamespace", e))?;
+                if let Some(i) = a
+                    .exec_providers
+                    .iter()
+                    .position(|c| c.trim().is_empty() || c.trim() != c)
+                {
+                    return Err(invalid(
+                        format!("argocd.execProviders[{i}]"),
+                        Problem::BadCommand(a.exec_providers[i].clone()),
+                    ));
+                }
                 Some(ArgoCdConfig {
                     namespace,
                     in_cluster: a.in_cluster.unwrap_or(true),
                     default_namespace,
+                    exec_providers: a.exec_providers,
                 })
             }
         };
@@ -711,6 +729,10 @@ mod tests {
                 "engine.requestTimeout: must be more",
             ),
             ("argocd: {namespace: Argo}", "argocd.namespace"),
+            (
+                "argocd: {execProviders: [/bin/a, ' ']}",
+                "argocd.execProviders[1]: \" \" is not a command",
+            ),
             ("destinations: {}", "line 1 column 15"),
             (
                 "agents: {store: etcd}",

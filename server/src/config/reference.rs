@@ -98,6 +98,7 @@ pub fn reference() -> Vec<FieldDoc> {
         f("argocd.namespace", "string", Value("argocd"), "namespace of Argo CD and its cluster Secrets"),
         f("argocd.inCluster", "bool", Value("true"), "the implicit `in-cluster` destination, the control plane itself (like Argo CD's `cluster.inClusterEnabled`)"),
         f("argocd.defaultNamespace", "string", Value("default"), "default namespace of Jobs on these destinations; a Secret may override it with annotation `rollouts-dispatch.io/namespace`"),
+        f("argocd.execProviders", "list of strings", Unset("none: a Secret with `execProviderConfig` is refused (its destination is broken)"), "the commands a cluster Secret's `execProviderConfig` may run inside the server, exactly as its `command` gives them (e.g. `/usr/local/bin/gke-gcloud-auth-plugin`); anyone who can write Secrets in the Argo CD namespace chooses the command"),
         f("policy.rules", "list of objects", Unset("none; no rules allows everything (a warning at start)"), "allow rules; any matching rule allows"),
         f("policy.rules[].projects", "list of globs", Required, "Kargo projects (AnalysisRun namespaces)"),
         f("policy.rules[].destinations", "list of globs", Required, "destination names"),

@@ -7,20 +7,31 @@
 //! any Secret for it Argo CD's implicit `in-cluster` destination exists (unless disabled).
 //! Secret labels become destination labels; annotation `rollouts-dispatch.io/namespace` sets the
 //! default namespace.
+//!
+//! What a Secret may not do here, although Argo CD would accept it (the field meanings are
+//! Argo CD's `ClusterConfig`, pkg/apis/application/v1alpha1/types.go:2520-2544 at 37ee0097cf):
+//! * run a command of its choosing: `execProviderConfig` (types.go:2486, turned into a client-go
+//!   `ExecConfig` at types.go:4025) is refused unless its `command` is listed in
+//!   `argocd.execProviders` of the server config, since whoever can write Secrets in the Argo CD
+//!   namespace would otherwise run code inside this server, next to every destination's
+//!   credentials;
+//! * share its `name` with another Secret: both are refused ([`watch`]), as Argo CD refuses a
+//!   destination name that several clusters carry (util/argo/argo.go:1116);
+//! * turn TLS verification off silently: `tlsClientConfig.insecure` (types.go:2549) is honoured
+//!   but logged at load, and shown by `doctor` and `GET /v1/destinations`.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+mod watch;
+pub use watch::watch;
+
+use std::collections::BTreeMap;
 
 use base64::Engine as _;
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::Api;
-use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::client::{config_from_kubeconfig, single_kubeconfig, AccessError};
-use super::{DestinationSpec, Registry, Source, SpecError, IN_CLUSTER_NAME, IN_CLUSTER_SERVER};
+use super::{DestinationSpec, Source, SpecError, IN_CLUSTER_NAME, IN_CLUSTER_SERVER};
 use crate::config::ArgoCdConfig;
 use crate::job::fnv1a;
 
@@ -84,6 +95,32 @@ pub enum SecretProblem {
         /// the field under `data.config`
         field: &'static str,
     },
+    /// `execProviderConfig.command` is not in `argocd.execProviders`.
+    #[error(
+        "data.config.execProviderConfig would run {command:?} inside the rollouts-dispatch server; \
+         commands are refused unless listed in argocd.execProviders of the server config \
+         (allowed: {allowed})"
+    )]
+    ExecNotAllowed {
+        /// the command the Secret asks for
+        command: String,
+        /// the allowlist, for the message
+        allowed: String,
+    },
+    /// Several Secrets give the same destination name.
+    #[error(
+        "{} Argo CD cluster Secrets define destination {name:?}: {}; neither is used (Argo CD \
+         itself refuses a destination name several clusters carry): give each a unique \
+         data.name, or delete the extra one",
+        secrets.len(),
+        secrets.join(", ")
+    )]
+    DuplicateName {
+        /// the destination name
+        name: String,
+        /// `namespace/name` of every Secret that claims it
+        secrets: Vec<String>,
+    },
     /// The kubeconfig made from the Secret cannot be used (e.g. an exec command is missing).
     #[error(transparent)]
     Access(#[from] AccessError),
@@ -135,6 +172,18 @@ struct ExecProviderConfig {
     env: BTreeMap<String, String>,
     api_version: Option<String>,
     install_hint: Option<String>,
+}
+
+/// The destination name a cluster Secret claims: `data.name`, else the Secret's own name.
+pub fn destination_name(secret: &Secret) -> String {
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("name"))
+        .and_then(|b| String::from_utf8(b.0.clone()).ok())
+        .map(|n| n.trim().to_string())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| secret.metadata.name.clone().unwrap_or_default())
 }
 
 /// The destination a cluster Secret defines; credentials that cannot be used give a spec whose
@@ -196,7 +245,11 @@ pub async fn spec_from_secret(
             // Argo CD's rest.InClusterConfig(): the cluster this Secret lives on.
             return Ok(control_plane.clone());
         }
-        let (cluster, user) = kubeconfig_entries(&server, &cfg)?;
+        let (cluster, user) = kubeconfig_entries(&server, &cfg, &settings.exec_providers)?;
+        if cfg.tls_client_config.insecure {
+            tracing::warn!(destination = %name, secret = %source, server = %server,
+                           "tlsClientConfig.insecure: TLS certificates of this destination are not verified");
+        }
         config_from_kubeconfig(single_kubeconfig(&name, cluster, user, None), Some(&name))
             .await
             .map_err(SecretProblem::Access)
@@ -219,7 +272,11 @@ pub async fn spec_from_secret(
     }
 }
 
-fn kubeconfig_entries(server: &str, cfg: &ClusterConfig) -> Result<(Value, Value), SecretProblem> {
+fn kubeconfig_entries(
+    server: &str,
+    cfg: &ClusterConfig,
+    allowed_exec: &[String],
+) -> Result<(Value, Value), SecretProblem> {
     if cfg.proxy_url.is_some() {
         return Err(SecretProblem::ProxyUrl);
     }
@@ -284,6 +341,16 @@ fn kubeconfig_entries(server: &str, cfg: &ClusterConfig) -> Result<(Value, Value
             }),
         );
     } else if let Some(exec) = &cfg.exec_provider_config {
+        if !allowed_exec.contains(&exec.command) {
+            return Err(SecretProblem::ExecNotAllowed {
+                command: exec.command.clone(),
+                allowed: if allowed_exec.is_empty() {
+                    "none".into()
+                } else {
+                    allowed_exec.join(", ")
+                },
+            });
+        }
         let env: Vec<Value> = exec
             .env
             .iter()
@@ -329,100 +396,6 @@ pub fn in_cluster_spec(settings: &ArgoCdConfig, control_plane: &kube::Config) ->
     }
 }
 
-/// Watches the cluster Secrets in `settings.namespace` of the control plane and keeps the
-/// registry in step, until aborted. Calls [`Registry::mark_synced`] after the first full list.
-pub async fn watch(
-    registry: std::sync::Arc<Registry>,
-    control_plane: kube::Client,
-    control_plane_config: kube::Config,
-    settings: ArgoCdConfig,
-) {
-    let api: Api<Secret> = Api::namespaced(control_plane, &settings.namespace);
-    let config = watcher::Config::default().labels(CLUSTER_SELECTOR);
-    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
-    // Secret name → (destination name, server) of what each Secret registered.
-    let mut known: HashMap<String, (String, String)> = HashMap::new();
-    let mut relist: Option<HashSet<String>> = None;
-    let mut failing = false;
-    if settings.in_cluster {
-        registry.insert(in_cluster_spec(&settings, &control_plane_config));
-    }
-    while let Some(item) = stream.next().await {
-        let event = match item {
-            Ok(e) => {
-                failing = false;
-                e
-            }
-            Err(e) => {
-                if !failing {
-                    tracing::warn!(namespace = %settings.namespace, error = %e,
-                                   "watch of Argo CD cluster Secrets failing; retrying with backoff");
-                    failing = true;
-                }
-                continue;
-            }
-        };
-        match event {
-            Event::Apply(secret) | Event::InitApply(secret) => {
-                let Some(secret_name) = secret.metadata.name.clone() else {
-                    continue;
-                };
-                if let Some(seen) = relist.as_mut() {
-                    seen.insert(secret_name.clone());
-                }
-                let spec = spec_from_secret(&secret, &settings, &control_plane_config).await;
-                let entry = (spec.name.clone(), spec.server.clone());
-                if let Some((old_name, _)) = known.get(&secret_name) {
-                    if *old_name != spec.name {
-                        registry.remove(old_name, &spec.source);
-                    }
-                }
-                known.insert(secret_name, entry);
-                registry.insert(spec);
-            }
-            Event::Delete(secret) => {
-                let Some(secret_name) = secret.metadata.name.clone() else {
-                    continue;
-                };
-                if let Some((name, _)) = known.remove(&secret_name) {
-                    registry.remove(&name, &secret_source(&settings, &secret_name));
-                }
-            }
-            Event::Init => relist = Some(HashSet::new()),
-            Event::InitDone => {
-                let seen = relist.take().unwrap_or_default();
-                let gone: Vec<String> = known
-                    .keys()
-                    .filter(|k| !seen.contains(*k))
-                    .cloned()
-                    .collect();
-                for secret_name in gone {
-                    if let Some((name, _)) = known.remove(&secret_name) {
-                        registry.remove(&name, &secret_source(&settings, &secret_name));
-                    }
-                }
-                registry.mark_synced();
-            }
-        }
-        // A Secret for the local server replaces the implicit in-cluster destination.
-        if settings.in_cluster {
-            let explicit = known.values().any(|(_, s)| s == IN_CLUSTER_SERVER);
-            if explicit {
-                registry.remove(IN_CLUSTER_NAME, &Source::ArgoCdInCluster);
-            } else if registry.get(IN_CLUSTER_NAME).is_none() {
-                registry.insert(in_cluster_spec(&settings, &control_plane_config));
-            }
-        }
-    }
-}
-
-fn secret_source(settings: &ArgoCdConfig, secret: &str) -> Source {
-    Source::ArgoCd {
-        namespace: settings.namespace.clone(),
-        secret: secret.to_string(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -436,6 +409,7 @@ mod tests {
             namespace: "argocd".into(),
             in_cluster: true,
             default_namespace: "default".into(),
+            exec_providers: vec!["sh".into(), "no-such-helper".into()],
         }
     }
 
@@ -580,6 +554,58 @@ mod tests {
         )
         .await;
         assert!(s.config.is_ok(), "{:?}", s.config.err());
+    }
+
+    #[tokio::test]
+    async fn exec_outside_the_allowlist_is_refused_and_insecure_is_kept() {
+        for (config, allowed) in [
+            (
+                r#"{"execProviderConfig":{"command":"/bin/sh","args":["-c","id"]}}"#,
+                vec!["sh".to_string()],
+            ),
+            (r#"{"execProviderConfig":{"command":"sh"}}"#, vec![]),
+            (
+                r#"{"execProviderConfig":{"command":"sh "}}"#,
+                vec!["sh".to_string()],
+            ),
+        ] {
+            let mut settings = settings();
+            settings.exec_providers = allowed;
+            let s = spec_from_secret(
+                &secret(&[("name", "x"), ("server", "https://x"), ("config", config)]),
+                &settings,
+                &cp(),
+            )
+            .await;
+            let e = s.config.unwrap_err().to_string();
+            assert!(e.contains("inside the rollouts-dispatch server"), "{e}");
+            assert!(e.contains("argocd.execProviders"), "{e}");
+            assert!(
+                e.contains("Argo CD cluster Secret argocd/cluster-prod"),
+                "{e}"
+            );
+        }
+        let s = spec_from_secret(
+            &secret(&[
+                ("name", "x"),
+                ("server", "https://x"),
+                (
+                    "config",
+                    r#"{"bearerToken":"t","tlsClientConfig":{"insecure":true}}"#,
+                ),
+            ]),
+            &settings(),
+            &cp(),
+        )
+        .await;
+        assert!(s.config.unwrap().accept_invalid_certs);
+    }
+
+    #[test]
+    fn the_destination_name_is_data_name_else_the_secret_name() {
+        assert_eq!(destination_name(&secret(&[("name", " prod ")])), "prod");
+        assert_eq!(destination_name(&secret(&[("name", "")])), "cluster-prod");
+        assert_eq!(destination_name(&secret(&[])), "cluster-prod");
     }
 
     #[tokio::test]

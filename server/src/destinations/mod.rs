@@ -41,6 +41,11 @@ use crate::policy::glob_match;
 use cache::Cache;
 use client::{AccessError, RequestCounter};
 
+/// The warning of a destination whose TLS certificates are not verified.
+pub const INSECURE_WARNING: &str = "insecure: TLS certificates are not verified (Argo CD \
+     tlsClientConfig.insecure or kubeconfig insecure-skip-tls-verify); a man in the middle can \
+     read its credentials and forge its answers";
+
 /// Name of Argo CD's implicit local cluster.
 pub const IN_CLUSTER_NAME: &str = "in-cluster";
 /// Server URL of Argo CD's implicit local cluster.
@@ -154,6 +159,9 @@ pub struct Destination {
     pub server: String,
     /// where it comes from
     pub source: Source,
+    /// TLS certificates are not verified (`insecure-skip-tls-verify`, Argo CD's
+    /// `tlsClientConfig.insecure`): shown as a warning wherever destinations are listed
+    pub insecure: bool,
     client: kube::Client,
     jobs: Arc<Cache<Job>>,
     pods: Arc<Cache<Pod>>,
@@ -209,6 +217,11 @@ impl Destination {
         settings: &EngineSettings,
     ) -> Result<Self, AccessError> {
         let counter = RequestCounter::default();
+        let insecure = config.accept_invalid_certs;
+        if insecure {
+            tracing::warn!(destination = %spec.name, source = %spec.source, server = %spec.server,
+                           "TLS verification is off for this destination: {INSECURE_WARNING}");
+        }
         let client = client::client(config, settings, &counter)?;
         let jobs = Arc::new(Cache::new("Job", &spec.name, job_group));
         let pods = Arc::new(Cache::new("Pod", &spec.name, pod_group));
@@ -226,6 +239,7 @@ impl Destination {
             namespace: spec.namespace.clone(),
             server: spec.server.clone(),
             source: spec.source.clone(),
+            insecure,
             client,
             jobs,
             pods,
@@ -358,6 +372,22 @@ impl AgentDestination {
         p.polling = p.polling.saturating_add_signed(poll);
     }
 
+    /// Starts a long poll of the agent `subject` unless `max` are open on this replica already
+    /// (checked and counted under one lock, so concurrent polls cannot slip past the cap).
+    /// On `true`, end it with `contact(subject, -1)`.
+    pub fn start_poll(&self, subject: &str, max: usize) -> bool {
+        let mut p = self.presence();
+        p.last_contact = Some(SystemTime::now());
+        if p.polling >= max {
+            return false;
+        }
+        p.polling += 1;
+        if p.subject.as_deref() != Some(subject) {
+            p.subject = Some(subject.to_string());
+        }
+        true
+    }
+
     /// When this replica last heard from the agent.
     pub fn last_contact(&self) -> Option<SystemTime> {
         self.presence().last_contact
@@ -415,6 +445,14 @@ impl Entry {
             Self::Ready(d) => &d.server,
             Self::Broken(b) => &b.server,
             Self::Agent(_) => "",
+        }
+    }
+    /// What a person should know before trusting this destination (shown by `doctor` and
+    /// `GET /v1/destinations`).
+    pub fn warnings(&self) -> Vec<String> {
+        match self {
+            Self::Ready(d) if d.insecure => vec![INSECURE_WARNING.to_string()],
+            _ => Vec::new(),
         }
     }
     /// The source.

@@ -115,8 +115,21 @@ impl Engine {
         req: &MeasureRequest,
     ) -> Result<Vec<(Entry, String)>, EngineError> {
         let registry = &self.inner.registry;
+        let too_many = |count: usize| EngineError::TooManyPlacements {
+            target: match &req.config.target {
+                Target::Names(_) => "`destination`".to_string(),
+                Target::Stage => "`destination: stage`".to_string(),
+                Target::Selector(s) => format!("destinationSelector {:?}", s.to_string()),
+            },
+            count,
+            max: MAX_PLACEMENTS,
+        };
         let (candidates, selector) = match &req.config.target {
             Target::Names(names) => {
+                // Before any lookup: a list of 10 000 names costs nothing.
+                if names.len() > MAX_PLACEMENTS {
+                    return Err(too_many(names.len()));
+                }
                 let mut out = Vec::new();
                 for n in names {
                     out.push(self.lookup(n).await?);
@@ -143,10 +156,16 @@ impl Engine {
                         origin: self.inner.origin.clone(),
                     });
                 }
+                if found.len() > MAX_PLACEMENTS {
+                    return Err(too_many(found.len()));
+                }
                 (found, Some(sel))
             }
             Target::Stage => {
                 let names = self.stage_destinations(&req.run).await?;
+                if names.len() > MAX_PLACEMENTS {
+                    return Err(too_many(names.len()));
+                }
                 let mut out = Vec::new();
                 for n in &names {
                     out.push(self.lookup(n).await?);

@@ -15,6 +15,13 @@ pub enum JobRefError {
     /// the key is there, its JSON is not a reference
     #[error("the measurement's {REF_KEY} metadata is unreadable: {0}")]
     Unreadable(#[from] serde_json::Error),
+    /// more placements than any measurement of this server has
+    #[error(
+        "the measurement's {REF_KEY} metadata lists {0} destinations, more than the {max} this \
+         server ever places; it was not written by this server",
+        max = super::MAX_PLACEMENTS
+    )]
+    TooManyPlacements(usize),
 }
 
 /// Measurement metadata key holding the [`JobRef`] as JSON.
@@ -78,6 +85,10 @@ impl JobRef {
     /// The reference stored by [`JobRef::metadata`].
     pub fn from_metadata(metadata: &BTreeMap<String, String>) -> Result<Self, JobRefError> {
         let json = metadata.get(REF_KEY).ok_or(JobRefError::Missing)?;
-        Ok(serde_json::from_str(json)?)
+        let job: Self = serde_json::from_str(json)?;
+        if job.placements.len() > super::MAX_PLACEMENTS {
+            return Err(JobRefError::TooManyPlacements(job.placements.len()));
+        }
+        Ok(job)
     }
 }

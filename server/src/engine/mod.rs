@@ -133,6 +133,12 @@ pub struct GcReport {
     pub failed: Vec<(String, String)>,
 }
 
+/// The most destinations one measurement runs on (after the selector or `stage` is
+/// resolved). Each placement is a Job create, a watch lookup per status and a delete: a block
+/// naming thousands of destinations (or a selector matching a whole fleet) would turn one
+/// measurement into thousands of destination calls, so it is refused before any.
+pub const MAX_PLACEMENTS: usize = 64;
+
 /// A measurement that cannot be started at all.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EngineError {
@@ -175,6 +181,19 @@ pub enum EngineError {
         metric: String,
         /// what is wrong
         reason: String,
+    },
+    /// the measurement would run on more destinations than [`MAX_PLACEMENTS`]
+    #[error(
+        "{target} gives {count} destinations, more than the {max} one measurement may run on; \
+         narrow the selector or the list (or split the metric)"
+    )]
+    TooManyPlacements {
+        /// the block's target (names, `stage` or the selector)
+        target: String,
+        /// destinations it gave
+        count: usize,
+        /// [`MAX_PLACEMENTS`]
+        max: usize,
     },
     /// the engine cannot start
     #[error("cannot start the dispatch engine: {0}")]

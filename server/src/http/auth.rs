@@ -195,7 +195,7 @@ impl JwtAuthenticator {
 }
 
 /// The `alg` of a JWT's header, if the header can be read at all.
-fn header_alg(token: &str) -> Option<String> {
+pub(crate) fn header_alg(token: &str) -> Option<String> {
     use base64::Engine as _;
     let header = token.split('.').next()?;
     let json = base64::engine::general_purpose::URL_SAFE_NO_PAD

@@ -27,6 +27,9 @@ pub enum DispatchError {
     /// A destination cannot be reached right now; retrying may help.
     #[error("{0}")]
     Unavailable(String),
+    /// A caller holds too many requests of one kind open (an agent's long polls); it retries later.
+    #[error("{0}")]
+    TooManyPolls(String),
     /// A bug or an unexpected failure; details go to the server log only.
     #[error("{0}")]
     Internal(String),
@@ -63,6 +66,7 @@ impl From<DispatchError> for ApiFailure {
             DispatchError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             DispatchError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             DispatchError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            DispatchError::TooManyPolls(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_polls"),
             DispatchError::Internal(detail) => {
                 let id = format!(
                     "{:016x}",

@@ -1,9 +1,14 @@
 //! Authenticates Kubernetes ServiceAccount tokens (e.g. the Rollouts controller's projected token
 //! with audience `rollouts-dispatch`) with a TokenReview against the control-plane apiserver.
 //!
-//! Results are cached for a minute by token hash, so a burst of plugin calls costs one review.
+//! Results are cached by token hash in two bounded LRUs, so a burst of plugin calls costs one
+//! review and a storm of garbage tokens costs bounded memory: accepted tokens for
+//! [`POSITIVE_TTL`] (at most [`POSITIVE_MAX`]), refused ones for the shorter [`NEGATIVE_TTL`] (at
+//! most [`NEGATIVE_MAX`], in their own LRU so that garbage can never evict a good result).
+//! Tokens whose header says `alg: HS256` are our own JWTs, never Kubernetes ServiceAccount
+//! tokens: they are refused here without a review (see [`is_ours`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -15,11 +20,130 @@ use kube::Api;
 use super::auth::{AuthError, Authenticator, Principal, AUDIENCE};
 use futures::future::BoxFuture;
 
-const CACHE_TTL: Duration = Duration::from_secs(60);
-const CACHE_MAX: usize = 4096;
+/// How long an accepted token is trusted without asking again: bounds how long a token whose
+/// ServiceAccount (or pod, for a projected token) was deleted keeps working here.
+pub const POSITIVE_TTL: Duration = Duration::from_secs(60);
+/// How long a refused token stays refused without asking again. Shorter than [`POSITIVE_TTL`]:
+/// a negative entry only spares the apiserver a caller that retries the same bad token, while a
+/// stale one locks out a token that just became valid (a projected token presented while an HA
+/// apiserver's key set is still rolling out, or an answer given during apiserver trouble), so it
+/// is kept just long enough to absorb a retry loop.
+pub const NEGATIVE_TTL: Duration = Duration::from_secs(10);
+/// The most accepted tokens remembered (a few callers in practice: the Rollouts controller's
+/// replicas and their token rotations).
+pub const POSITIVE_MAX: usize = 4096;
+/// The most refused tokens remembered; their own LRU, so a flood of garbage tokens evicts only
+/// other garbage.
+pub const NEGATIVE_MAX: usize = 1024;
 
-/// A review result and when it was made, by token hash.
-type ReviewCache = HashMap<u64, (Instant, Result<Principal, AuthError>)>;
+/// A least-recently-used map with a hard size cap and a per-entry lifetime: `get` refreshes an
+/// entry's recency, `insert` evicts the least recently used entry beyond the cap.
+#[derive(Debug)]
+pub(crate) struct Lru<V> {
+    cap: usize,
+    ttl: Duration,
+    tick: u64,
+    entries: HashMap<u64, (Instant, u64, V)>,
+    /// recency tick → key; the first entry is the least recently used
+    order: BTreeMap<u64, u64>,
+}
+
+impl<V: Clone> Lru<V> {
+    /// Empty; holds at most `cap` (≥ 1) entries for `ttl` each.
+    pub(crate) fn new(cap: usize, ttl: Duration) -> Self {
+        Self {
+            cap: cap.max(1),
+            ttl,
+            tick: 0,
+            entries: HashMap::new(),
+            order: BTreeMap::new(),
+        }
+    }
+
+    fn touch(&mut self, key: u64) -> u64 {
+        self.tick += 1;
+        self.order.insert(self.tick, key);
+        self.tick
+    }
+
+    /// The live value of `key` (an expired one is dropped), now the most recently used.
+    pub(crate) fn get(&mut self, key: u64) -> Option<V> {
+        let (at, tick, _) = self.entries.get(&key)?;
+        let (at, old) = (*at, *tick);
+        self.order.remove(&old);
+        if at.elapsed() >= self.ttl {
+            self.entries.remove(&key);
+            return None;
+        }
+        let tick = self.touch(key);
+        let entry = self.entries.get_mut(&key)?;
+        entry.1 = tick;
+        Some(entry.2.clone())
+    }
+
+    /// Stores `value` for `key`, evicting the least recently used entries beyond the cap.
+    pub(crate) fn insert(&mut self, key: u64, value: V) {
+        if let Some((_, old, _)) = self.entries.remove(&key) {
+            self.order.remove(&old);
+        }
+        while self.entries.len() >= self.cap {
+            let Some((_, lru)) = self.order.pop_first() else {
+                break;
+            };
+            self.entries.remove(&lru);
+        }
+        let tick = self.touch(key);
+        self.entries.insert(key, (Instant::now(), tick, value));
+    }
+
+    /// Entries held (expired ones included until they are looked up or evicted).
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+/// Review results by token hash: accepted and refused ones apart.
+#[derive(Debug)]
+struct ReviewCache {
+    accepted: Lru<Principal>,
+    refused: Lru<AuthError>,
+}
+
+impl ReviewCache {
+    fn new() -> Self {
+        Self {
+            accepted: Lru::new(POSITIVE_MAX, POSITIVE_TTL),
+            refused: Lru::new(NEGATIVE_MAX, NEGATIVE_TTL),
+        }
+    }
+
+    fn get(&mut self, key: u64) -> Option<Result<Principal, AuthError>> {
+        if let Some(p) = self.accepted.get(key) {
+            return Some(Ok(p));
+        }
+        self.refused.get(key).map(Err)
+    }
+
+    fn insert(&mut self, key: u64, result: &Result<Principal, AuthError>) {
+        match result {
+            Ok(p) => self.accepted.insert(key, p.clone()),
+            Err(e) => self.refused.insert(key, e.clone()),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.accepted.len() + self.refused.len()
+    }
+}
+
+/// Whether `token` is one of our own JWTs by its header (`alg: HS256`): Kubernetes signs
+/// ServiceAccount tokens with RS256 (RSA keys) or ES256/384/512 (ECDSA keys), never an HMAC
+/// (kubernetes pkg/serviceaccount/jwt.go, `JWTTokenGenerator`, `signerFromRSAPrivateKey`,
+/// `signerFromECDSAPrivateKey`, at 023feb4a), so a review of such a token can only fail and
+/// would let anyone spend the apiserver's time with forged JWTs.
+pub fn is_ours(token: &str) -> bool {
+    super::auth::header_alg(token).as_deref() == Some("HS256")
+}
 
 /// TokenReview-backed authenticator with an allow-list of usernames.
 pub struct TokenReviewAuthenticator {
@@ -45,8 +169,14 @@ impl TokenReviewAuthenticator {
             audiences,
             allowed,
             hasher: RandomState::new(),
-            cache: Mutex::new(HashMap::new()),
+            cache: Mutex::new(ReviewCache::new()),
         }
+    }
+
+    /// Results cached right now (accepted and refused); never more than
+    /// [`POSITIVE_MAX`] + [`NEGATIVE_MAX`].
+    pub fn cached(&self) -> usize {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     async fn review(&self, token: &str) -> Result<Principal, AuthError> {
@@ -86,22 +216,171 @@ impl TokenReviewAuthenticator {
 impl Authenticator for TokenReviewAuthenticator {
     fn authenticate<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Principal, AuthError>> {
         Box::pin(async move {
-            // A JWT from `token issue` is not a Kubernetes token: let the next authenticator try.
+            // A JWT from `token issue` is not a Kubernetes token: the JWT authenticator of the
+            // chain alone decides it, and no review is spent on it.
+            if is_ours(token) {
+                return Err(AuthError::Invalid(
+                    "an HS256 token is a rollouts-dispatch JWT, not a Kubernetes ServiceAccount \
+                     token; it is checked against --jwt-key-file only"
+                        .into(),
+                ));
+            }
             let key = self.hasher.hash_one(token);
-            if let Some((at, result)) = self.cache.lock().expect("cache lock").get(&key) {
-                if at.elapsed() < CACHE_TTL {
-                    return result.clone();
-                }
+            let cached = self
+                .cache
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(key);
+            if let Some(result) = cached {
+                return result;
             }
             let result = self.review(token).await;
+            // An apiserver that cannot answer says nothing about the token: ask again next time.
             if !matches!(result, Err(AuthError::Unavailable(_))) {
-                let mut cache = self.cache.lock().expect("cache lock");
-                if cache.len() >= CACHE_MAX {
-                    cache.retain(|_, (at, _)| at.elapsed() < CACHE_TTL);
-                }
-                cache.insert(key, (Instant::now(), result.clone()));
+                self.cache
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(key, &result);
             }
             result
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The review budget: what a storm of tokens costs the apiserver and this server's memory.
+
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use axum::routing::post;
+    use axum::{Json, Router};
+    use base64::Engine as _;
+    use serde_json::{json, Value};
+
+    use super::*;
+
+    /// A TokenReview endpoint that accepts `good-…` tokens only and counts the reviews.
+    async fn apiserver() -> (kube::Client, Arc<AtomicUsize>) {
+        let reviews = Arc::new(AtomicUsize::new(0));
+        let counted = reviews.clone();
+        let app = Router::new().route(
+            "/apis/authentication.k8s.io/v1/tokenreviews",
+            post(move |Json(review): Json<Value>| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let token = review["spec"]["token"].as_str().unwrap_or_default().to_string();
+                async move {
+                    let mut answer = review.clone();
+                    answer["status"] = if token.starts_with("good-") {
+                        json!({"authenticated": true, "user": {"username": "system:serviceaccount:argo-rollouts:argo-rollouts"}})
+                    } else {
+                        json!({"authenticated": false, "error": "invalid bearer token"})
+                    };
+                    Json(answer)
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let client = kube::Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
+        (client, reviews)
+    }
+
+    fn authenticator(client: kube::Client) -> TokenReviewAuthenticator {
+        TokenReviewAuthenticator::new(
+            client,
+            Vec::new(),
+            vec!["system:serviceaccount:argo-rollouts:argo-rollouts".into()],
+        )
+    }
+
+    /// A JWT-shaped token with header `alg` and a unique body (its signature is garbage).
+    fn jwt(alg: &str, n: usize) -> String {
+        let b64 = |v: Value| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(serde_json::to_vec(&v).unwrap())
+        };
+        format!(
+            "{}.{}.c2ln",
+            b64(json!({"alg": alg, "typ": "JWT"})),
+            b64(json!({"sub": format!("garbage-{n}")}))
+        )
+    }
+
+    #[tokio::test]
+    async fn a_storm_of_garbage_hs256_tokens_costs_no_review() {
+        let (client, reviews) = apiserver().await;
+        let auth = authenticator(client);
+        for n in 0..1000 {
+            let e = auth.authenticate(&jwt("HS256", n)).await.unwrap_err();
+            assert!(
+                matches!(&e, AuthError::Invalid(m) if m.contains("--jwt-key-file")),
+                "{e:?}"
+            );
+        }
+        assert_eq!(reviews.load(Ordering::SeqCst), 0);
+        assert_eq!(
+            auth.cached(),
+            0,
+            "refused without a review, nothing to remember"
+        );
+        // An RS256 token is what Kubernetes issues: that one is reviewed.
+        assert!(auth.authenticate(&jwt("RS256", 0)).await.is_err());
+        assert_eq!(reviews.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn the_cache_never_exceeds_its_cap_and_garbage_never_evicts_a_good_token() {
+        let (client, reviews) = apiserver().await;
+        let auth = authenticator(client);
+        assert!(auth.authenticate("good-controller").await.is_ok());
+        let n = NEGATIVE_MAX + 500;
+        for i in 0..n {
+            assert!(auth.authenticate(&jwt("RS256", i)).await.is_err());
+            assert!(auth.cached() <= POSITIVE_MAX + NEGATIVE_MAX);
+        }
+        assert_eq!(auth.cached(), 1 + NEGATIVE_MAX);
+        assert_eq!(reviews.load(Ordering::SeqCst), 1 + n);
+        // The controller's token is still remembered: no new review.
+        assert!(auth.authenticate("good-controller").await.is_ok());
+        assert_eq!(reviews.load(Ordering::SeqCst), 1 + n);
+        // A recent refusal is remembered too; an evicted one is asked again.
+        assert!(auth.authenticate(&jwt("RS256", n - 1)).await.is_err());
+        assert_eq!(reviews.load(Ordering::SeqCst), 1 + n);
+        assert!(auth.authenticate(&jwt("RS256", 0)).await.is_err());
+        assert_eq!(reviews.load(Ordering::SeqCst), 2 + n);
+    }
+
+    #[test]
+    fn the_lru_evicts_the_least_recently_used_and_expires_entries() {
+        let mut lru = Lru::new(3, Duration::from_secs(60));
+        for k in 0..3 {
+            lru.insert(k, k * 10);
+        }
+        // 0 is used again: 1 is now the least recently used and goes first.
+        assert_eq!(lru.get(0), Some(0));
+        lru.insert(3, 30);
+        assert_eq!(lru.len(), 3);
+        assert_eq!(lru.get(1), None);
+        assert_eq!(lru.get(0), Some(0));
+        assert_eq!(lru.get(2), Some(20));
+        // Re-inserting a key replaces it without growing.
+        lru.insert(2, 21);
+        assert_eq!(lru.len(), 3);
+        assert_eq!(lru.get(2), Some(21));
+        for k in 100..10_000 {
+            lru.insert(k, k);
+            assert!(lru.len() <= 3);
+        }
+        assert_eq!(
+            lru.order.len(),
+            lru.len(),
+            "the recency index holds no stale ticks"
+        );
+        let mut short = Lru::new(3, Duration::ZERO);
+        short.insert(1, 1);
+        assert_eq!(short.get(1), None, "an expired entry is not returned");
+        assert_eq!(short.len(), 0);
     }
 }

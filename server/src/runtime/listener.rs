@@ -82,6 +82,20 @@ pub async fn serve(
     tls: Option<Tls>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_limited(listener, app, tls, shutdown, None).await
+}
+
+/// [`serve`] with at most `max_connections` connections open at once (`None`: no limit): at
+/// the limit, no more connections are accepted (they wait in the kernel's backlog) until one
+/// closes, as Go's `netutil.LimitListener` does, so a flood of idle connections costs a bounded
+/// number of tasks and file descriptors.
+pub async fn serve_limited(
+    listener: TcpListener,
+    app: Router,
+    tls: Option<Tls>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    max_connections: Option<usize>,
+) -> std::io::Result<()> {
     use hyper_util::rt::{TokioExecutor, TokioIo};
     use hyper_util::server::conn::auto;
     use hyper_util::server::graceful::GracefulShutdown;
@@ -91,8 +105,15 @@ pub async fn serve(
     info!(%addr, tls = tls.is_some(), "listening");
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let graceful = GracefulShutdown::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(
+        max_connections.map_or(tokio::sync::Semaphore::MAX_PERMITS, |m| m.max(1)),
+    ));
     tokio::pin!(shutdown);
     loop {
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
+            () = &mut shutdown => break,
+        };
         let (tcp, peer): (tokio::net::TcpStream, SocketAddr) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
@@ -111,6 +132,8 @@ pub async fn serve(
         let span = tracing::debug_span!("connection", %addr, %peer);
         tokio::spawn(
             async move {
+                // Held until the connection ends.
+                let _slot = slot;
                 let service = hyper::service::service_fn(move |req| app.clone().call(req));
                 let mut builder = auto::Builder::new(TokioExecutor::new());
                 // A client that trickles its headers (slowloris) is cut off instead of holding a task.

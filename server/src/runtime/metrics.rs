@@ -173,13 +173,32 @@ impl Metrics {
     }
 }
 
-/// Middleware: counts every API request by matched route (never the raw path: unbounded labels).
+/// The `method` label of a request: the methods of RFC 9110 that clients send, else `other`.
+/// HTTP methods are open-ended tokens (`FOO /v1/…` is a valid request line), so labelling the
+/// raw method would let any caller, even one without a token, create a series per request.
+pub fn method_label(method: &axum::http::Method) -> &'static str {
+    use axum::http::Method;
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        _ => "other",
+    }
+}
+
+/// Middleware: counts every API request by matched route template (never the raw path, and
+/// `unmatched` for every path no route matches) and by [`method_label`]: both label sets are
+/// fixed, so no request can add series.
 pub async fn track(State(m): State<Arc<Metrics>>, req: Request, next: Next) -> Response {
     let route = req
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_string(), |m| m.as_str().to_string());
-    let method = req.method().to_string();
+    let method = method_label(req.method()).to_string();
     let started = Instant::now();
     let resp = next.run(req).await;
     m.requests
@@ -193,4 +212,78 @@ pub async fn track(State(m): State<Arc<Metrics>>, req: Request, next: Next) -> R
         .get_or_create(&RouteLabels { route })
         .observe(started.elapsed().as_secs_f64());
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use axum::routing::post;
+    use axum::Router;
+    use tower::ServiceExt;
+
+    use super::*;
+
+    /// The series of `http_requests` in the exposition.
+    fn request_series(m: &Metrics) -> Vec<String> {
+        m.encode()
+            .lines()
+            .filter(|l| l.starts_with("rollouts_dispatch_http_requests_total{"))
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn random_methods_and_paths_create_a_bounded_number_of_series() {
+        let metrics = Arc::new(Metrics::new());
+        let app = Router::new()
+            .route("/v1/agents/{destination}/work", post(|| async { "ok" }))
+            .fallback(|| async { axum::http::StatusCode::NOT_FOUND })
+            .layer(axum::middleware::from_fn_with_state(metrics.clone(), track));
+        let methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"];
+        for i in 0..1000u32 {
+            // Random-looking methods and paths: a new token of each every request.
+            let method = if i % 3 == 0 {
+                methods[i as usize % methods.len()].to_string()
+            } else {
+                format!("M{:x}", i.wrapping_mul(2_654_435_761))
+            };
+            let path = if i % 2 == 0 {
+                format!("/v1/agents/d{i}/work")
+            } else {
+                format!("/x/{:x}/{i}", i.wrapping_mul(40_503))
+            };
+            let req = axum::http::Request::builder()
+                .method(method.as_str())
+                .uri(path)
+                .body(Body::empty())
+                .unwrap();
+            app.clone().oneshot(req).await.unwrap();
+        }
+        let series = request_series(&metrics);
+        // 2 routes × 8 methods × a few status codes at most; 1000 without the fixed labels.
+        assert!(
+            series.len() <= 2 * 8 * 2,
+            "{} series: {series:#?}",
+            series.len()
+        );
+        assert!(series.iter().any(|s| s.contains("method=\"other\"")));
+        assert!(series.iter().any(|s| s.contains("route=\"unmatched\"")));
+        assert!(series
+            .iter()
+            .any(|s| s.contains("route=\"/v1/agents/{destination}/work\"")));
+        for s in &series {
+            assert!(
+                !s.contains("/x/") && !s.contains("M"),
+                "raw input in a label: {s}"
+            );
+        }
+    }
+
+    #[test]
+    fn method_labels_are_a_fixed_set() {
+        use axum::http::Method;
+        assert_eq!(method_label(&Method::GET), "GET");
+        assert_eq!(method_label(&Method::CONNECT), "other");
+        assert_eq!(method_label(&Method::from_bytes(b"BREW").unwrap()), "other");
+    }
 }

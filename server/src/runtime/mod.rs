@@ -1,10 +1,12 @@
 //! The process runtime shared by `serve` and `agent`: shutdown on signals, the admin port
-//! (`/live`, `/ready`, `/metrics`), the metrics registry, logging, and the API listener.
+//! (`/live`, `/ready`, `/metrics`), the metrics registry, logging, the API listener and its
+//! budgets (`limits`).
 //!
 //! Nothing here knows the engine, the API or the agent: they import the runtime, never the
 //! reverse (`docs/architecture.md`).
 
 pub mod admin;
+pub mod limits;
 pub mod listener;
 pub mod metrics;
 pub mod shutdown;

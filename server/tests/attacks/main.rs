@@ -11,6 +11,11 @@
 //! writes). Groups, one module each:
 //! * [`authn`]: no token, expired, revoked, forged, wrong audience → 401 on every route.
 //! * [`secrets`]: a failed check printing a destination Secret leaks nothing into the verdict.
+//! * [`budgets`]: DoS budgets — garbage JWTs cost no TokenReview, the review cache is capped,
+//!   metric labels are bounded, placements per measurement, long polls per agent, agent report
+//!   strings and reply bodies read by the plugin and the agent are capped.
+//! * [`argocd`]: Argo CD cluster Secret abuse — a duplicated name, an exec provider outside the
+//!   allowlist, `insecure` TLS: refused or surfaced, and no Job through a broken destination.
 
 #[path = "../engine_fast/fake_api/mod.rs"]
 #[allow(dead_code)]
@@ -19,7 +24,9 @@ mod fake_api;
 #[allow(dead_code)]
 mod world;
 
+mod argocd;
 mod authn;
+mod budgets;
 mod scene;
 mod secrets;
 mod tally;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use dispatch_server::dispatch::EngineDispatcher;
 use dispatch_server::http::auth::{self, Claims, JwtAuthenticator};
-use dispatch_server::http::{self as api_http, AppState};
+use dispatch_server::http::{self as api_http, AppState, Authenticator};
 use dispatch_server::runtime::metrics::Metrics;
 use serde_json::Value;
 
@@ -45,14 +45,23 @@ pub(crate) struct Reply {
 impl Scene {
     /// The default engine configuration plus `extra` top-level keys, behind the API.
     pub(crate) async fn start(extra: &str) -> Result<Self> {
-        let world = World::start(extra).await?;
-        let metrics = Arc::new(Metrics::new());
+        let auth = Arc::new(JwtAuthenticator::new(
+            &[KEY.to_vec()],
+            [REVOKED_JTI.to_string()],
+        ));
+        Self::serve_with(World::start(extra).await?, auth, Arc::new(Metrics::new())).await
+    }
+
+    /// `world`'s engine behind the API, with the authenticator `auth` and the metrics `metrics`
+    /// (a case that reads them keeps a clone).
+    pub(crate) async fn serve_with(
+        world: World,
+        auth: Arc<dyn Authenticator>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self> {
         let state = AppState {
             dispatcher: Arc::new(EngineDispatcher::new(world.engine.clone(), metrics.clone())),
-            auth: Arc::new(JwtAuthenticator::new(
-                &[KEY.to_vec()],
-                [REVOKED_JTI.to_string()],
-            )),
+            auth,
             metrics,
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

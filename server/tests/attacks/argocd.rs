@@ -1,0 +1,247 @@
+//! Argo CD cluster Secret abuse: whoever can write Secrets in the Argo CD namespace tries to
+//! take over a destination name, run a command inside the server, or turn TLS verification off
+//! unnoticed. The engine watches the Secrets on the fake control plane live.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result};
+use dispatch_server::destinations::Entry;
+use serde_json::{json, Value};
+
+use crate::budgets::{measurement, POLICY};
+use crate::fake_api::Res;
+use crate::scene::{token, Scene};
+use crate::tally::{self, Outcome};
+use crate::world::WAIT;
+
+const ARGOCD: &str = "argocd: {namespace: argocd, inCluster: false, defaultNamespace: verify, \
+                      execProviders: [/usr/local/bin/approved-helper]}";
+
+/// Puts the cluster Secret `secret` (data `name`, `server`, `config`) on the control plane.
+fn put_secret(scene: &Scene, secret: &str, name: &str, server: &str, config: &Value) {
+    let b64 = |s: &str| {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(s)
+    };
+    let data: BTreeMap<&str, String> = [
+        ("name", b64(name)),
+        ("server", b64(server)),
+        ("config", b64(&config.to_string())),
+    ]
+    .into();
+    scene.world.clusters.cp.put(
+        &Res::new("v1", "secrets"),
+        json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": secret, "namespace": "argocd",
+                         "labels": {"argocd.argoproj.io/secret-type": "cluster", "tier": "argo"}},
+            "data": data,
+        }),
+    );
+}
+
+/// Waits until destination `name` is registered and `accept` holds.
+async fn registered(scene: &Scene, name: &str, accept: impl Fn(&Entry) -> bool) -> Result<Entry> {
+    scene
+        .world
+        .engine
+        .registry()
+        .wait_for(name, WAIT, accept)
+        .await
+        .with_context(|| format!("destination {name} not registered as expected"))
+}
+
+/// Ensures a measurement on `destination`; returns the status code and the reply as text.
+async fn ensure_on(scene: &Scene, n: u32, destination: &str) -> Result<(u16, String)> {
+    let reply = scene
+        .call(
+            "POST",
+            dispatch_api::v1::ENSURE,
+            Some(&token("plugin", |_| {})),
+            &measurement(n, json!({"destination": destination})),
+        )
+        .await?;
+    Ok((reply.status, reply.body.to_string()))
+}
+
+/// `GET /v1/destinations` as the plugin.
+async fn destination_rows(scene: &Scene) -> Result<crate::scene::Reply> {
+    scene
+        .call(
+            "GET",
+            dispatch_api::v1::DESTINATIONS,
+            Some(&token("plugin", |_| {})),
+            &json!({}),
+        )
+        .await
+}
+
+/// Job creations on the fake destinations: none may go through a broken destination.
+fn job_creations(scene: &Scene) -> Vec<String> {
+    scene
+        .destination_calls()
+        .into_iter()
+        .filter(|c| c.contains("POST") && c.contains("/jobs"))
+        .collect()
+}
+
+#[tokio::test]
+async fn two_secrets_with_one_name_break_the_destination_for_both() -> Result<()> {
+    let scene = Scene::start(&format!("{POLICY}\n{ARGOCD}")).await?;
+    let (a, b) = (
+        scene.world.clusters.a.url().to_string(),
+        scene.world.clusters.b.url().to_string(),
+    );
+    put_secret(
+        &scene,
+        "cluster-prod",
+        "prod",
+        &a,
+        &json!({"bearerToken": "a-token"}),
+    );
+    registered(&scene, "prod", |e| matches!(e, Entry::Ready(_))).await?;
+    // A second Secret claims the name, pointing at another cluster.
+    put_secret(
+        &scene,
+        "cluster-prod-evil",
+        "prod",
+        &b,
+        &json!({"bearerToken": "b-token"}),
+    );
+    let entry = registered(&scene, "prod", |e| matches!(e, Entry::Broken(_))).await?;
+    let Entry::Broken(broken) = entry else {
+        unreachable!("waited for a broken entry")
+    };
+    assert!(
+        broken.error.contains("argocd/cluster-prod,")
+            || broken.error.contains("argocd/cluster-prod "),
+        "{}",
+        broken.error
+    );
+    assert!(
+        broken.error.contains("argocd/cluster-prod-evil"),
+        "{}",
+        broken.error
+    );
+    let (status, reply) = ensure_on(&scene, 10, "prod").await?;
+    assert!(reply.contains("cluster-prod-evil"), "{status}: {reply}");
+    let rows = destination_rows(&scene).await?;
+    let row = rows
+        .body
+        .as_array()
+        .and_then(|r| r.iter().find(|r| r["name"] == "prod"))
+        .cloned();
+    assert_eq!(
+        row.as_ref().map(|r| r["connected"].clone()),
+        Some(json!(false)),
+        "{row:?}"
+    );
+    let created = job_creations(&scene);
+    tally::refused(
+        "argocd: a second Secret named like an existing destination → both refused, no Job",
+        Outcome {
+            refused: created.is_empty(),
+            ..Outcome::default()
+        },
+    );
+    assert!(created.is_empty(), "{created:?}");
+    // The extra Secret goes: the first one's destination is usable again.
+    scene
+        .world
+        .clusters
+        .cp
+        .remove(&Res::new("v1", "secrets"), "argocd", "cluster-prod-evil");
+    registered(
+        &scene,
+        "prod",
+        |e| matches!(e, Entry::Ready(d) if d.server == a),
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_exec_provider_outside_the_allowlist_is_refused() -> Result<()> {
+    let scene = Scene::start(&format!("{POLICY}\n{ARGOCD}")).await?;
+    let marker =
+        std::env::temp_dir().join(format!("rollouts-dispatch-pwned-{}", std::process::id()));
+    let _ = std::fs::remove_file(&marker);
+    let exec = json!({"execProviderConfig": {
+        "command": "/bin/sh",
+        "args": ["-c", format!("touch {}", marker.display())],
+        "apiVersion": "client.authentication.k8s.io/v1beta1"
+    }});
+    put_secret(
+        &scene,
+        "cluster-exec",
+        "exec",
+        scene.world.clusters.a.url(),
+        &exec,
+    );
+    let entry = registered(&scene, "exec", |e| matches!(e, Entry::Broken(_))).await?;
+    let Entry::Broken(broken) = entry else {
+        unreachable!("waited for a broken entry")
+    };
+    assert!(broken.error.contains("\"/bin/sh\""), "{}", broken.error);
+    assert!(
+        broken.error.contains("argocd.execProviders"),
+        "{}",
+        broken.error
+    );
+    let (_, reply) = ensure_on(&scene, 11, "exec").await?;
+    assert!(reply.contains("argocd.execProviders"), "{reply}");
+    let created = job_creations(&scene);
+    let ran = marker.exists();
+    tally::refused(
+        "argocd: execProviderConfig running /bin/sh (not allowlisted) → destination broken, nothing run",
+        Outcome {
+            refused: created.is_empty() && !ran,
+            ..Outcome::default()
+        },
+    );
+    assert!(!ran, "the exec provider ran");
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_insecure_secret_is_shown_wherever_destinations_are_listed() -> Result<()> {
+    let scene = Scene::start(&format!("{POLICY}\n{ARGOCD}")).await?;
+    let config = json!({"bearerToken": "a-token", "tlsClientConfig": {"insecure": true}});
+    put_secret(
+        &scene,
+        "cluster-lax",
+        "lax",
+        scene.world.clusters.a.url(),
+        &config,
+    );
+    registered(&scene, "lax", |e| matches!(e, Entry::Ready(_))).await?;
+    let rows = destination_rows(&scene).await?;
+    let warnings = |name: &str| {
+        rows.body
+            .as_array()
+            .and_then(|r| r.iter().find(|r| r["name"] == name))
+            .map(|r| r["warnings"].clone())
+    };
+    let lax = warnings("lax").unwrap_or_default();
+    let shown = lax
+        .to_string()
+        .contains("insecure: TLS certificates are not verified");
+    assert!(shown, "{:?}", rows.body);
+    // A verified destination has no warning (old clients see no new field).
+    assert_eq!(warnings("a"), Some(Value::Null), "{:?}", rows.body);
+    let doctor_row = scene
+        .world
+        .engine
+        .registry()
+        .get("lax")
+        .map(|e| e.warnings())
+        .unwrap_or_default();
+    tally::refused(
+        "argocd: tlsClientConfig.insecure → shown in /v1/destinations and doctor, not silent",
+        Outcome {
+            refused: shown && !doctor_row.is_empty(),
+            ..Outcome::default()
+        },
+    );
+    Ok(())
+}
