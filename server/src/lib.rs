@@ -31,6 +31,7 @@ pub mod http;
 pub mod job;
 pub mod logs;
 pub mod policy;
+pub mod runs;
 pub mod runtime;
 pub mod store;
 pub mod token;

@@ -1,0 +1,405 @@
+//! The AnalysisRuns of the control plane, watched, so that the server acts only for runs that
+//! exist: a measurement request names a run (namespace, name, uid) and a metric, and a caller
+//! could name anything. [`Runs::confirm`] checks the request against a watch cache — no API
+//! call per request — that keeps, per run, only its uid and the names of the metrics that use
+//! our plugin (an AnalysisRun's status grows with every measurement; we need none of it).
+//!
+//! The uid cannot be chosen by a tenant (the API server assigns it), so a request whose run,
+//! uid and metric match a real run using our plugin is about that run and no other; what the
+//! measurement metadata says is checked separately (`engine::job_ref`).
+//!
+//! A run created a moment ago may not have reached the watch yet: `confirm` waits for it up to
+//! a bound before it refuses. Until the first list has arrived, or while the watch fails, it
+//! answers [`RunError::NotSynced`], which the API turns into a retry (503), never a verdict.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use dispatch_api::block::PLUGIN_NAME;
+use futures::StreamExt;
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use tokio::sync::watch;
+use tracing::Instrument;
+
+/// How long [`Runs::confirm`] waits for a run it does not know yet (watch lag).
+pub const CONFIRM_WAIT: Duration = Duration::from_secs(3);
+
+/// The AnalysisRun resource (`argoproj.io/v1alpha1`).
+pub fn resource() -> ApiResource {
+    ApiResource {
+        group: "argoproj.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "argoproj.io/v1alpha1".into(),
+        kind: "AnalysisRun".into(),
+        plural: "analysisruns".into(),
+    }
+}
+
+/// What we keep of one AnalysisRun.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunFacts {
+    /// `metadata.uid`
+    pub uid: String,
+    /// the names of its metrics whose provider is our plugin
+    pub metrics: Vec<String>,
+}
+
+impl RunFacts {
+    /// The facts of an AnalysisRun object (`None` without a name or namespace).
+    pub fn of(run: &DynamicObject) -> Option<((String, String), Self)> {
+        let key = (run.metadata.namespace.clone()?, run.metadata.name.clone()?);
+        let metrics = run.data["spec"]["metrics"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|m| m["provider"]["plugin"].get(PLUGIN_NAME).is_some())
+            .filter_map(|m| m["name"].as_str().map(String::from))
+            .collect();
+        let uid = run.metadata.uid.clone().unwrap_or_default();
+        Some((key, Self { uid, metrics }))
+    }
+}
+
+/// A request the control plane's runs do not confirm.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RunError {
+    /// The watch has not listed the runs yet, or fails: ask again later.
+    #[error(
+        "cannot confirm AnalysisRun {namespace}/{name} yet: the server's watch of analysisruns \
+         on the control plane is not synced{problem}; the server needs list and watch on \
+         analysisruns.argoproj.io there (or `confirmRuns: false` in its config)"
+    )]
+    NotSynced {
+        /// the run's namespace
+        namespace: String,
+        /// the run
+        name: String,
+        /// `: <why the watch fails>`, or empty
+        problem: String,
+    },
+    /// No such run.
+    #[error("AnalysisRun {namespace}/{name} does not exist on the control plane")]
+    NoSuchRun {
+        /// the run's namespace
+        namespace: String,
+        /// the run
+        name: String,
+    },
+    /// The run exists with another uid: the request is not about it.
+    #[error(
+        "AnalysisRun {namespace}/{name} has uid {actual}, not {claimed}: the request is not \
+         about that run"
+    )]
+    OtherUid {
+        /// the run's namespace
+        namespace: String,
+        /// the run
+        name: String,
+        /// the uid the request claims
+        claimed: String,
+        /// the run's uid
+        actual: String,
+    },
+    /// The run has no such metric using our plugin.
+    #[error(
+        "AnalysisRun {namespace}/{name} has no metric {metric:?} whose provider is the \
+         {PLUGIN_NAME} plugin"
+    )]
+    NoSuchMetric {
+        /// the run's namespace
+        namespace: String,
+        /// the run
+        name: String,
+        /// the metric the request names
+        metric: String,
+    },
+}
+
+#[derive(Debug, Default)]
+struct State {
+    runs: HashMap<(String, String), RunFacts>,
+    /// the objects of a re-list in progress, swapped in at its end
+    relist: Option<HashMap<(String, String), RunFacts>>,
+    synced: bool,
+    problem: Option<String>,
+}
+
+impl State {
+    fn apply(&mut self, event: Event<DynamicObject>) {
+        match event {
+            Event::Apply(run) => {
+                if let Some((key, facts)) = RunFacts::of(&run) {
+                    self.runs.insert(key, facts);
+                }
+            }
+            Event::Delete(run) => {
+                if let Some((key, _)) = RunFacts::of(&run) {
+                    self.runs.remove(&key);
+                }
+            }
+            Event::Init => self.relist = Some(HashMap::new()),
+            Event::InitApply(run) => {
+                if let (Some(relist), Some((key, facts))) = (&mut self.relist, RunFacts::of(&run)) {
+                    relist.insert(key, facts);
+                }
+            }
+            Event::InitDone => {
+                if let Some(relist) = self.relist.take() {
+                    self.runs = relist;
+                }
+                self.synced = true;
+                self.problem = None;
+            }
+        }
+    }
+}
+
+/// The watch cache of the control plane's AnalysisRuns. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Runs {
+    state: Arc<RwLock<State>>,
+    changed: watch::Sender<u64>,
+}
+
+impl Default for Runs {
+    fn default() -> Self {
+        Self {
+            state: Arc::default(),
+            changed: watch::channel(0).0,
+        }
+    }
+}
+
+impl Runs {
+    /// Starts watching every AnalysisRun `client` may list; the task ends with the runtime.
+    pub fn watch(client: kube::Client) -> Self {
+        let runs = Self::default();
+        let api: Api<DynamicObject> = Api::all_with(client, &resource());
+        let feed = runs.clone();
+        tokio::spawn(
+            async move {
+                let mut stream = watcher::watcher(api, watcher::Config::default())
+                    .default_backoff()
+                    .boxed();
+                while let Some(event) = stream.next().await {
+                    match event {
+                        Ok(e) => feed.apply(e),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "watching analysisruns on the control plane");
+                            feed.set_problem(e.to_string());
+                        }
+                    }
+                }
+            }
+            .instrument(tracing::info_span!("analysisrun_watch")),
+        );
+        runs
+    }
+
+    /// Feeds one watch event (the watch task, and tests).
+    pub fn apply(&self, event: Event<DynamicObject>) {
+        self.state
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .apply(event);
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    fn set_problem(&self, problem: String) {
+        self.state
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .problem = Some(problem);
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// Whether the first list has arrived.
+    pub fn is_synced(&self) -> bool {
+        self.state.read().unwrap_or_else(|e| e.into_inner()).synced
+    }
+
+    /// `Ok` when run `namespace/name` exists with `uid` and has `metric` with our plugin,
+    /// waiting up to `wait` for a run the watch has not delivered yet.
+    pub async fn confirm(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        metric: &str,
+        wait: Duration,
+    ) -> Result<(), RunError> {
+        let mut changes = self.changed.subscribe();
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            changes.mark_unchanged();
+            let verdict = self.check(namespace, name, uid, metric);
+            match &verdict {
+                Ok(()) | Err(RunError::NoSuchMetric { .. }) => return verdict,
+                Err(_) => {}
+            }
+            if tokio::time::timeout_at(deadline, changes.changed())
+                .await
+                .is_err()
+            {
+                return verdict;
+            }
+        }
+    }
+
+    /// [`Runs::confirm`] without waiting.
+    pub fn check(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        metric: &str,
+    ) -> Result<(), RunError> {
+        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+        if !state.synced {
+            return Err(RunError::NotSynced {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                problem: state
+                    .problem
+                    .as_ref()
+                    .map(|p| format!(": {p}"))
+                    .unwrap_or_default(),
+            });
+        }
+        let Some(facts) = state.runs.get(&(namespace.to_string(), name.to_string())) else {
+            return Err(RunError::NoSuchRun {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+            });
+        };
+        if facts.uid != uid {
+            return Err(RunError::OtherUid {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                claimed: uid.to_string(),
+                actual: facts.uid.clone(),
+            });
+        }
+        if !facts.metrics.iter().any(|m| m == metric) {
+            return Err(RunError::NoSuchMetric {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                metric: metric.to_string(),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn run(ns: &str, name: &str, uid: &str, metrics: serde_json::Value) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "AnalysisRun",
+            "metadata": {"name": name, "namespace": ns, "uid": uid},
+            "spec": {"metrics": metrics}
+        }))
+        .unwrap()
+    }
+
+    fn ours(name: &str) -> serde_json::Value {
+        json!({"name": name, "provider": {"plugin": {PLUGIN_NAME: {"destination": "a"}}}})
+    }
+
+    fn synced(objects: Vec<DynamicObject>) -> Runs {
+        let runs = Runs::default();
+        runs.apply(Event::Init);
+        for o in objects {
+            runs.apply(Event::InitApply(o));
+        }
+        runs.apply(Event::InitDone);
+        runs
+    }
+
+    #[test]
+    fn only_a_real_run_with_our_metric_is_confirmed() {
+        let runs = synced(vec![run(
+            "team-a",
+            "uat.1",
+            "uid-1",
+            json!([ours("smoke"), {"name": "builtin", "provider": {"job": {}}}]),
+        )]);
+        assert_eq!(runs.check("team-a", "uat.1", "uid-1", "smoke"), Ok(()));
+        assert!(matches!(
+            runs.check("team-a", "uat.1", "uid-2", "smoke"),
+            Err(RunError::OtherUid { .. })
+        ));
+        assert!(matches!(
+            runs.check("team-b", "uat.1", "uid-1", "smoke"),
+            Err(RunError::NoSuchRun { .. })
+        ));
+        let e = runs
+            .check("team-a", "uat.1", "uid-1", "builtin")
+            .unwrap_err();
+        assert!(
+            e.to_string().contains(
+                "no metric \"builtin\" whose provider is the rollouts-dispatch/job plugin"
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn nothing_is_confirmed_before_the_first_list_and_a_relist_replaces_everything() {
+        let runs = Runs::default();
+        let e = runs.check("ns", "r", "u", "m").unwrap_err();
+        assert!(matches!(e, RunError::NotSynced { .. }), "{e}");
+        runs.set_problem("analysisruns.argoproj.io is forbidden".into());
+        let e = runs.check("ns", "r", "u", "m").unwrap_err().to_string();
+        assert!(
+            e.contains("not synced: analysisruns.argoproj.io is forbidden"),
+            "{e}"
+        );
+        assert!(e.contains("`confirmRuns: false`"), "{e}");
+
+        let runs = synced(vec![run("ns", "old", "u0", json!([ours("m")]))]);
+        runs.apply(Event::Apply(run("ns", "r", "u", json!([ours("m")]))));
+        assert_eq!(runs.check("ns", "r", "u", "m"), Ok(()));
+        runs.apply(Event::Init);
+        runs.apply(Event::InitApply(run("ns", "r", "u", json!([ours("m")]))));
+        // Until the re-list is done, the old view answers.
+        assert_eq!(runs.check("ns", "old", "u0", "m"), Ok(()));
+        runs.apply(Event::InitDone);
+        assert!(
+            runs.check("ns", "old", "u0", "m").is_err(),
+            "deleted while the watch was down"
+        );
+        runs.apply(Event::Delete(run("ns", "r", "u", json!([]))));
+        assert!(matches!(
+            runs.check("ns", "r", "u", "m"),
+            Err(RunError::NoSuchRun { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn confirm_waits_for_a_run_the_watch_has_not_delivered_yet() {
+        let runs = synced(vec![]);
+        let feed = runs.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            feed.apply(Event::Apply(run("ns", "new", "u", json!([ours("m")]))));
+        });
+        assert_eq!(
+            runs.confirm("ns", "new", "u", "m", Duration::from_secs(5))
+                .await,
+            Ok(())
+        );
+        let started = tokio::time::Instant::now();
+        let e = runs
+            .confirm("ns", "never", "u", "m", Duration::from_millis(100))
+            .await;
+        assert!(matches!(e, Err(RunError::NoSuchRun { .. })));
+        assert!(started.elapsed() >= Duration::from_millis(100));
+    }
+}
