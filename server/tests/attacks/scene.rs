@@ -48,7 +48,11 @@ impl Scene {
         let world = World::start(extra).await?;
         let metrics = Arc::new(Metrics::new());
         let state = AppState {
-            dispatcher: Arc::new(EngineDispatcher::new(world.engine.clone(), metrics.clone())),
+            dispatcher: Arc::new(EngineDispatcher::new(
+                world.engine.clone(),
+                metrics.clone(),
+                Arc::new(signer()),
+            )),
             auth: Arc::new(JwtAuthenticator::new(
                 &[KEY.to_vec()],
                 [REVOKED_JTI.to_string()],
@@ -110,6 +114,13 @@ impl Scene {
     }
 }
 
+/// The scene server's signer of Job references: derived from its JWT key, as `serve` does
+/// without `--signing-key-file`. Tests use it to forge references signed with the genuine key.
+pub(crate) fn signer() -> dispatch_server::signing::Signer {
+    dispatch_server::signing::Signer::derived_from_jwt_keys(&[KEY.to_vec()])
+        .expect("the scene key is usable")
+}
+
 /// A token signed with the scene's key: subject `sub`, valid for ten minutes, with `edit`
 /// applied to its claims (an agent's destination, an expiry in the past …).
 pub(crate) fn token(sub: &str, edit: impl FnOnce(&mut Claims)) -> String {
@@ -121,6 +132,7 @@ pub(crate) fn token(sub: &str, edit: impl FnOnce(&mut Claims)) -> String {
         iat: now,
         jti: format!("{sub}-jti"),
         destination: None,
+        projects: None,
     };
     edit(&mut claims);
     auth::issue(KEY, &claims).expect("signing a test token")
