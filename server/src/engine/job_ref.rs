@@ -36,7 +36,7 @@ pub enum JobRefError {
 pub enum RefRefused {
     /// not JSON of a reference
     #[error(
-        "refusing the measurement's {REF_KEY}: it is unreadable ({0}); no Job was read or deleted"
+        "refusing the measurement's {REF_KEY}: it is unreadable ({0}). No Job was read or deleted"
     )]
     Unreadable(#[source] serde_json::Error),
     /// no signature, a bad one, or one by a key this server does not hold

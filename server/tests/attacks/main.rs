@@ -10,6 +10,11 @@
 //! Shared: [`scene`] (the engine behind the API, tokens), [`tally`] (the record every case
 //! writes). Groups, one module each:
 //! * [`authn`]: no token, expired, revoked, forged, wrong audience → 401 on every route.
+//! * [`references`]: forged, replayed and edited Job references (`dispatch-ref`) → 403, no
+//!   destination call; the genuine reference still works.
+//! * [`authz`]: every route × every caller (plugin JWTs bound to a project or to all, agents of
+//!   their own, another or an unknown destination) → the exact status code; a seeded property
+//!   that no request reaches a placement the policy denies.
 
 #[path = "../engine_fast/fake_api/mod.rs"]
 #[allow(dead_code)]
@@ -19,5 +24,7 @@ mod fake_api;
 mod world;
 
 mod authn;
+mod authz;
+mod references;
 mod scene;
 mod tally;
