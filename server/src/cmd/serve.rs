@@ -277,3 +277,68 @@ async fn authenticators(
     }
     Ok(Arc::new(Chain(chain)))
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::signing::{self, JOB_REF};
+
+    fn key_file(dir: &std::path::Path, name: &str, key: &[u8]) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, key).unwrap();
+        path
+    }
+
+    #[test]
+    fn the_signing_key_comes_from_its_flag_else_from_the_jwt_keys_else_nowhere() {
+        let dir = std::env::temp_dir().join(format!("rd-serve-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let jwt = b"jwt-key-0123456789abcdef0123456789abcdef";
+        let own = b"own-signing-key-0123456789abcdef01234567";
+        let (jwt_file, own_file) = (key_file(&dir, "jwt", jwt), key_file(&dir, "own", own));
+
+        let derived = signer(&[], std::slice::from_ref(&jwt_file)).unwrap();
+        assert_eq!(
+            derived.key_ids(),
+            vec![signing::key_id(&signing::derive_from_jwt_key(jwt))]
+        );
+        let explicit = signer(
+            std::slice::from_ref(&own_file),
+            std::slice::from_ref(&jwt_file),
+        )
+        .unwrap();
+        assert_eq!(explicit.key_ids(), vec![signing::key_id(own)]);
+        // Replicas with the same JWT key agree without a key of their own.
+        let again = signer(&[], &[jwt_file]).unwrap();
+        again
+            .verify(JOB_REF, b"m", &derived.sign(JOB_REF, b"m"))
+            .unwrap();
+
+        let e = format!("{:#}", signer(&[], &[]).unwrap_err());
+        assert!(
+            e.contains("--signing-key-file") && e.contains("--jwt-key-file"),
+            "{e}"
+        );
+        let short = key_file(&dir, "short", b"short");
+        let e = format!("{:#}", signer(&[short], &[]).unwrap_err());
+        assert!(e.contains("at least 32"), "{e}");
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn signing_key_files_are_a_comma_list() {
+        #[derive(Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        let w = Wrap::try_parse_from(["x", "--signing-key-file", "new,old", "--jwt-key-file", "j"])
+            .unwrap();
+        assert_eq!(
+            w.serve.signing_key_files,
+            vec![PathBuf::from("new"), PathBuf::from("old")]
+        );
+    }
+}

@@ -522,4 +522,37 @@ async fn a_client_trickling_its_headers_is_cut_off() {
     server.await.unwrap().unwrap();
 }
 
+#[tokio::test]
+async fn agents_and_callers_of_other_projects_never_reach_the_dispatcher() {
+    let (state, scripted) = state();
+    let app = router(state);
+    let jwt = |sub: &str, destination: Option<&str>, projects: Option<Vec<String>>| {
+        let claims = Claims {
+            sub: sub.into(),
+            aud: auth::AUDIENCE.into(),
+            exp: now() + 600,
+            iat: now(),
+            jti: sub.into(),
+            destination: destination.map(Into::into),
+            projects,
+        };
+        issue(KEY, &claims).unwrap()
+    };
+    let agent = jwt("agent:a", Some("a"), None);
+    let other_project = jwt("ci-team-b", None, Some(vec!["team-b".into()]));
+    // `measurement` is a run of namespace `p`; `limit` makes it a GC request too.
+    let mut body = measurement("a");
+    body["limit"] = serde_json::json!(1);
+    let body = serde_json::to_vec(&body).unwrap();
+    for token in [&agent, &other_project] {
+        for path in [api::ENSURE, api::STATUS, api::TERMINATE, api::GC] {
+            let (status, reply, _) =
+                call(&app, "POST", path, Some(token), Some(body.clone())).await;
+            assert_eq!(status, StatusCode::FORBIDDEN, "{path}");
+            assert_eq!(api_error(&reply).code, "forbidden", "{path}");
+        }
+    }
+    assert!(scripted.calls.lock().unwrap().is_empty());
+}
+
 mod agent_api_over_the_engine;
