@@ -19,7 +19,7 @@ pub enum TokenCommand {
         destination: Option<String>,
         /// Bind the token to this Kargo project (a glob over AnalysisRun namespaces); repeat for
         /// several. Without it the token acts for every project (the Rollouts controller's).
-        #[arg(long = "project")]
+        #[arg(long = "project", conflicts_with = "destination")]
         projects: Vec<String>,
         /// The subject; default `agent:<destination>` or `plugin`.
         #[arg(long)]
@@ -74,5 +74,46 @@ pub(super) fn run(command: TokenCommand) -> ExitCode {
                 ExitCode::FAILURE
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::super::{Cli, Command};
+    use super::TokenCommand;
+
+    #[test]
+    fn project_is_repeatable_and_not_for_agent_tokens() {
+        let cli = Cli::try_parse_from([
+            "rollouts-dispatch",
+            "token",
+            "issue",
+            "--key-file",
+            "k",
+            "--project",
+            "team-a",
+            "--project",
+            "team-b-*",
+        ])
+        .unwrap();
+        let Command::Token(TokenCommand::Issue { projects, .. }) = cli.command else {
+            panic!("token issue")
+        };
+        assert_eq!(projects, vec!["team-a", "team-b-*"]);
+        let e = Cli::try_parse_from([
+            "rollouts-dispatch",
+            "token",
+            "issue",
+            "--key-file",
+            "k",
+            "--destination",
+            "edge",
+            "--project",
+            "team-a",
+        ])
+        .unwrap_err();
+        assert!(e.to_string().contains("cannot be used with"), "{e}");
     }
 }
