@@ -1,5 +1,6 @@
 //! Authorization: every route × every kind of authenticated caller gets exactly the status code
-//! its token allows (a table), and no request, whatever its block, reference or caller, reaches a
+//! its token allows (a table; TokenReview users through the real authenticator against a fake
+//! TokenReview API), and no request, whatever its block, reference or caller, reaches a
 //! placement the policy denies its project (a seeded property over random requests).
 
 use anyhow::{ensure, Result};
@@ -294,5 +295,130 @@ async fn no_request_reaches_a_placement_the_policy_denies() -> Result<()> {
         denied_asked > 60,
         "only {denied_asked} requests asked for a denied placement"
     );
+    Ok(())
+}
+
+/// [`TENANTS_POLICY`] plus a `policy.callers` entry binding team-a's ServiceAccounts to team-a.
+const CALLERS_POLICY: &str = "policy: {rules: [\
+    {projects: [team-a], destinations: [a], namespaces: [verify]}, \
+    {projects: [team-b], destinations: [b], namespaces: [verify]}], \
+    callers: [{subject: 'system:serviceaccount:team-a:*', projects: [team-a]}]}";
+
+/// The Kubernetes users behind the bearer tokens the fake TokenReview API knows.
+const USERS: &[(&str, &str)] = &[
+    ("sa-team-a", "system:serviceaccount:team-a:ci"),
+    (
+        "sa-controller",
+        "system:serviceaccount:argo-rollouts:argo-rollouts",
+    ),
+    ("sa-stranger", "system:serviceaccount:elsewhere:tool"),
+];
+
+/// A control plane that answers TokenReviews from [`USERS`] (any other token: not
+/// authenticated), for the real TokenReview authenticator.
+async fn token_review_api() -> Result<kube::Client> {
+    async fn review(axum::Json(body): axum::Json<Value>) -> axum::Json<Value> {
+        let token = body["spec"]["token"].as_str().unwrap_or_default();
+        let status = match USERS.iter().find(|(t, _)| *t == token) {
+            Some((_, user)) => json!({"authenticated": true, "user": {"username": user}}),
+            None => json!({"authenticated": false, "error": "unknown token"}),
+        };
+        axum::Json(json!({
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+            "spec": body["spec"], "status": status
+        }))
+    }
+    let app = axum::Router::new().route(
+        "/apis/authentication.k8s.io/v1/tokenreviews",
+        axum::routing::post(review),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok(kube::Client::try_from(kube::Config::new(url.parse()?))?)
+}
+
+#[tokio::test]
+async fn tokenreview_identities_act_only_for_the_projects_policy_callers_gives_them() -> Result<()>
+{
+    use dispatch_server::http::auth::{Chain, JwtAuthenticator};
+    use dispatch_server::http::tokenreview::TokenReviewAuthenticator;
+    use std::sync::Arc;
+
+    let origin = "config file attacks.yaml";
+    let config = dispatch_server::config::ServerConfig::parse(CALLERS_POLICY, origin)
+        .map_err(anyhow::Error::msg)?;
+    let callers = config.policy.map(|p| p.callers).unwrap_or_default();
+    let allowed = USERS[..2].iter().map(|(_, u)| u.to_string()).collect();
+    let review = TokenReviewAuthenticator::new(token_review_api().await?, Vec::new(), allowed)
+        .with_callers(callers, origin);
+    let jwt = JwtAuthenticator::new(&[crate::scene::KEY.to_vec()], []);
+    let scene = Scene::start_with_auth(
+        CALLERS_POLICY,
+        Arc::new(Chain(vec![Arc::new(review), Arc::new(jwt)])),
+    )
+    .await?;
+
+    let team_a = measurement(("team-a", "run-a", "uid-a"), "smoke", 1, "a");
+    let team_b = measurement(("team-b", "run-b", "uid-b"), "smoke", 1, "b");
+    // Bound to team-a: its own project works.
+    let own = scene.post(v1::ENSURE, "sa-team-a", &team_a).await?;
+    ensure!(own.status == 200, "{:?}", own.body);
+    // The controller matches no entry: every project.
+    let controller = scene.post(v1::ENSURE, "sa-controller", &team_b).await?;
+    ensure!(controller.status == 200, "{:?}", controller.body);
+    let gc_b = v1::GcRequest {
+        run: team_b.run.clone(),
+        metric: team_b.metric.clone(),
+        limit: 0,
+        block: team_b.block.clone(),
+    };
+    let as_team_a = |route, body| ("team-a's ServiceAccount", route, "sa-team-a", body, 403);
+    let b = serde_json::to_value(&team_b)?;
+    let attacks: Vec<(&str, &str, &str, Value, u16)> = vec![
+        as_team_a(v1::ENSURE, b.clone()),
+        as_team_a(v1::STATUS, b.clone()),
+        as_team_a(v1::TERMINATE, b),
+        as_team_a(v1::GC, serde_json::to_value(&gc_b)?),
+        (
+            "an authenticated user not allowed",
+            v1::STATUS,
+            "sa-stranger",
+            serde_json::to_value(&team_a)?,
+            401,
+        ),
+    ];
+    for (who, route, token, body, want) in attacks {
+        let before = scene.calls_mark();
+        let reply = scene.call("POST", route, Some(token), &body).await?;
+        let calls = scene.calls_since(before);
+        let case = format!("authz: TokenReview {who} → POST {route} of another project");
+        let got_through = reply.status == 200;
+        let outcome = Outcome {
+            refused: reply.status == want && calls.is_empty(),
+            cross_tenant_read: got_through && route == v1::STATUS,
+            cross_tenant_delete: got_through && (route == v1::TERMINATE || route == v1::GC),
+            secret_leak: false,
+        };
+        tally::record(&case, &outcome);
+        ensure!(
+            reply.status == want,
+            "{case}: {} {:?}",
+            reply.status,
+            reply.body
+        );
+        ensure!(calls.is_empty(), "{case}: {calls:?}");
+        if want == 403 {
+            let message = reply.body["message"].as_str().unwrap_or_default();
+            ensure!(
+                message.contains("project \"team-b\"")
+                    && message.contains("policy.callers[0] in config file attacks.yaml"),
+                "{case}: {message}"
+            );
+        }
+        ensure!(outcome == Outcome::refused(), "{case}: {outcome:?}");
+    }
     Ok(())
 }

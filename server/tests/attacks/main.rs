@@ -13,8 +13,9 @@
 //! * [`references`]: forged, replayed and edited Job references (`dispatch-ref`) → 403, no
 //!   destination call; the genuine reference still works.
 //! * [`authz`]: every route × every caller (plugin JWTs bound to a project or to all, agents of
-//!   their own, another or an unknown destination) → the exact status code; a seeded property
-//!   that no request reaches a placement the policy denies.
+//!   their own, another or an unknown destination) → the exact status code; TokenReview users
+//!   bound by `policy.callers`; a seeded property that no request reaches a placement the policy
+//!   denies.
 
 #[path = "../engine_fast/fake_api/mod.rs"]
 #[allow(dead_code)]

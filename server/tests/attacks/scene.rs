@@ -45,6 +45,15 @@ pub(crate) struct Reply {
 impl Scene {
     /// The default engine configuration plus `extra` top-level keys, behind the API.
     pub(crate) async fn start(extra: &str) -> Result<Self> {
+        let jwt = JwtAuthenticator::new(&[KEY.to_vec()], [REVOKED_JTI.to_string()]);
+        Self::start_with_auth(extra, Arc::new(jwt)).await
+    }
+
+    /// [`Scene::start`] with the authenticator `auth` (e.g. TokenReview, then JWTs).
+    pub(crate) async fn start_with_auth(
+        extra: &str,
+        auth: Arc<dyn dispatch_server::http::Authenticator>,
+    ) -> Result<Self> {
         let world = World::start(extra).await?;
         let metrics = Arc::new(Metrics::new());
         let state = AppState {
@@ -53,10 +62,7 @@ impl Scene {
                 metrics.clone(),
                 Arc::new(signer()),
             )),
-            auth: Arc::new(JwtAuthenticator::new(
-                &[KEY.to_vec()],
-                [REVOKED_JTI.to_string()],
-            )),
+            auth,
             metrics,
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
