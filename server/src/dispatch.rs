@@ -1,11 +1,19 @@
 //! The API's [`Dispatcher`] over the engine: wire requests in, engine calls, verdicts out.
 //!
+//! The Job reference handed out in measurement metadata is signed with the server's key
+//! ([`Signer`]); a reference that comes back is used only when [`JobRef::from_request`] accepts it
+//! (this server's signature, this measurement's run and metric, the Job name of the formula) and
+//! the policy still allows its placements; otherwise the call is refused (`403 forbidden`, an
+//! `Error` measurement) before any destination is reached. Without a reference the Jobs are
+//! located from the request, with the policy applied. The caller itself (agent tokens, project
+//! binding) was checked by the API before (`http::authz`).
+//!
 //! Secret values never reach the server (the plugin redacts them from messages itself), so the
 //! engine's redactor is empty here. A verdict that is `Error` only because a destination is
 //! unreachable becomes `503 unavailable`, which the plugin turns into a retry, not an error.
 
 use dispatch_api::block::JobConfig;
-use dispatch_api::v1::{self as api, GcRequest, MeasurementRef};
+use dispatch_api::v1::{self as api, GcRequest, MeasurementRef, RunRef};
 
 use std::sync::Arc;
 
@@ -13,12 +21,13 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::destinations::{AgentDestination, Entry};
-use crate::engine::{Engine, EngineError, JobRef, MeasureRequest, REF_KEY};
+use crate::engine::{Engine, EngineError, Expected, JobRef, MeasureRequest};
 use crate::http::{DispatchError, Dispatcher, Principal};
 use crate::job::RunContext;
 use crate::logs::Redactor;
 use crate::logs::MAX_LOG_BYTES;
 use crate::runtime::metrics::Metrics;
+use crate::signing::Signer;
 use crate::store::{DispatchJobStatus, Store};
 use crate::verdict::{Phase, Verdict};
 use dispatch_api::agent::{
@@ -38,6 +47,8 @@ pub const MAX_POLLS_PER_AGENT: usize = 4;
 pub struct EngineDispatcher {
     engine: Engine,
     metrics: Arc<Metrics>,
+    /// signs the Job references handed out, verifies those that come back
+    signer: Arc<Signer>,
     /// set at shutdown: open long polls answer at once so that the drain does not wait for them
     stopping: tokio::sync::watch::Sender<bool>,
 }
@@ -67,11 +78,12 @@ fn finished_at(job: &Job) -> Option<Timestamp> {
 }
 
 impl EngineDispatcher {
-    /// Serves `engine`, reporting to `metrics`.
-    pub fn new(engine: Engine, metrics: Arc<Metrics>) -> Self {
+    /// Serves `engine`, reporting to `metrics`; Job references are signed by `signer`.
+    pub fn new(engine: Engine, metrics: Arc<Metrics>, signer: Arc<Signer>) -> Self {
         Self {
             engine,
             metrics,
+            signer,
             stopping: tokio::sync::watch::channel(false).0,
         }
     }
@@ -168,42 +180,63 @@ impl EngineDispatcher {
         }
     }
 
-    fn request(caller: &Principal, req: &MeasurementRef) -> Result<MeasureRequest, DispatchError> {
-        if let Some(dest) = &caller.destination {
-            return Err(DispatchError::Forbidden(format!(
-                "{} holds an agent token for destination {dest}; agent tokens cannot start or read measurements",
-                caller.subject
-            )));
-        }
-        let config = parse_block(&req.metric, &req.block)?;
+    /// The engine's request for measurement `index` of `metric` of `run`.
+    fn request(
+        run: &RunRef,
+        metric: &str,
+        index: u32,
+        block: &serde_json::Value,
+    ) -> Result<MeasureRequest, DispatchError> {
+        let config = parse_block(metric, block)?;
         Ok(MeasureRequest {
             run: RunContext {
-                name: req.run.name.clone(),
-                namespace: req.run.namespace.clone(),
-                uid: req.run.uid.clone(),
-                labels: req.run.labels.clone(),
-                annotations: req.run.annotations.clone(),
+                name: run.name.clone(),
+                namespace: run.namespace.clone(),
+                uid: run.uid.clone(),
+                labels: run.labels.clone(),
+                annotations: run.annotations.clone(),
             },
-            metric: req.metric.clone(),
-            measurement: req.index.max(1),
+            metric: metric.to_string(),
+            measurement: index.max(1),
             config,
             secrets: Vec::new(),
         })
     }
 
-    /// The Jobs of a measurement: from the reference the server stored in its metadata, else
-    /// recomputed from the request (no API call).
-    async fn job_ref(
-        &self,
-        caller: &Principal,
-        req: &MeasurementRef,
-    ) -> Result<JobRef, DispatchError> {
-        if req.metadata.contains_key(REF_KEY) {
-            return JobRef::from_metadata(&req.metadata)
-                .map_err(|e| DispatchError::InvalidBlock(e.to_string()));
+    /// The Jobs of a measurement, signed: from the reference in its metadata when this server
+    /// signed it for this measurement and the policy still allows its placements, else
+    /// recomputed from the request (policy applied; no API call). A refused reference reaches
+    /// no destination.
+    async fn job_ref(&self, req: &MeasurementRef) -> Result<JobRef, DispatchError> {
+        let expected = Expected {
+            run_uid: &req.run.uid,
+            run_namespace: &req.run.namespace,
+            run_name: &req.run.name,
+            metric: &req.metric,
+        };
+        let refused = |why: String| {
+            tracing::warn!(run = %format!("{}/{}", req.run.namespace, req.run.name),
+                           metric = %req.metric, reason = %why, "refused: measurement reference");
+            DispatchError::Forbidden(why)
+        };
+        match JobRef::from_request(&req.metadata, &self.signer, expected) {
+            Err(e) => Err(refused(e.to_string())),
+            Ok(Some(job)) => {
+                self.engine
+                    .check_placements(&req.run.namespace, &job)
+                    .map_err(|d| {
+                        refused(format!(
+                            "refusing the measurement's dispatch-ref: {d}. No Job was read or deleted"
+                        ))
+                    })?;
+                Ok(job)
+            }
+            Ok(None) => {
+                let mr = Self::request(&req.run, &req.metric, req.index, &req.block)?;
+                let job = self.engine.locate(&mr).await.map_err(engine_error)?;
+                Ok(job.signed(&self.signer))
+            }
         }
-        let mr = Self::request(caller, req)?;
-        self.engine.locate(&mr).await.map_err(engine_error)
     }
 }
 
@@ -259,17 +292,17 @@ fn wire(v: Verdict) -> Result<api::Verdict, DispatchError> {
 impl Dispatcher for EngineDispatcher {
     fn ensure<'a>(
         &'a self,
-        caller: &'a Principal,
+        _caller: &'a Principal,
         req: MeasurementRef,
     ) -> BoxFuture<'a, Result<api::Ensured, DispatchError>> {
         Box::pin(async move {
-            let mr = Self::request(caller, &req)?;
+            let mr = Self::request(&req.run, &req.metric, req.index, &req.block)?;
             let ensured = self.engine.ensure(&mr).await.map_err(engine_error)?;
             if ensured.verdict.retryable {
                 // Some destination could not be reached: ensure is idempotent, let the plugin retry.
                 return Err(DispatchError::Unavailable(ensured.verdict.message));
             }
-            let job = ensured.job;
+            let job = ensured.job.signed(&self.signer);
             let mut metadata = ensured.verdict.metadata;
             metadata.extend(job.metadata());
             Ok(api::Ensured {
@@ -291,11 +324,11 @@ impl Dispatcher for EngineDispatcher {
 
     fn status<'a>(
         &'a self,
-        caller: &'a Principal,
+        _caller: &'a Principal,
         req: MeasurementRef,
     ) -> BoxFuture<'a, Result<api::Verdict, DispatchError>> {
         Box::pin(async move {
-            let job = self.job_ref(caller, &req).await?;
+            let job = self.job_ref(&req).await?;
             let verdict = self
                 .engine
                 .status(&job, &Redactor::new(Vec::<String>::new()))
@@ -309,11 +342,11 @@ impl Dispatcher for EngineDispatcher {
 
     fn terminate<'a>(
         &'a self,
-        caller: &'a Principal,
+        _caller: &'a Principal,
         req: MeasurementRef,
     ) -> BoxFuture<'a, Result<api::Verdict, DispatchError>> {
         Box::pin(async move {
-            let job = self.job_ref(caller, &req).await?;
+            let job = self.job_ref(&req).await?;
             let report = self.engine.terminate(&job).await;
             all_done("deleting the Jobs", &report.failed)?;
             let mut lines: Vec<String> = report
@@ -332,20 +365,22 @@ impl Dispatcher for EngineDispatcher {
 
     fn gc<'a>(
         &'a self,
-        caller: &'a Principal,
+        _caller: &'a Principal,
         req: GcRequest,
     ) -> BoxFuture<'a, Result<u32, DispatchError>> {
         Box::pin(async move {
-            if caller.destination.is_some() {
-                return Err(DispatchError::Forbidden(
-                    "agent tokens cannot garbage-collect Jobs".into(),
-                ));
-            }
-            // The block is not needed to find the Jobs, but a wrong one is a caller bug to report.
-            parse_block(&req.metric, &req.block)?;
+            // The run's own placements, from its block with the policy applied: GC lists and
+            // deletes there only, never on the rest of the registry.
+            let mr = Self::request(&req.run, &req.metric, 1, &req.block)?;
+            let job = self.engine.locate(&mr).await.map_err(engine_error)?;
             let report = self
                 .engine
-                .gc(&req.run.uid, Some(&req.metric), req.limit as usize)
+                .gc(
+                    &req.run.uid,
+                    Some(&req.metric),
+                    &job.placements,
+                    req.limit as usize,
+                )
                 .await;
             all_done("garbage collection", &report.failed)?;
             Ok(report.deleted.len() as u32)

@@ -19,6 +19,7 @@
 //! * [`http`]: the authenticated `/v1` API; [`dispatch`] puts the engine behind it.
 //! * [`agent`]: the agent of a destination that only dials out; [`store`]: its work records.
 //! * [`runtime`]: shutdown, the admin port, metrics, logging and the API listener.
+//! * [`signing`]: the server's HMAC keys, which sign the Job references it hands out.
 //! * [`cmd`]: the command line, one module per subcommand with its args; [`token`]: JWTs.
 
 pub mod agent;
@@ -33,6 +34,7 @@ pub mod logs;
 pub mod policy;
 pub mod runs;
 pub mod runtime;
+pub mod signing;
 pub mod store;
 pub mod token;
 pub mod verdict;

@@ -174,6 +174,7 @@ mod tests {
                 rule(&["team-a"], &["prod-*"], &["verification"]),
                 rule(&["team-*"], &["dev"], &["*"]),
             ],
+            ..PolicyConfig::default()
         };
         let p = Policy::new(Some(&cfg), "config file /etc/rd.yaml");
         assert!(p.warning().is_none());
@@ -224,6 +225,7 @@ mod tests {
                 rule(&["team-a"], &["staging"], &["team-a-*"]),
                 rule(&["team-b*"], &["dev"], &["*"]),
             ],
+            ..PolicyConfig::default()
         };
         Policy::new(Some(&cfg), "f")
     }
@@ -304,6 +306,7 @@ mod tests {
         let exact = Policy::new(
             Some(&PolicyConfig {
                 rules: vec![rule(&["team-a"], &["prod-eu"], &["*"])],
+                ..PolicyConfig::default()
             }),
             "f",
         );
@@ -325,6 +328,7 @@ mod tests {
         let exact = Policy::new(
             Some(&PolicyConfig {
                 rules: vec![rule(&["team-a"], &["prod-eu"], &["verification"])],
+                ..PolicyConfig::default()
             }),
             "f",
         );
@@ -360,6 +364,7 @@ mod tests {
                 rule(&["team-a*"], &["a-star-dest"], &["*"]),
                 rule(&["team-a-*"], &["a-dash-dest"], &["*"]),
             ],
+            ..PolicyConfig::default()
         };
         let p = Policy::new(Some(&cfg), "f");
         // `team-a` (exact) is team-a only.

@@ -1,5 +1,5 @@
 //! `rollouts-dispatch token issue`: signs a JWT for an agent (bound to one destination) or for a
-//! plugin, with the server's HS256 key.
+//! plugin (for every project, or bound to some with `projects`), with the server's HS256 key.
 
 use std::hash::{BuildHasher, RandomState};
 use std::path::Path;
@@ -53,11 +53,24 @@ fn token_id() -> String {
     format!("{a:016x}{b:016x}")
 }
 
-/// Issues a token for `subject`, bound to `destination` when set, valid for `ttl`.
+/// Issues a token for `subject`, bound to `destination` when set, valid for `ttl`, for every
+/// project.
 pub fn issue_token(
     key: &[u8],
     subject: &str,
     destination: Option<&str>,
+    ttl: Duration,
+) -> Result<(String, Claims), TokenError> {
+    issue_token_for(key, subject, destination, None, ttl)
+}
+
+/// [`issue_token`], bound to the Kargo projects (globs) `projects` when given: its `projects`
+/// claim.
+pub fn issue_token_for(
+    key: &[u8],
+    subject: &str,
+    destination: Option<&str>,
+    projects: Option<&[String]>,
     ttl: Duration,
 ) -> Result<(String, Claims), TokenError> {
     let now = SystemTime::now()
@@ -70,6 +83,7 @@ pub fn issue_token(
         iat: now,
         jti: token_id(),
         destination: destination.map(str::to_string),
+        projects: projects.map(<[String]>::to_vec),
     };
     let token = issue(key, &claims).map_err(|e| TokenError::Sign(e.to_string()))?;
     Ok((token, claims))
@@ -112,6 +126,22 @@ mod tests {
         )
         .unwrap();
         assert_ne!(other.jti, claims.jti);
+    }
+
+    #[tokio::test]
+    async fn project_tokens_carry_their_projects() {
+        let key = b"0123456789abcdef0123456789abcdef".to_vec();
+        let projects = ["team-a".to_string(), "team-b-*".to_string()];
+        let (token, claims) =
+            issue_token_for(&key, "ci", None, Some(&projects), Duration::from_secs(60)).unwrap();
+        assert_eq!(claims.projects.as_deref(), Some(&projects[..]));
+        let p = JwtAuthenticator::new(std::slice::from_ref(&key), [])
+            .authenticate(&token)
+            .await
+            .unwrap();
+        assert!(p.projects.allows("team-b-x") && !p.projects.allows("team-c"));
+        let (_, all) = issue_token(&key, "plugin", None, Duration::from_secs(60)).unwrap();
+        assert_eq!(all.projects, None);
     }
 
     #[test]

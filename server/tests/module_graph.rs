@@ -67,7 +67,10 @@ fn server_graph() -> Graph {
     let mut graph = Graph::new();
     for file in files {
         let rel = file.strip_prefix(&src).expect("under src");
-        if rel.file_name().is_some_and(|n| n == "tests.rs") {
+        // Test modules: `tests.rs`, and the files of a `tests/` folder beside it.
+        if rel.file_name().is_some_and(|n| n == "tests.rs")
+            || rel.components().any(|c| c.as_os_str() == "tests")
+        {
             continue;
         }
         let top = rel

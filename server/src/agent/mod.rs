@@ -243,8 +243,15 @@ async fn sync(
         let mut reports = Vec::new();
         for item in &work {
             let spec = &item.spec;
+            let (run_namespace, run_name) = spec.run.split_once('/').unwrap_or_default();
+            // The agent's own reference to a Job the server asked for: never signed, never
+            // handed out (the agent acts on its own cluster only).
             let job = JobRef {
                 run_uid: spec.run_uid.clone(),
+                run_namespace: run_namespace.to_string(),
+                run_name: run_name.to_string(),
+                metric: spec.metric.clone(),
+                measurement: spec.measurement,
                 name: spec.job_name.clone(),
                 require: Require::All,
                 log_tail: spec.log_tail,
@@ -252,6 +259,7 @@ async fn sync(
                     destination: destination.clone(),
                     namespace: spec.namespace.clone(),
                 }],
+                sig: String::new(),
             };
             let placement = &job.placements[0];
             let state = if spec.delete {

@@ -12,8 +12,10 @@ use clap::Args;
 use tokio::net::TcpListener;
 use tracing::{info, info_span, warn, Instrument};
 
+use crate::config::CallerBinding;
 use crate::dispatch::EngineDispatcher;
 use crate::engine::Engine;
+use crate::signing::Signer;
 
 use super::{parse_duration, AdminArgs, ConfigArgs};
 use crate::http::auth::{Chain, JwtAuthenticator};
@@ -50,6 +52,15 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub jwt_key_files: Vec<PathBuf>,
+    /// Key file(s) of the HMAC that signs the Job references the server hands out (measurement
+    /// metadata `dispatch-ref`); the first signs, all verify: give two during a rotation. Every
+    /// replica needs the same keys. Default: derived from each --jwt-key-file.
+    #[arg(
+        long = "signing-key-file",
+        env = "ROLLOUTS_DISPATCH_SIGNING_KEY_FILES",
+        value_delimiter = ','
+    )]
+    pub signing_key_files: Vec<PathBuf>,
     /// Token ids (`jti`) that are refused.
     #[arg(
         long = "revoked-token",
@@ -112,6 +123,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tls_cert,
         tls_key,
         jwt_key_files,
+        signing_key_files,
         revoked_tokens,
         token_review_allow,
         sync_timeout,
@@ -120,7 +132,20 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_concurrent_requests,
     } = args;
     let config = config.load()?;
-    let auth = authenticators(&jwt_key_files, revoked_tokens, token_review_allow).await?;
+    let signer = Arc::new(signer(&signing_key_files, &jwt_key_files)?);
+    info!(key_ids = %signer.key_ids().join(","), "Job references are signed");
+    let callers = config
+        .policy
+        .as_ref()
+        .map(|p| p.callers.clone())
+        .unwrap_or_default();
+    let auth = authenticators(
+        &jwt_key_files,
+        revoked_tokens,
+        token_review_allow,
+        (callers, &config.origin),
+    )
+    .await?;
     let tls = match (&tls_cert, &tls_key) {
         (Some(c), Some(k)) => Some(listener::tls_config(c, k)?),
         _ => {
@@ -148,7 +173,11 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         )
         .instrument(info_span!("admin", listen = %admin_listen)),
     );
-    let dispatcher = Arc::new(EngineDispatcher::new(engine.clone(), metrics.clone()));
+    let dispatcher = Arc::new(EngineDispatcher::new(
+        engine.clone(),
+        metrics.clone(),
+        signer,
+    ));
     let counts = tokio::spawn({
         let dispatcher = dispatcher.clone();
         async move {
@@ -230,21 +259,42 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The signer of Job references: the `--signing-key-file` keys, else one derived from each JWT
+/// key (`signing::derive_from_jwt_key`), so a deployment with JWT keys only keeps working and its
+/// replicas agree.
+fn signer(signing_key_files: &[PathBuf], jwt_key_files: &[PathBuf]) -> anyhow::Result<Signer> {
+    let read = |files: &[PathBuf]| {
+        files
+            .iter()
+            .map(|p| crate::token::read_key(p))
+            .collect::<Result<Vec<_>, _>>()
+    };
+    if !signing_key_files.is_empty() {
+        return Signer::new(&read(signing_key_files)?).context("--signing-key-file");
+    }
+    if jwt_key_files.is_empty() {
+        bail!(
+            "refusing to start without a key to sign Job references with: give              --signing-key-file (or $ROLLOUTS_DISPATCH_SIGNING_KEY_FILES), or --jwt-key-file              from which the signing key is derived; every replica needs the same key"
+        );
+    }
+    Signer::derived_from_jwt_keys(&read(jwt_key_files)?).context("--jwt-key-file")
+}
+
 async fn authenticators(
     jwt_key_files: &[std::path::PathBuf],
     revoked: Vec<String>,
     token_review_allow: Vec<String>,
+    (callers, origin): (Vec<CallerBinding>, &str),
 ) -> anyhow::Result<Arc<dyn Authenticator>> {
     let mut chain: Vec<Arc<dyn Authenticator>> = Vec::new();
     if !token_review_allow.is_empty() {
         let client = kube::Client::try_default()
             .await
             .context("--token-review-allow needs a Kubernetes client for TokenReviews (in-cluster or $KUBECONFIG)")?;
-        chain.push(Arc::new(TokenReviewAuthenticator::new(
-            client,
-            Vec::new(),
-            token_review_allow,
-        )));
+        chain.push(Arc::new(
+            TokenReviewAuthenticator::new(client, Vec::new(), token_review_allow)
+                .with_callers(callers, origin),
+        ));
     }
     if !jwt_key_files.is_empty() {
         let keys = jwt_key_files
@@ -257,4 +307,69 @@ async fn authenticators(
         bail!("refusing to start without authentication: set --jwt-key-file and/or --token-review-allow");
     }
     Ok(Arc::new(Chain(chain)))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::signing::{self, JOB_REF};
+
+    fn key_file(dir: &std::path::Path, name: &str, key: &[u8]) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, key).unwrap();
+        path
+    }
+
+    #[test]
+    fn the_signing_key_comes_from_its_flag_else_from_the_jwt_keys_else_nowhere() {
+        let dir = std::env::temp_dir().join(format!("rd-serve-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let jwt = b"jwt-key-0123456789abcdef0123456789abcdef";
+        let own = b"own-signing-key-0123456789abcdef01234567";
+        let (jwt_file, own_file) = (key_file(&dir, "jwt", jwt), key_file(&dir, "own", own));
+
+        let derived = signer(&[], std::slice::from_ref(&jwt_file)).unwrap();
+        assert_eq!(
+            derived.key_ids(),
+            vec![signing::key_id(&signing::derive_from_jwt_key(jwt))]
+        );
+        let explicit = signer(
+            std::slice::from_ref(&own_file),
+            std::slice::from_ref(&jwt_file),
+        )
+        .unwrap();
+        assert_eq!(explicit.key_ids(), vec![signing::key_id(own)]);
+        // Replicas with the same JWT key agree without a key of their own.
+        let again = signer(&[], &[jwt_file]).unwrap();
+        again
+            .verify(JOB_REF, b"m", &derived.sign(JOB_REF, b"m"))
+            .unwrap();
+
+        let e = format!("{:#}", signer(&[], &[]).unwrap_err());
+        assert!(
+            e.contains("--signing-key-file") && e.contains("--jwt-key-file"),
+            "{e}"
+        );
+        let short = key_file(&dir, "short", b"short");
+        let e = format!("{:#}", signer(&[short], &[]).unwrap_err());
+        assert!(e.contains("at least 32"), "{e}");
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn signing_key_files_are_a_comma_list() {
+        #[derive(Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        let w = Wrap::try_parse_from(["x", "--signing-key-file", "new,old", "--jwt-key-file", "j"])
+            .unwrap();
+        assert_eq!(
+            w.serve.signing_key_files,
+            vec![PathBuf::from("new"), PathBuf::from("old")]
+        );
+    }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Subcommand;
 
 use super::parse_duration;
-use crate::token::{issue_token, read_key};
+use crate::token::{issue_token_for, read_key};
 
 /// `rollouts-dispatch token …`
 #[derive(Debug, Subcommand)]
@@ -17,6 +17,10 @@ pub enum TokenCommand {
         /// Bind the token to this destination (agent tokens).
         #[arg(long)]
         destination: Option<String>,
+        /// Bind the token to this Kargo project (a glob over AnalysisRun namespaces); repeat for
+        /// several. Without it the token acts for every project (the Rollouts controller's).
+        #[arg(long = "project", conflicts_with = "destination")]
+        projects: Vec<String>,
         /// The subject; default `agent:<destination>` or `plugin`.
         #[arg(long)]
         subject: Option<String>,
@@ -33,6 +37,7 @@ pub enum TokenCommand {
 pub(super) fn run(command: TokenCommand) -> ExitCode {
     let TokenCommand::Issue {
         destination,
+        projects,
         subject,
         ttl,
         key_file,
@@ -43,13 +48,23 @@ pub(super) fn run(command: TokenCommand) -> ExitCode {
                 .as_ref()
                 .map_or("plugin".into(), |d| format!("agent:{d}"))
         });
+        let projects = (!projects.is_empty()).then_some(projects.as_slice());
         let issued = read_key(&key_file)
-            .and_then(|key| issue_token(&key, &subject, destination.as_deref(), ttl));
+            .and_then(|key| issue_token_for(&key, &subject, destination.as_deref(), projects, ttl));
         match issued {
             Ok((token, claims)) => {
                 eprintln!(
-                    "token id {} for {} expires at Unix time {}",
-                    claims.jti, claims.sub, claims.exp
+                    "token id {} for {} ({}) expires at Unix time {}",
+                    claims.jti,
+                    claims.sub,
+                    claims
+                        .projects
+                        .as_ref()
+                        .map_or("every project".into(), |p| format!(
+                            "projects {}",
+                            p.join(", ")
+                        )),
+                    claims.exp
                 );
                 println!("{token}");
                 ExitCode::SUCCESS
@@ -59,5 +74,46 @@ pub(super) fn run(command: TokenCommand) -> ExitCode {
                 ExitCode::FAILURE
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::super::{Cli, Command};
+    use super::TokenCommand;
+
+    #[test]
+    fn project_is_repeatable_and_not_for_agent_tokens() {
+        let cli = Cli::try_parse_from([
+            "rollouts-dispatch",
+            "token",
+            "issue",
+            "--key-file",
+            "k",
+            "--project",
+            "team-a",
+            "--project",
+            "team-b-*",
+        ])
+        .unwrap();
+        let Command::Token(TokenCommand::Issue { projects, .. }) = cli.command else {
+            panic!("token issue")
+        };
+        assert_eq!(projects, vec!["team-a", "team-b-*"]);
+        let e = Cli::try_parse_from([
+            "rollouts-dispatch",
+            "token",
+            "issue",
+            "--key-file",
+            "k",
+            "--destination",
+            "edge",
+            "--project",
+            "team-a",
+        ])
+        .unwrap_err();
+        assert!(e.to_string().contains("cannot be used with"), "{e}");
     }
 }

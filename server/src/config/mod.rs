@@ -29,6 +29,8 @@
 //!   - projects: ["team-a", "team-b-*"]
 //!     destinations: ["prod-*"]
 //!     namespaces: ["verification"]
+//!   callers:                         # TokenReview users bound to projects (none: all projects)
+//!   - {subject: "system:serviceaccount:team-a:*", projects: ["team-a"]}
 //! engine: {connectTimeout: 5s, requestTimeout: 20s}
 //! agents:                            # destinations reached through `rollouts-dispatch agent`
 //!   store: kubernetes                # memory (default, one replica) | kubernetes (DispatchJobs)
@@ -229,6 +231,19 @@ pub struct ArgoCdConfig {
 pub struct PolicyConfig {
     /// any matching rule allows
     pub rules: Vec<PolicyRule>,
+    /// which projects TokenReview callers may act for (`policy.callers`)
+    pub callers: Vec<CallerBinding>,
+}
+
+/// `policy.callers[]`: binds the Kubernetes users (TokenReview identities) matching `subject`
+/// to `projects`. The first matching entry applies; a user no entry matches may act for every
+/// project (the Rollouts controller serves every namespace).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallerBinding {
+    /// glob over usernames, e.g. `system:serviceaccount:team-a:*`
+    pub subject: String,
+    /// globs over Kargo projects (AnalysisRun namespaces)
+    pub projects: Vec<String>,
 }
 
 /// One allow rule; every list holds globs (`*`, `?`).
@@ -405,6 +420,27 @@ engine: {connectTimeout: 2s}
             e.to_string()
                 .contains("/nonexistent/x.yaml: cannot read it"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn policy_callers_bind_users_to_projects() {
+        let c = parse(
+            r#"
+policy:
+  callers:
+  - {subject: "system:serviceaccount:team-a:*", projects: [team-a, "team-a-*"]}
+"#,
+        )
+        .unwrap();
+        let p = c.policy.unwrap();
+        assert!(p.rules.is_empty());
+        assert_eq!(
+            p.callers,
+            vec![CallerBinding {
+                subject: "system:serviceaccount:team-a:*".into(),
+                projects: vec!["team-a".into(), "team-a-*".into()],
+            }]
         );
     }
 }

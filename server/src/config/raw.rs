@@ -11,9 +11,9 @@ use dispatch_api::parse_go_duration;
 use serde::Deserialize;
 
 use super::{
-    Access, AgentDestinationConfig, AgentsConfig, ArgoCdConfig, DestinationConfig, DirectAccess,
-    EngineSettings, KubeconfigContexts, PolicyConfig, PolicyRule, SecretValue, ServerConfig,
-    StoreKind,
+    Access, AgentDestinationConfig, AgentsConfig, ArgoCdConfig, CallerBinding, DestinationConfig,
+    DirectAccess, EngineSettings, KubeconfigContexts, PolicyConfig, PolicyRule, SecretValue,
+    ServerConfig, StoreKind,
 };
 
 /// A key of the file that cannot be used: its path (`destinations[1].server`) and what is wrong
@@ -233,6 +233,16 @@ struct RawArgoCd {
 struct RawPolicy {
     #[serde(default)]
     rules: Vec<RawRule>,
+    #[serde(default)]
+    callers: Vec<RawCaller>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCaller {
+    subject: String,
+    #[serde(default)]
+    projects: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -373,7 +383,8 @@ impl RawConfig {
                         namespaces,
                     });
                 }
-                Some(PolicyConfig { rules })
+                let callers = validate_callers(p.callers)?;
+                Some(PolicyConfig { rules, callers })
             }
         };
         let mut engine = EngineSettings::default();
@@ -528,6 +539,28 @@ impl RawAccess {
             }
         }
     }
+}
+
+/// `policy.callers`: a non-empty subject glob and a non-empty list of project globs each.
+fn validate_callers(raw: Vec<RawCaller>) -> Result<Vec<CallerBinding>, InvalidField> {
+    let mut out = Vec::with_capacity(raw.len());
+    for (i, c) in raw.into_iter().enumerate() {
+        let at = format!("policy.callers[{i}]");
+        if c.subject.trim().is_empty() {
+            return Err(invalid(format!("{at}.subject"), Problem::EmptyGlob));
+        }
+        if c.projects.is_empty() {
+            return Err(invalid(format!("{at}.projects"), Problem::EmptyList));
+        }
+        if let Some(j) = c.projects.iter().position(|g| g.trim().is_empty()) {
+            return Err(invalid(format!("{at}.projects[{j}]"), Problem::EmptyGlob));
+        }
+        out.push(CallerBinding {
+            subject: c.subject,
+            projects: c.projects,
+        });
+    }
+    Ok(out)
 }
 
 fn validate_agents(a: RawAgents, direct: &BTreeSet<String>) -> Result<AgentsConfig, InvalidField> {
@@ -722,6 +755,14 @@ mod tests {
             (
                 "policy: {rules: [{projects: [a]}]}",
                 "policy.rules[0].destinations: empty list",
+            ),
+            (
+                "policy: {callers: [{subject: 'system:serviceaccount:*', projects: []}]}",
+                "policy.callers[0].projects: empty list",
+            ),
+            (
+                "policy: {callers: [{subject: '', projects: [a]}]}",
+                "policy.callers[0].subject",
             ),
             ("engine: {connectTimeout: soon}", "engine.connectTimeout"),
             (

@@ -150,20 +150,28 @@ impl Engine {
     }
 
     /// Keeps the newest `limit` records of run `run_uid` per agent destination (and metric, or
-    /// all metrics together) and asks the agents to delete the Jobs of the others.
+    /// all metrics together) and asks the agents to delete the Jobs of the others; only records
+    /// on `placements` when given.
     pub(super) async fn gc_agents(
         &self,
         run_uid: &str,
         metric: Option<&str>,
+        placements: Option<&[Placement]>,
         limit: usize,
     ) -> (Vec<(String, String)>, Vec<(String, String)>) {
         let Some(store) = &self.inner.store else {
             return Default::default();
         };
+        let placed = |r: &DispatchJob| {
+            placements.is_none_or(|ps| {
+                ps.iter()
+                    .any(|p| p.destination == r.spec.destination && p.namespace == r.spec.namespace)
+            })
+        };
         let records: Vec<DispatchJob> = store
             .for_run(run_uid)
             .into_iter()
-            .filter(|r| !r.spec.delete && metric.is_none_or(|m| r.spec.metric == m))
+            .filter(|r| !r.spec.delete && metric.is_none_or(|m| r.spec.metric == m) && placed(r))
             .map(|mut r| {
                 if metric.is_none() {
                     r.spec.metric = String::new();
@@ -207,8 +215,12 @@ pub(super) fn bare_record(
             namespace: p.namespace.clone(),
             job_name: job.name.clone(),
             run_uid: job.run_uid.clone(),
-            run: String::new(),
-            metric: String::new(),
+            run: if job.run_name.is_empty() {
+                String::new()
+            } else {
+                format!("{}/{}", job.run_namespace, job.run_name)
+            },
+            metric: job.metric.clone(),
             measurement: measurement_of(&job.name),
             log_tail: job.log_tail,
             job: None,

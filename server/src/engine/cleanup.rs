@@ -1,5 +1,5 @@
-//! Cleanup: `terminate` (foreground delete on every destination), `gc` (keep the newest Jobs
-//! of a run) and the orphan sweep (Jobs whose AnalysisRun is gone).
+//! Cleanup: `terminate` (foreground delete on every placement), `gc` (keep the newest Jobs
+//! of a run on its placements) and the orphan sweep (Jobs whose AnalysisRun is gone).
 
 use super::*;
 
@@ -131,28 +131,79 @@ impl Engine {
         }
     }
 
-    /// Keeps the newest `limit` Jobs of run `run_uid` on each destination and deletes the older
-    /// ones: of one metric, or (`metric: None`) of all metrics together, like Argo's built-in
-    /// provider.
-    #[tracing::instrument(name = "gc", skip(self))]
-    pub async fn gc(&self, run_uid: &str, metric: Option<&str>, limit: usize) -> GcReport {
-        let dests: Vec<Arc<Destination>> = self
+    /// Keeps the newest `limit` Jobs of run `run_uid` on each of `placements` (the run's own,
+    /// resolved from its block with the policy applied) and deletes the older ones: of one
+    /// metric, or (`metric: None`) of all metrics together, like Argo's built-in provider. No
+    /// other destination or namespace is listed or touched.
+    #[tracing::instrument(name = "gc", skip(self, placements), fields(placements = placements.len()))]
+    pub async fn gc(
+        &self,
+        run_uid: &str,
+        metric: Option<&str>,
+        placements: &[Placement],
+        limit: usize,
+    ) -> GcReport {
+        let mut direct: Vec<(Arc<Destination>, Option<String>)> = Vec::new();
+        for p in placements {
+            if let Some(Entry::Ready(d)) = self.inner.registry.get(&p.destination) {
+                if !direct
+                    .iter()
+                    .any(|(x, ns)| x.name == d.name && ns.as_deref() == Some(&p.namespace))
+                {
+                    direct.push((d, Some(p.namespace.clone())));
+                }
+            }
+        }
+        self.gc_on(run_uid, metric, direct, Some(placements), limit)
+            .await
+    }
+
+    /// [`Engine::gc`] on every destination of the registry and every agent record of the run:
+    /// for tools and tests that know no placements. The API never calls it: a caller could
+    /// otherwise reach destinations its project may not use.
+    #[tracing::instrument(name = "gc_everywhere", skip(self))]
+    pub async fn gc_everywhere(
+        &self,
+        run_uid: &str,
+        metric: Option<&str>,
+        limit: usize,
+    ) -> GcReport {
+        let direct = self
             .inner
             .registry
             .entries()
             .into_iter()
             .filter_map(|e| match e {
-                Entry::Ready(d) => Some(d),
+                Entry::Ready(d) => Some((d, None)),
                 Entry::Broken(_) | Entry::Agent(_) => None,
             })
             .collect();
-        let results = join_all(dests.iter().map(|d| self.gc_one(d, run_uid, metric, limit))).await;
-        let (agent_deleted, agent_failed) = self.gc_agents(run_uid, metric, limit).await;
+        self.gc_on(run_uid, metric, direct, None, limit).await
+    }
+
+    /// GC on `direct` destinations (each in one namespace, or all), and on the agent records of
+    /// `placements` (`None`: every record of the run).
+    async fn gc_on(
+        &self,
+        run_uid: &str,
+        metric: Option<&str>,
+        direct: Vec<(Arc<Destination>, Option<String>)>,
+        placements: Option<&[Placement]>,
+        limit: usize,
+    ) -> GcReport {
+        let results = join_all(
+            direct
+                .iter()
+                .map(|(d, ns)| self.gc_one(d, ns.as_deref(), run_uid, metric, limit)),
+        )
+        .await;
+        let (agent_deleted, agent_failed) =
+            self.gc_agents(run_uid, metric, placements, limit).await;
         let mut report = GcReport {
             deleted: agent_deleted,
             failed: agent_failed,
         };
-        for (d, r) in dests.iter().zip(results) {
+        for ((d, _), r) in direct.iter().zip(results) {
             match r {
                 Ok(deleted) => report
                     .deleted
@@ -166,9 +217,11 @@ impl Engine {
         report
     }
 
+    /// GC on one destination, in `namespace` only when given.
     pub(super) async fn gc_one(
         &self,
         d: &Destination,
+        namespace: Option<&str>,
         run_uid: &str,
         metric: Option<&str>,
         limit: usize,
@@ -176,7 +229,10 @@ impl Engine {
         let mut jobs: Vec<Arc<Job>> = if d.jobs().is_authoritative() {
             d.jobs().group(run_uid)
         } else {
-            let api: Api<Job> = Api::all(d.client().clone());
+            let api: Api<Job> = match namespace {
+                Some(ns) => Api::namespaced(d.client().clone(), ns),
+                None => Api::all(d.client().clone()),
+            };
             let params = ListParams::default()
                 .labels(&format!("{LABEL_RUN_UID}={run_uid},{MANAGED_SELECTOR}"));
             let timeout = self.inner.settings.request_timeout;
@@ -195,6 +251,8 @@ impl Engine {
             }
         };
         jobs.retain(|j| {
+            let in_namespace =
+                namespace.is_none_or(|ns| j.metadata.namespace.as_deref() == Some(ns));
             let of_metric = metric.is_none_or(|m| {
                 j.metadata
                     .annotations
@@ -202,7 +260,8 @@ impl Engine {
                     .and_then(|a| a.get(ANN_METRIC))
                     .is_some_and(|v| v == m)
             });
-            of_metric
+            in_namespace
+                && of_metric
                 && j.metadata.deletion_timestamp.is_none()
                 && job::ownership(j, run_uid) == Ownership::Ours
         });

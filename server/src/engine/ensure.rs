@@ -44,19 +44,7 @@ impl Engine {
             }
         }))
         .await;
-        let job = JobRef {
-            run_uid: req.run.uid.clone(),
-            name,
-            require: req.config.require,
-            log_tail: req.config.log_tail,
-            placements: targets
-                .iter()
-                .map(|(e, ns)| Placement {
-                    destination: e.name().to_string(),
-                    namespace: ns.clone(),
-                })
-                .collect(),
-        };
+        let job = job_ref(req, name, &targets);
         let statuses = job
             .placements
             .iter()
@@ -94,18 +82,18 @@ impl Engine {
     /// first `destination: stage` resolution of a run.
     pub async fn locate(&self, req: &MeasureRequest) -> Result<JobRef, EngineError> {
         let targets = self.targets(req).await?;
-        Ok(JobRef {
-            run_uid: req.run.uid.clone(),
-            name: job::job_name(&req.run.uid, &req.metric, req.measurement),
-            require: req.config.require,
-            log_tail: req.config.log_tail,
-            placements: targets
-                .iter()
-                .map(|(e, ns)| Placement {
-                    destination: e.name().to_string(),
-                    namespace: ns.clone(),
-                })
-                .collect(),
+        let name = job::job_name(&req.run.uid, &req.metric, req.measurement);
+        Ok(job_ref(req, name, &targets))
+    }
+
+    /// Whether the policy (still) allows project `project` every placement of `job`: a
+    /// reference is checked again on every call that acts on it, as the policy may have
+    /// changed since the server signed it.
+    pub fn check_placements(&self, project: &str, job: &JobRef) -> Result<(), Denied> {
+        job.placements.iter().try_for_each(|p| {
+            self.inner
+                .policy
+                .check(project, &p.destination, &p.namespace)
         })
     }
 
@@ -344,5 +332,27 @@ impl Engine {
             Ok(Err(e)) => Outcome::NotCreated(api_failure(d, &what, &e)),
             Err(_) => Outcome::NotCreated(no_answer(d, &what, timeout)),
         }
+    }
+}
+
+/// The (unsigned) reference to the Jobs named `name` of `req` on `targets`.
+fn job_ref(req: &MeasureRequest, name: String, targets: &[(Entry, String)]) -> JobRef {
+    JobRef {
+        run_uid: req.run.uid.clone(),
+        run_namespace: req.run.namespace.clone(),
+        run_name: req.run.name.clone(),
+        metric: req.metric.clone(),
+        measurement: req.measurement,
+        name,
+        require: req.config.require,
+        log_tail: req.config.log_tail,
+        placements: targets
+            .iter()
+            .map(|(e, ns)| Placement {
+                destination: e.name().to_string(),
+                namespace: ns.clone(),
+            })
+            .collect(),
+        sig: String::new(),
     }
 }

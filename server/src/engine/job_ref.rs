@@ -1,10 +1,23 @@
 //! The reference to a measurement's Jobs that lives in the measurement's metadata: where
 //! they are, so that any replica (or a restarted one) can answer without state of its own.
+//!
+//! Measurement metadata is **not** trusted: it lives in the AnalysisRun's status, and the
+//! AnalysisRun CRD has no status subresource, so anyone with `edit` on a project namespace can
+//! write it, and the Rollouts controller then calls Resume/Terminate with whatever is there.
+//! So the server signs every reference it hands out ([`JobRef::signed`], HMAC under domain
+//! [`signing::JOB_REF`] over the canonical JSON without the signature) and
+//! [`JobRef::from_request`] accepts one back only when the signature verifies, it names the
+//! request's run (uid, namespace, name) and metric, and its Job name is the one the formula
+//! gives. The policy is checked again on its placements by the engine
+//! ([`super::Engine::check_placements`]).
 
 use std::collections::BTreeMap;
 
 use dispatch_api::Require;
 use serde::{Deserialize, Serialize};
+
+use crate::job;
+use crate::signing::{self, SignatureError, Signer};
 
 /// The measurement's metadata holds no usable [`JobRef`].
 #[derive(Debug, thiserror::Error)]
@@ -22,6 +35,52 @@ pub enum JobRefError {
         max = super::MAX_PLACEMENTS
     )]
     TooManyPlacements(usize),
+}
+
+/// A reference in a request that the server refuses to act on. Every message says that no Job
+/// was read or deleted, and why the reference is not this measurement's.
+#[derive(Debug, thiserror::Error)]
+pub enum RefRefused {
+    /// not JSON of a reference
+    #[error(
+        "refusing the measurement's {REF_KEY}: it is unreadable ({0}). No Job was read or deleted"
+    )]
+    Unreadable(#[source] serde_json::Error),
+    /// no signature, a bad one, or one by a key this server does not hold
+    #[error(
+        "refusing the measurement's {REF_KEY}: it was not signed by this server: {0}. The server \
+         signs every reference it hands out; this one was written by someone else or changed \
+         after the server wrote it (measurement metadata lives in the AnalysisRun's status, which \
+         anyone with edit on its namespace can write). A measurement started before the server \
+         signed its references ends here too: run the analysis again. No Job was read or deleted"
+    )]
+    Signature(#[source] SignatureError),
+    /// signed, but for another run or metric
+    #[error(
+        "refusing the measurement's {REF_KEY}: it belongs to run {found} and not to this \
+         measurement's run {expected}; it was copied from another measurement. No Job was read \
+         or deleted"
+    )]
+    OtherMeasurement {
+        /// `namespace/name (uid …) metric …` of the reference
+        found: String,
+        /// the same of the request
+        expected: String,
+    },
+    /// signed, but its Job name is not the formula's
+    #[error(
+        "refusing the measurement's {REF_KEY}: its Job name {found:?} is not the name of \
+         measurement {measurement} of this run and metric ({expected:?}). No Job was read or \
+         deleted"
+    )]
+    JobName {
+        /// the name in the reference
+        found: String,
+        /// the name the formula gives
+        expected: String,
+        /// the measurement index in the reference
+        measurement: u32,
+    },
 }
 
 /// Measurement metadata key holding the [`JobRef`] as JSON.
@@ -47,6 +106,18 @@ pub struct Placement {
 pub struct JobRef {
     /// the AnalysisRun's UID
     pub run_uid: String,
+    /// the AnalysisRun's namespace: the Kargo project the policy is checked for
+    #[serde(default)]
+    pub run_namespace: String,
+    /// the AnalysisRun's name
+    #[serde(default)]
+    pub run_name: String,
+    /// the metric
+    #[serde(default)]
+    pub metric: String,
+    /// `n` of the Job name
+    #[serde(default)]
+    pub measurement: u32,
     /// the Job name (the same on every destination)
     pub name: String,
     /// `all` or `any`
@@ -55,6 +126,22 @@ pub struct JobRef {
     pub log_tail: u32,
     /// where the Jobs are
     pub placements: Vec<Placement>,
+    /// the server's signature over the rest ([`JobRef::canonical`]); empty: unsigned
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub sig: String,
+}
+
+/// What a request says its measurement is: a reference must name the same.
+#[derive(Debug, Clone, Copy)]
+pub struct Expected<'a> {
+    /// the AnalysisRun's UID
+    pub run_uid: &'a str,
+    /// its namespace
+    pub run_namespace: &'a str,
+    /// its name
+    pub run_name: &'a str,
+    /// the metric
+    pub metric: &'a str,
 }
 
 impl JobRef {
@@ -82,7 +169,8 @@ impl JobRef {
             .join(",")
     }
 
-    /// The reference stored by [`JobRef::metadata`].
+    /// The reference stored by [`JobRef::metadata`], as written (not verified: see
+    /// [`JobRef::from_request`]).
     pub fn from_metadata(metadata: &BTreeMap<String, String>) -> Result<Self, JobRefError> {
         let json = metadata.get(REF_KEY).ok_or(JobRefError::Missing)?;
         let job: Self = serde_json::from_str(json)?;
@@ -90,5 +178,171 @@ impl JobRef {
             return Err(JobRefError::TooManyPlacements(job.placements.len()));
         }
         Ok(job)
+    }
+
+    /// The bytes the signature covers: the JSON of every field but the signature, in field
+    /// order. Computed from the parsed struct, so unknown fields an editor adds are dropped (and
+    /// unused), and the same reference always gives the same bytes.
+    pub fn canonical(&self) -> Vec<u8> {
+        let unsigned = JobRef {
+            sig: String::new(),
+            ..self.clone()
+        };
+        serde_json::to_vec(&unsigned).unwrap_or_default()
+    }
+
+    /// This reference with the server's signature.
+    pub fn signed(mut self, signer: &Signer) -> Self {
+        self.sig = signer.sign(signing::JOB_REF, &self.canonical());
+        self
+    }
+
+    /// The reference in `metadata` (`Ok(None)`: there is none), if this server signed it for the
+    /// measurement `expected` and its Job name is the formula's. Makes no API call: a refused
+    /// reference reaches no destination.
+    pub fn from_request(
+        metadata: &BTreeMap<String, String>,
+        signer: &Signer,
+        expected: Expected<'_>,
+    ) -> Result<Option<Self>, RefRefused> {
+        let Some(json) = metadata.get(REF_KEY) else {
+            return Ok(None);
+        };
+        let r: JobRef = serde_json::from_str(json).map_err(RefRefused::Unreadable)?;
+        signer
+            .verify(signing::JOB_REF, &r.canonical(), &r.sig)
+            .map_err(RefRefused::Signature)?;
+        let same = r.run_uid == expected.run_uid
+            && r.run_namespace == expected.run_namespace
+            && r.run_name == expected.run_name
+            && r.metric == expected.metric;
+        if !same {
+            let show = |ns: &str, name: &str, uid: &str, metric: &str| {
+                format!("{ns}/{name} (uid {uid}), metric {metric:?}")
+            };
+            return Err(RefRefused::OtherMeasurement {
+                found: show(&r.run_namespace, &r.run_name, &r.run_uid, &r.metric),
+                expected: show(
+                    expected.run_namespace,
+                    expected.run_name,
+                    expected.run_uid,
+                    expected.metric,
+                ),
+            });
+        }
+        let name = job::job_name(&r.run_uid, &r.metric, r.measurement);
+        if r.name != name {
+            return Err(RefRefused::JobName {
+                found: r.name,
+                expected: name,
+                measurement: r.measurement,
+            });
+        }
+        Ok(Some(r))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &[u8] = b"job-ref-test-key-0123456789abcdef0123456789";
+
+    fn genuine() -> JobRef {
+        JobRef {
+            run_uid: "u1".into(),
+            run_namespace: "team-a".into(),
+            run_name: "r".into(),
+            metric: "m".into(),
+            measurement: 2,
+            name: job::job_name("u1", "m", 2),
+            require: Require::All,
+            log_tail: 5,
+            placements: vec![Placement {
+                destination: "a".into(),
+                namespace: "v".into(),
+            }],
+            sig: String::new(),
+        }
+    }
+
+    fn expected() -> Expected<'static> {
+        Expected {
+            run_uid: "u1",
+            run_namespace: "team-a",
+            run_name: "r",
+            metric: "m",
+        }
+    }
+
+    fn check(r: &JobRef) -> Result<Option<JobRef>, RefRefused> {
+        let signer = Signer::new(&[KEY.to_vec()]).unwrap();
+        JobRef::from_request(&r.metadata(), &signer, expected())
+    }
+
+    #[test]
+    fn a_signed_reference_of_this_measurement_is_accepted() {
+        let signer = Signer::new(&[KEY.to_vec()]).unwrap();
+        let r = genuine().signed(&signer);
+        assert!(r.sig.starts_with("v1."));
+        assert_eq!(check(&r).unwrap(), Some(r.clone()));
+        // No reference: the caller recomputes it from the request.
+        assert!(JobRef::from_request(&BTreeMap::new(), &signer, expected())
+            .unwrap()
+            .is_none());
+        // The canonical bytes leave the signature out, so signing twice gives the same.
+        assert_eq!(r.clone().signed(&signer), r);
+    }
+
+    #[test]
+    fn unsigned_edited_and_foreign_references_are_refused() {
+        let signer = Signer::new(&[KEY.to_vec()]).unwrap();
+        let e = check(&genuine()).unwrap_err();
+        assert!(
+            matches!(e, RefRefused::Signature(SignatureError::Missing)),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("not signed by this server"), "{e}");
+        let mut edited = genuine().signed(&signer);
+        edited.placements[0].destination = "b".into();
+        assert!(matches!(
+            check(&edited).unwrap_err(),
+            RefRefused::Signature(SignatureError::Mismatch { .. })
+        ));
+        let other_key = Signer::new(&[b"another-key-0123456789abcdef0123456789".to_vec()]).unwrap();
+        assert!(matches!(
+            check(&genuine().signed(&other_key)).unwrap_err(),
+            RefRefused::Signature(SignatureError::UnknownKey { .. })
+        ));
+        let bad = BTreeMap::from([(REF_KEY.to_string(), "{".to_string())]);
+        assert!(matches!(
+            JobRef::from_request(&bad, &signer, expected()).unwrap_err(),
+            RefRefused::Unreadable(_)
+        ));
+    }
+
+    #[test]
+    fn genuine_references_of_other_measurements_are_refused() {
+        let signer = Signer::new(&[KEY.to_vec()]).unwrap();
+        for edit in [
+            (|r: &mut JobRef| r.run_uid = "u2".into()) as fn(&mut JobRef),
+            |r| r.run_namespace = "team-b".into(),
+            |r| r.run_name = "other".into(),
+            |r| r.metric = "m2".into(),
+        ] {
+            let mut r = genuine();
+            edit(&mut r);
+            r.name = job::job_name(&r.run_uid, &r.metric, r.measurement);
+            let e = check(&r.signed(&signer)).unwrap_err();
+            assert!(matches!(e, RefRefused::OtherMeasurement { .. }), "{e:?}");
+            assert!(e.to_string().contains("team-a/r (uid u1)"), "{e}");
+        }
+        let mut foreign = genuine();
+        foreign.name = "someone-elses-job".into();
+        let e = check(&foreign.signed(&signer)).unwrap_err();
+        assert!(
+            matches!(&e, RefRefused::JobName { expected, .. } if *expected == job::job_name("u1", "m", 2)),
+            "{e:?}"
+        );
     }
 }

@@ -7,7 +7,8 @@
 //! * [`Engine::status`] reads the watch caches (no API call at steady state) and applies
 //!   `require: all|any`; a failed container's log tail goes into the message.
 //! * [`Engine::terminate`] deletes the Jobs (foreground) on every destination.
-//! * [`Engine::gc`] keeps the newest `limit` Jobs of a run per destination.
+//! * [`Engine::gc`] keeps the newest `limit` Jobs of a run on each of its placements
+//!   ([`Engine::gc_everywhere`]: on every destination, for tests and tools).
 //!
 //! The engine keeps no state that matters: a [`JobRef`] (stored in the measurement metadata)
 //! and the Jobs on the destinations are the state, so a new engine picks up where another left.
@@ -48,7 +49,9 @@ mod start;
 mod status;
 
 pub use cleanup::CleanupError;
-pub use job_ref::{JobRef, JobRefError, Placement, JOB_NAMESPACE_KEY, JOB_NAME_KEY, REF_KEY};
+pub use job_ref::{
+    Expected, JobRef, JobRefError, Placement, RefRefused, JOB_NAMESPACE_KEY, JOB_NAME_KEY, REF_KEY,
+};
 
 /// `(destination, namespace, pod, container)`
 type LogKey = (String, String, String, String);
@@ -305,6 +308,10 @@ mod tests {
     fn job_refs_round_trip_through_metadata() {
         let r = JobRef {
             run_uid: "u".into(),
+            run_namespace: "p".into(),
+            run_name: "r".into(),
+            metric: "m".into(),
+            measurement: 1,
             name: "u.m.1".into(),
             require: Require::Any,
             log_tail: 7,
@@ -318,6 +325,7 @@ mod tests {
                     namespace: "ns2".into(),
                 },
             ],
+            sig: String::new(),
         };
         let m = r.metadata();
         assert_eq!(m[JOB_NAME_KEY], "u.m.1");
@@ -378,6 +386,10 @@ mod tests {
             .status(
                 &JobRef {
                     run_uid: "u".into(),
+                    run_namespace: "p".into(),
+                    run_name: "r".into(),
+                    metric: "m".into(),
+                    measurement: 1,
                     name: "n".into(),
                     require: Require::All,
                     log_tail: 1,
@@ -385,6 +397,7 @@ mod tests {
                         destination: "gone".into(),
                         namespace: "ns".into(),
                     }],
+                    sig: String::new(),
                 },
                 &Redactor::default(),
             )
@@ -395,6 +408,9 @@ mod tests {
             "{}",
             status.message
         );
-        assert_eq!(engine.gc("u", None, 1).await, GcReport::default());
+        assert_eq!(
+            engine.gc_everywhere("u", None, 1).await,
+            GcReport::default()
+        );
     }
 }

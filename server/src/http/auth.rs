@@ -46,6 +46,63 @@ pub struct Principal {
     pub subject: String,
     /// set for agent tokens: the only destination this caller may act for
     pub destination: Option<String>,
+    /// the Kargo projects (AnalysisRun namespaces) this caller may act for
+    pub projects: Projects,
+}
+
+impl Principal {
+    /// A caller for every project, not an agent (the Rollouts controller's identity).
+    pub fn plugin(subject: impl Into<String>) -> Self {
+        Self {
+            subject: subject.into(),
+            destination: None,
+            projects: Projects::All,
+        }
+    }
+}
+
+/// The Kargo projects a caller may act for.
+///
+/// The Rollouts controller serves AnalysisRuns of every namespace, so its identity is bound to
+/// all projects: a JWT without a `projects` claim, a TokenReview identity without a
+/// `policy.callers` entry. A token issued for one team's tooling lists its projects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Projects {
+    /// every project
+    All,
+    /// only the projects matching these globs (`*`, `?`)
+    Only {
+        /// the globs
+        globs: Vec<String>,
+        /// what bound the caller to them: says what to change in a refusal
+        bound_by: ScopeSource,
+    },
+}
+
+/// Where a caller's [`Projects`] come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScopeSource {
+    /// the `projects` claim of its JWT
+    TokenClaim,
+    /// entry `index` of `policy.callers` in the config file `origin`
+    Config {
+        /// the entry
+        index: usize,
+        /// the config file
+        origin: String,
+    },
+}
+
+impl Projects {
+    /// Whether the caller may act for `project`.
+    pub fn allows(&self, project: &str) -> bool {
+        match self {
+            Projects::All => true,
+            Projects::Only { globs, .. } => {
+                globs.iter().any(|g| crate::policy::glob_match(g, project))
+            }
+        }
+    }
 }
 
 /// Why a token was refused.
@@ -102,6 +159,10 @@ pub struct Claims {
     /// agent tokens: the destination the agent serves
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub destination: Option<String>,
+    /// the Kargo projects (globs) the token may act for; absent: every project (the Rollouts
+    /// controller's token, which serves every namespace)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub projects: Option<Vec<String>>,
 }
 
 /// Signs `claims` with `key` (HS256).
@@ -169,6 +230,13 @@ impl JwtAuthenticator {
                     return Ok(Principal {
                         subject: c.sub,
                         destination: c.destination,
+                        projects: match c.projects {
+                            None => Projects::All,
+                            Some(globs) => Projects::Only {
+                                globs,
+                                bound_by: ScopeSource::TokenClaim,
+                            },
+                        },
                     });
                 }
                 // The signature is checked before the claims: these are final.
@@ -343,6 +411,31 @@ mod tests {
         let p = auth().check(&hs256(&claims())).unwrap();
         assert_eq!(p.subject, "plugin");
         assert_eq!(p.destination, None);
+        assert_eq!(p.projects, Projects::All);
+    }
+
+    #[test]
+    fn the_projects_claim_binds_the_token() {
+        let p = auth()
+            .check(&hs256(&with("projects", json!(["team-a", "shared-*"]))))
+            .unwrap();
+        assert!(p.projects.allows("team-a") && p.projects.allows("shared-x"));
+        assert!(!p.projects.allows("team-b") && !p.projects.allows("team-a2"));
+        assert!(matches!(
+            p.projects,
+            Projects::Only {
+                bound_by: ScopeSource::TokenClaim,
+                ..
+            }
+        ));
+        // An empty list binds the token to no project at all.
+        let none = auth().check(&hs256(&with("projects", json!([])))).unwrap();
+        assert!(!none.projects.allows("team-a"));
+        // A claim that is not a list of strings is not ignored.
+        assert!(matches!(
+            refused(&hs256(&with("projects", json!("team-a")))),
+            AuthError::Invalid(_)
+        ));
     }
 
     #[test]

@@ -1,12 +1,15 @@
 //! The server's `/v1` JSON API and the admin endpoints.
 //!
-//! * [`router`] builds the API (`/v1/...`, all authenticated) over a [`Dispatcher`];
+//! * [`router`] builds the API (`/v1/...`, all authenticated) over a [`Dispatcher`]; the
+//!   measurement routes refuse agent tokens and callers not bound to the run's project
+//!   (`authz`) before the dispatcher sees the request;
 //! * the admin port, the listener (TLS, drain) and the metrics live in [`crate::runtime`].
 //!
 //! Errors are stable JSON (`{"code": …, "message": …}`) and never carry internals: the cause of an
 //! internal error is logged in the request span and the reply names only an id to look it up.
 
 pub mod auth;
+mod authz;
 mod error;
 pub mod tokenreview;
 
@@ -154,6 +157,7 @@ async fn ensure(
     ApiJson(req): ApiJson<MeasurementRef>,
 ) -> Result<Json<Ensured>, ApiFailure> {
     record_measurement(&req.run, &req.metric);
+    authz::measurement_caller(&caller, &req.run)?;
     Ok(Json(s.dispatcher.ensure(&caller, req).await?))
 }
 
@@ -163,6 +167,7 @@ async fn status(
     ApiJson(req): ApiJson<MeasurementRef>,
 ) -> Result<Json<Verdict>, ApiFailure> {
     record_measurement(&req.run, &req.metric);
+    authz::measurement_caller(&caller, &req.run)?;
     let v = s.dispatcher.status(&caller, req).await?;
     s.metrics.observe_verdict(&v.phase);
     Ok(Json(v))
@@ -174,6 +179,7 @@ async fn terminate(
     ApiJson(req): ApiJson<MeasurementRef>,
 ) -> Result<Json<Verdict>, ApiFailure> {
     record_measurement(&req.run, &req.metric);
+    authz::measurement_caller(&caller, &req.run)?;
     Ok(Json(s.dispatcher.terminate(&caller, req).await?))
 }
 
@@ -183,6 +189,7 @@ async fn gc(
     ApiJson(req): ApiJson<GcRequest>,
 ) -> Result<Json<GcReply>, ApiFailure> {
     record_measurement(&req.run, &req.metric);
+    authz::measurement_caller(&caller, &req.run)?;
     Ok(Json(GcReply {
         deleted: s.dispatcher.gc(&caller, req).await?,
     }))

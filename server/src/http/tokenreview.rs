@@ -7,6 +7,7 @@
 //! most [`NEGATIVE_MAX`], in their own LRU so that garbage can never evict a good result).
 //! Tokens whose header says `alg: HS256` are our own JWTs, never Kubernetes ServiceAccount
 //! tokens: they are refused here without a review (see [`is_ours`]).
+//! A user matching a `policy.callers` entry may act only for that entry's projects.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, RandomState};
@@ -17,7 +18,8 @@ use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use kube::api::PostParams;
 use kube::Api;
 
-use super::auth::{AuthError, Authenticator, Principal, AUDIENCE};
+use super::auth::{AuthError, Authenticator, Principal, Projects, ScopeSource, AUDIENCE};
+use crate::config::CallerBinding;
 use futures::future::BoxFuture;
 
 /// How long an accepted token is trusted without asking again: bounds how long a token whose
@@ -150,6 +152,10 @@ pub struct TokenReviewAuthenticator {
     client: kube::Client,
     audiences: Vec<String>,
     allowed: Vec<String>,
+    /// `policy.callers`: users bound to projects
+    callers: Vec<CallerBinding>,
+    /// the config file of `callers`, for messages
+    origin: String,
     hasher: RandomState,
     cache: Mutex<ReviewCache>,
 }
@@ -168,6 +174,8 @@ impl TokenReviewAuthenticator {
             client,
             audiences,
             allowed,
+            callers: Vec::new(),
+            origin: String::new(),
             hasher: RandomState::new(),
             cache: Mutex::new(ReviewCache::new()),
         }
@@ -177,6 +185,32 @@ impl TokenReviewAuthenticator {
     /// [`POSITIVE_MAX`] + [`NEGATIVE_MAX`].
     pub fn cached(&self) -> usize {
         self.cache.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Binds the users matching a `policy.callers` entry of config file `origin` to its
+    /// projects (the first matching entry applies; users no entry matches: every project).
+    pub fn with_callers(mut self, callers: Vec<CallerBinding>, origin: &str) -> Self {
+        self.callers = callers;
+        self.origin = origin.to_string();
+        self
+    }
+
+    /// The projects user `user` may act for.
+    fn projects_of(&self, user: &str) -> Projects {
+        match self
+            .callers
+            .iter()
+            .position(|c| crate::policy::glob_match(&c.subject, user))
+        {
+            None => Projects::All,
+            Some(index) => Projects::Only {
+                globs: self.callers[index].projects.clone(),
+                bound_by: ScopeSource::Config {
+                    index,
+                    origin: self.origin.clone(),
+                },
+            },
+        }
     }
 
     async fn review(&self, token: &str) -> Result<Principal, AuthError> {
@@ -207,6 +241,7 @@ impl TokenReviewAuthenticator {
             return Err(AuthError::NotAllowed(user));
         }
         Ok(Principal {
+            projects: self.projects_of(&user),
             subject: user,
             destination: None,
         })
@@ -382,5 +417,40 @@ mod tests {
         short.insert(1, 1);
         assert_eq!(short.get(1), None, "an expired entry is not returned");
         assert_eq!(short.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn callers_bind_users_to_projects_first_match_wins() {
+        let client =
+            kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+                .unwrap();
+        let auth = TokenReviewAuthenticator::new(client, Vec::new(), Vec::new()).with_callers(
+            vec![
+                CallerBinding {
+                    subject: "system:serviceaccount:team-a:*".into(),
+                    projects: vec!["team-a".into()],
+                },
+                CallerBinding {
+                    subject: "system:serviceaccount:*".into(),
+                    projects: vec!["shared-*".into()],
+                },
+            ],
+            "config file c.yaml",
+        );
+        let a = auth.projects_of("system:serviceaccount:team-a:ci");
+        assert!(a.allows("team-a") && !a.allows("shared-x"));
+        assert_eq!(
+            a,
+            Projects::Only {
+                globs: vec!["team-a".into()],
+                bound_by: ScopeSource::Config {
+                    index: 0,
+                    origin: "config file c.yaml".into()
+                }
+            }
+        );
+        let other = auth.projects_of("system:serviceaccount:argo-rollouts:argo-rollouts");
+        assert!(other.allows("shared-1") && !other.allows("team-a"));
+        assert_eq!(auth.projects_of("alice"), Projects::All);
     }
 }

@@ -16,6 +16,12 @@
 //!   strings and reply bodies read by the plugin and the agent are capped.
 //! * [`argocd`]: Argo CD cluster Secret abuse — a duplicated name, an exec provider outside the
 //!   allowlist, `insecure` TLS: refused or surfaced, and no Job through a broken destination.
+//! * [`references`]: forged, replayed and edited Job references (`dispatch-ref`) → 403, no
+//!   destination call; the genuine reference still works.
+//! * [`authz`]: every route × every caller (plugin JWTs bound to a project or to all, agents of
+//!   their own, another or an unknown destination) → the exact status code; TokenReview users
+//!   bound by `policy.callers`; a seeded property that no request reaches a placement the policy
+//!   denies.
 
 #[path = "../engine_fast/fake_api/mod.rs"]
 #[allow(dead_code)]
@@ -26,7 +32,9 @@ mod world;
 
 mod argocd;
 mod authn;
+mod authz;
 mod budgets;
+mod references;
 mod scene;
 mod secrets;
 mod tally;

@@ -45,10 +45,12 @@ pub(crate) struct Reply {
 impl Scene {
     /// The default engine configuration plus `extra` top-level keys, behind the API.
     pub(crate) async fn start(extra: &str) -> Result<Self> {
-        let auth = Arc::new(JwtAuthenticator::new(
-            &[KEY.to_vec()],
-            [REVOKED_JTI.to_string()],
-        ));
+        let jwt = JwtAuthenticator::new(&[KEY.to_vec()], [REVOKED_JTI.to_string()]);
+        Self::start_with_auth(extra, Arc::new(jwt)).await
+    }
+
+    /// [`Scene::start`] with the authenticator `auth` (e.g. TokenReview, then JWTs).
+    pub(crate) async fn start_with_auth(extra: &str, auth: Arc<dyn Authenticator>) -> Result<Self> {
         Self::serve_with(World::start(extra).await?, auth, Arc::new(Metrics::new())).await
     }
 
@@ -60,7 +62,11 @@ impl Scene {
         metrics: Arc<Metrics>,
     ) -> Result<Self> {
         let state = AppState {
-            dispatcher: Arc::new(EngineDispatcher::new(world.engine.clone(), metrics.clone())),
+            dispatcher: Arc::new(EngineDispatcher::new(
+                world.engine.clone(),
+                metrics.clone(),
+                Arc::new(signer()),
+            )),
             auth,
             metrics,
         };
@@ -119,6 +125,13 @@ impl Scene {
     }
 }
 
+/// The scene server's signer of Job references: derived from its JWT key, as `serve` does
+/// without `--signing-key-file`. Tests use it to forge references signed with the genuine key.
+pub(crate) fn signer() -> dispatch_server::signing::Signer {
+    dispatch_server::signing::Signer::derived_from_jwt_keys(&[KEY.to_vec()])
+        .expect("the scene key is usable")
+}
+
 /// A token signed with the scene's key: subject `sub`, valid for ten minutes, with `edit`
 /// applied to its claims (an agent's destination, an expiry in the past …).
 pub(crate) fn token(sub: &str, edit: impl FnOnce(&mut Claims)) -> String {
@@ -130,7 +143,87 @@ pub(crate) fn token(sub: &str, edit: impl FnOnce(&mut Claims)) -> String {
         iat: now,
         jti: format!("{sub}-jti"),
         destination: None,
+        projects: None,
     };
     edit(&mut claims);
     auth::issue(KEY, &claims).expect("signing a test token")
+}
+
+/// A plugin token bound to `projects` (`None`: every project, the Rollouts controller's).
+pub(crate) fn plugin_token(sub: &str, projects: Option<&[&str]>) -> String {
+    token(sub, |c| {
+        c.projects = projects.map(|p| p.iter().map(|s| s.to_string()).collect());
+    })
+}
+
+/// An agent token for `destination`.
+pub(crate) fn agent_token(destination: &str) -> String {
+    token(&format!("agent:{destination}"), |c| {
+        c.destination = Some(destination.to_string());
+    })
+}
+
+/// The policy of the tenancy scenes: project `team-a` may use destination `a`, `team-b`
+/// destination `b`, each in namespace `verify` only.
+pub(crate) const TENANTS_POLICY: &str = "policy: {rules: [\
+    {projects: [team-a], destinations: [a], namespaces: [verify]}, \
+    {projects: [team-b], destinations: [b], namespaces: [verify]}]}";
+
+/// Measurement `index` of `metric` of run `namespace/name` (uid `uid`), on the destinations
+/// `destination` names, with `metadata`.
+pub(crate) fn measurement(
+    (namespace, name, uid): (&str, &str, &str),
+    metric: &str,
+    index: u32,
+    destination: &str,
+) -> dispatch_api::v1::MeasurementRef {
+    dispatch_api::v1::MeasurementRef {
+        run: dispatch_api::v1::RunRef {
+            name: name.to_string(),
+            namespace: namespace.to_string(),
+            uid: uid.to_string(),
+            ..Default::default()
+        },
+        metric: metric.to_string(),
+        index,
+        block: serde_json::json!({
+            "destination": destination,
+            "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "x"}]}}}
+        }),
+        metadata: Default::default(),
+    }
+}
+
+impl Scene {
+    /// How many [`Scene::destination_calls`] each of `a` and `b` has had so far.
+    pub(crate) fn calls_mark(&self) -> [usize; 2] {
+        let all = self.destination_calls();
+        ["a: ", "b: "].map(|p| all.iter().filter(|c| c.starts_with(p)).count())
+    }
+
+    /// The [`Scene::destination_calls`] made since `mark` (from [`Scene::calls_mark`]).
+    pub(crate) fn calls_since(&self, mark: [usize; 2]) -> Vec<String> {
+        let all = self.destination_calls();
+        let of = |prefix: &str, skip: usize| {
+            all.iter()
+                .filter(|c| c.starts_with(prefix))
+                .skip(skip)
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        let mut out = of("a: ", mark[0]);
+        out.extend(of("b: ", mark[1]));
+        out
+    }
+
+    /// POSTs `body` to `path` with `token`, as JSON.
+    pub(crate) async fn post(
+        &self,
+        path: &str,
+        token: &str,
+        body: &impl serde::Serialize,
+    ) -> Result<Reply> {
+        self.call("POST", path, Some(token), &serde_json::to_value(body)?)
+            .await
+    }
 }

@@ -162,7 +162,10 @@ async fn gc_and_the_orphan_sweep_ask_agents_to_delete() -> Result<()> {
     }
     let orphan = w.engine.ensure(&request(&gone, "m", 1, config)).await?.job;
 
-    let gc = w.engine.gc(&live.uid, Some("m"), 1).await;
+    let gc = w
+        .engine
+        .gc(&live.uid, Some("m"), &jobs[0].placements, 1)
+        .await;
     let at = |j: &JobRef| ("edge".to_string(), format!("{NS}/{}", j.name));
     assert_eq!(gc.deleted, vec![at(&jobs[0]), at(&jobs[1])], "{gc:?}");
     assert!(record_of(&w, &jobs[0])?.spec.delete && !record_of(&w, &jobs[2])?.spec.delete);

@@ -83,7 +83,8 @@ async fn gc_keeps_the_newest_jobs_of_a_run_per_metric_or_overall() -> Result<()>
     }
     let at = |name: &String| ("a".to_string(), format!("{NS}/{name}"));
 
-    let report = w.engine.gc(&mine.uid, Some("m"), 2).await;
+    let placements = foreign.placements.clone();
+    let report = w.engine.gc(&mine.uid, Some("m"), &placements, 2).await;
     assert_eq!(
         report.deleted,
         vec![at(&names[1]), at(&names[2])],
@@ -93,10 +94,10 @@ async fn gc_keeps_the_newest_jobs_of_a_run_per_metric_or_overall() -> Result<()>
     for n in &names[1..3] {
         w.cached("a", n, false).await?;
     }
-    let nothing = w.engine.gc(&mine.uid, Some("m"), 2).await;
+    let nothing = w.engine.gc(&mine.uid, Some("m"), &placements, 2).await;
     assert!(nothing.deleted.is_empty(), "{nothing:?}");
 
-    let overall = w.engine.gc(&mine.uid, None, 1).await;
+    let overall = w.engine.gc_everywhere(&mine.uid, None, 1).await;
     assert_eq!(
         overall.deleted,
         vec![at(&names[0]), at(&names[3])],
@@ -109,6 +110,57 @@ async fn gc_keeps_the_newest_jobs_of_a_run_per_metric_or_overall() -> Result<()>
         left,
         "the newest Job and the other run's"
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn gc_touches_only_the_placements_it_is_given() -> Result<()> {
+    let w = World::start("").await?;
+    let mine = run(6);
+    // Two measurements on a and b, then the block moved to a only.
+    let both = block(json!({"destination": "a,b"}))?;
+    let mut names = Vec::new();
+    for n in 1..=2 {
+        let job = w
+            .engine
+            .ensure(&request(&mine, "m", n, both.clone()))
+            .await?
+            .job;
+        for d in ["a", "b"] {
+            w.cached(d, &job.name, true).await?;
+        }
+        names.push(job.name);
+    }
+    let on_a = w
+        .engine
+        .locate(&request(&mine, "m", 3, block(json!({"destination": "a"}))?))
+        .await?;
+    let before_b = w.api("b").requests().len();
+    let report = w.engine.gc(&mine.uid, Some("m"), &on_a.placements, 1).await;
+    assert_eq!(
+        report.deleted,
+        vec![("a".to_string(), format!("{NS}/{}", names[0]))],
+        "{report:?}"
+    );
+    assert_eq!(
+        job_names(w.api("b")).len(),
+        2,
+        "b is not a placement: untouched"
+    );
+    let on_b: Vec<_> = w.api("b").requests()[before_b..]
+        .iter()
+        .filter(|r| r.method != "GET")
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert!(on_b.is_empty(), "no write on b: {on_b:?}");
+    // A namespace that is not the placement's is not touched either.
+    let elsewhere = [dispatch_server::engine::Placement {
+        destination: "b".into(),
+        namespace: "other-namespace".into(),
+    }];
+    let report = w.engine.gc(&mine.uid, Some("m"), &elsewhere, 0).await;
+    assert!(report.deleted.is_empty(), "{report:?}");
+    assert_eq!(job_names(w.api("b")).len(), 2);
     Ok(())
 }
 

@@ -114,7 +114,7 @@ async fn with_a_failing_job_watch_the_engine_asks_the_api() -> Result<()> {
     assert_eq!(w.api("a").calls("GET", &get), 1, "read from the API");
 
     // GC lists the run's Jobs from the API; the sweep skips a destination it cannot see whole.
-    let gc = w.engine.gc(&run.uid, None, 1).await;
+    let gc = w.engine.gc(&run.uid, None, &jobs[0].placements, 1).await;
     assert_eq!(
         gc.deleted,
         vec![("a".into(), format!("{NS}/{}", jobs[0].name))],
@@ -211,7 +211,7 @@ async fn failing_log_and_delete_calls_are_reported_not_hidden() -> Result<()> {
     let t = w.engine.terminate(&job).await;
     assert_eq!(t.failed.len(), 1, "{t:?}");
     assert!(t.failed[0].1.contains("forbidden to delete job"), "{t:?}");
-    let gc = w.engine.gc(&run.uid, None, 0).await;
+    let gc = w.engine.gc(&run.uid, None, &job.placements, 0).await;
     assert_eq!(gc.failed.len(), 1, "{gc:?}");
     assert_eq!(job_names(api), vec![job.name.clone()], "still there");
     Ok(())

@@ -276,6 +276,7 @@ pub fn token(destination: Option<&str>, subject: &str, exp_offset: i64) -> Resul
         iat: (now - 7200).max(0) as u64,
         jti: format!("{subject}-{now}"),
         destination: destination.map(str::to_string),
+        projects: None,
     };
     Ok(dispatch_server::http::auth::issue(KEY.as_bytes(), &claims)?)
 }

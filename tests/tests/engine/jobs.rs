@@ -338,9 +338,10 @@ fn gc_keeps_the_newest_jobs_of_a_run() -> Result<()> {
     run(async {
         let engine = engine(&static_yaml(f, "")).await?;
         let run = run_context("team-a", None);
+        let mut placements = Vec::new();
         for n in 1..=4 {
             let req = request(&run, "gc", n, block(dest("a,b"), 0, "1s", json!({}))?);
-            engine.ensure(&req).await?;
+            placements = engine.ensure(&req).await?.job.placements;
         }
         // Another metric of the same run: GC of metric "gc" leaves it alone.
         let other = request(&run, "other", 1, block(dest("a,b"), 0, "1s", json!({}))?);
@@ -356,7 +357,7 @@ fn gc_keeps_the_newest_jobs_of_a_run() -> Result<()> {
             )
             .await?;
         }
-        let report = engine.gc(&run.uid, Some("gc"), 2).await;
+        let report = engine.gc(&run.uid, Some("gc"), &placements, 2).await;
         ensure!(report.failed.is_empty(), "{report:?}");
         let mut deleted: Vec<String> = report
             .deleted
@@ -398,7 +399,7 @@ fn gc_keeps_the_newest_jobs_of_a_run() -> Result<()> {
         // Nothing more to collect.
         eventually("gc is idempotent", Duration::from_secs(20), || async {
             Ok(engine
-                .gc(&run.uid, Some("gc"), 2)
+                .gc(&run.uid, Some("gc"), &placements, 2)
                 .await
                 .deleted
                 .is_empty()

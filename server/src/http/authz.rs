@@ -1,0 +1,106 @@
+//! Which caller may use the measurement routes (`ensure`, `status`, `terminate`, `gc`), and for
+//! which project; checked before the request reaches the [`super::Dispatcher`].
+//!
+//! * Agent tokens serve one destination's work (`/v1/agents/{dest}/…`) and nothing else: on a
+//!   measurement route they are refused outright, whatever the request says.
+//! * A caller bound to projects ([`Projects::Only`]: a JWT `projects` claim, a `policy.callers`
+//!   entry) may only act for AnalysisRuns in those namespaces.
+//!
+//! The refusal is a 403 `forbidden`, which the plugin turns into an `Error` measurement; its
+//! message names the project and what to change (the token, or the config entry).
+
+use dispatch_api::v1::RunRef;
+
+use super::auth::{Principal, Projects, ScopeSource};
+use super::DispatchError;
+
+/// Refuses agent tokens, and callers not bound to the run's project.
+pub(super) fn measurement_caller(caller: &Principal, run: &RunRef) -> Result<(), DispatchError> {
+    if let Some(dest) = &caller.destination {
+        tracing::warn!(subject = %caller.subject, token_destination = %dest,
+                       "refused: agent token on a measurement route");
+        return Err(DispatchError::Forbidden(format!(
+            "{} holds an agent token for destination {dest:?}; agent tokens may only poll and \
+             report that destination's work (/v1/agents/{dest}/…), never start, read, delete or \
+             garbage-collect measurements: give the plugin a plugin token (rollouts-dispatch \
+             token issue without --destination)",
+            caller.subject
+        )));
+    }
+    let project = &run.namespace;
+    if caller.projects.allows(project) {
+        return Ok(());
+    }
+    let Projects::Only { globs, bound_by } = &caller.projects else {
+        return Ok(());
+    };
+    tracing::warn!(subject = %caller.subject, %project, bound_to = ?globs,
+                   "refused: caller not bound to the run's project");
+    let fix = match bound_by {
+        ScopeSource::TokenClaim => format!(
+            "its token's `projects` claim lists [{}]; issue a token that includes it \
+             (rollouts-dispatch token issue --project {project}, once per project)",
+            globs.join(", ")
+        ),
+        ScopeSource::Config { index, origin } => format!(
+            "policy.callers[{index}] in {origin} binds it to [{}]; add {project:?} to that \
+             entry's projects",
+            globs.join(", ")
+        ),
+    };
+    Err(DispatchError::Forbidden(format!(
+        "{} may not act for project {project:?} (the namespace of AnalysisRun {}/{}): {fix}",
+        caller.subject, run.namespace, run.name
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(namespace: &str) -> RunRef {
+        RunRef {
+            name: "r".into(),
+            namespace: namespace.into(),
+            uid: "u".into(),
+            ..RunRef::default()
+        }
+    }
+
+    #[test]
+    fn agents_are_refused_and_projects_bind() {
+        let mut p = Principal::plugin("plugin");
+        measurement_caller(&p, &run("any")).unwrap();
+        p.destination = Some("edge".into());
+        let e = measurement_caller(&p, &run("any")).unwrap_err().to_string();
+        assert!(e.contains("agent token for destination \"edge\""), "{e}");
+
+        let mut p = Principal::plugin("ci");
+        p.projects = Projects::Only {
+            globs: vec!["team-a".into()],
+            bound_by: ScopeSource::TokenClaim,
+        };
+        measurement_caller(&p, &run("team-a")).unwrap();
+        let e = measurement_caller(&p, &run("team-b"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("project \"team-b\"") && e.contains("token issue --project team-b"),
+            "{e}"
+        );
+        p.projects = Projects::Only {
+            globs: vec!["team-a".into()],
+            bound_by: ScopeSource::Config {
+                index: 2,
+                origin: "config file /c.yaml".into(),
+            },
+        };
+        let e = measurement_caller(&p, &run("team-b"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("policy.callers[2] in config file /c.yaml"),
+            "{e}"
+        );
+    }
+}
