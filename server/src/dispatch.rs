@@ -205,7 +205,9 @@ fn engine_error(e: EngineError) -> DispatchError {
         EngineError::UnknownDestination { .. } | EngineError::NoMatch { .. } => {
             DispatchError::UnknownDestination(message)
         }
-        EngineError::Denied(_) => DispatchError::Forbidden(message),
+        EngineError::Denied(_) | EngineError::PodSecurity { .. } => {
+            DispatchError::Forbidden(message)
+        }
         EngineError::Stage(_) => DispatchError::NotFound(message),
         EngineError::InvalidJob { .. } => DispatchError::InvalidBlock(message),
         EngineError::Start(_) => DispatchError::Internal(message),

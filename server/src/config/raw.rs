@@ -10,6 +10,8 @@ use dispatch_api::duration::DurationError;
 use dispatch_api::parse_go_duration;
 use serde::Deserialize;
 
+use crate::podsecurity::{default_service_accounts, Level, UnknownLevel};
+
 use super::{
     Access, AgentDestinationConfig, AgentsConfig, ArgoCdConfig, DestinationConfig, DirectAccess,
     EngineSettings, KubeconfigContexts, PolicyConfig, PolicyRule, SecretValue, ServerConfig,
@@ -94,6 +96,13 @@ pub(crate) enum Problem {
     Together(&'static str, &'static str),
     #[error("`certData`/`keyData` and `certFile`/`keyFile` are mutually exclusive")]
     CertDataAndFile,
+    #[error(transparent)]
+    Level(#[from] UnknownLevel),
+    #[error(
+        "`allowAll: true` and `rules` are mutually exclusive: keep the rules (they say who may use \
+         what), or drop them to allow every project everywhere"
+    )]
+    AllowAllAndRules,
 }
 
 /// Why a string cannot be a destination name ([`check_destination_name`]).
@@ -226,6 +235,8 @@ struct RawArgoCd {
 struct RawPolicy {
     #[serde(default)]
     rules: Vec<RawRule>,
+    #[serde(default, rename = "allowAll")]
+    allow_all: bool,
 }
 
 #[derive(Deserialize)]
@@ -236,6 +247,12 @@ struct RawRule {
     #[serde(default)]
     destinations: Vec<String>,
     namespaces: Option<Vec<String>>,
+    #[serde(rename = "podSecurity")]
+    pod_security: Option<String>,
+    #[serde(rename = "serviceAccounts")]
+    service_accounts: Option<Vec<String>>,
+    #[serde(default, rename = "automountServiceAccountToken")]
+    automount_service_account_token: bool,
 }
 
 #[derive(Deserialize)]
@@ -349,13 +366,38 @@ impl RawConfig {
                             return Err(invalid(format!("{at}.{field}[{j}]"), Problem::EmptyGlob));
                         }
                     }
+                    let pod_security = match r.pod_security.as_deref() {
+                        None => Level::default(),
+                        Some(l) => l
+                            .parse()
+                            .map_err(|e| invalid(format!("{at}.podSecurity"), Problem::Level(e)))?,
+                    };
+                    let service_accounts =
+                        r.service_accounts.unwrap_or_else(default_service_accounts);
+                    if service_accounts.is_empty() {
+                        let at = format!("{at}.serviceAccounts");
+                        return Err(invalid(at, Problem::EmptyList));
+                    }
+                    if let Some(j) = service_accounts.iter().position(|a| a.trim().is_empty()) {
+                        let at = format!("{at}.serviceAccounts[{j}]");
+                        return Err(invalid(at, Problem::EmptyGlob));
+                    }
                     rules.push(PolicyRule {
                         projects: r.projects,
                         destinations: r.destinations,
                         namespaces,
+                        pod_security,
+                        service_accounts,
+                        automount_service_account_token: r.automount_service_account_token,
                     });
                 }
-                Some(PolicyConfig { rules })
+                if p.allow_all && !rules.is_empty() {
+                    return Err(invalid("policy.allowAll", Problem::AllowAllAndRules));
+                }
+                Some(PolicyConfig {
+                    rules,
+                    allow_all: p.allow_all,
+                })
             }
         };
         let mut engine = EngineSettings::default();
@@ -704,6 +746,18 @@ mod tests {
             (
                 "policy: {rules: [{projects: [a]}]}",
                 "policy.rules[0].destinations: empty list",
+            ),
+            (
+                "policy: {rules: [{projects: [a], destinations: [b], podSecurity: Privileged}]}",
+                "policy.rules[0].podSecurity: \"Privileged\" is not a pod security level",
+            ),
+            (
+                "policy: {rules: [{projects: [a], destinations: [b], serviceAccounts: []}]}",
+                "policy.rules[0].serviceAccounts: empty list",
+            ),
+            (
+                "policy: {allowAll: true, rules: [{projects: [a], destinations: [b]}]}",
+                "policy.allowAll: `allowAll: true` and `rules` are mutually exclusive",
             ),
             ("engine: {connectTimeout: soon}", "engine.connectTimeout"),
             (
