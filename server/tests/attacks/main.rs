@@ -10,6 +10,9 @@
 //! Shared: [`scene`] (the engine behind the API, tokens), [`tally`] (the record every case
 //! writes). Groups, one module each:
 //! * [`authn`]: no token, expired, revoked, forged, wrong audience → 401 on every route.
+//! * [`podsecurity`]: escalating Job templates (privileged, host namespaces, hostPath, nodeName,
+//!   selectors, service accounts, API tokens, reserved labels) → refused with the field, no
+//!   destination call; no policy → refused; and the agent's own re-check.
 
 #[path = "../engine_fast/fake_api/mod.rs"]
 #[allow(dead_code)]
@@ -19,5 +22,6 @@ mod fake_api;
 mod world;
 
 mod authn;
+mod podsecurity;
 mod scene;
 mod tally;
