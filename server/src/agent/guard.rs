@@ -53,8 +53,9 @@ pub enum AgentRefused {
 
 impl Guard {
     /// Checks work item `spec` for destination `destination`; returns the Job to create (with
-    /// the unset restricted fields filled in), `None` for a record without a Job (adopt or
-    /// delete only).
+    /// the unset restricted fields filled in), `None` for a record without a Job (adopt only)
+    /// and for a deletion, which only needs the namespace to be the agent's: a Job this agent
+    /// must not create may still be one to delete (created before its flags changed).
     pub fn admit(
         &self,
         destination: &str,
@@ -70,7 +71,7 @@ impl Guard {
                 allowed: self.namespaces.join(", "),
             });
         }
-        let Some(job) = &spec.job else {
+        let Some(job) = spec.job.as_ref().filter(|_| !spec.delete) else {
             return Ok(None);
         };
         for (field, pointer, expected) in [
@@ -219,8 +220,14 @@ mod tests {
             "{e}"
         );
         assert!(guard(Level::Privileged)
-            .admit("edge", &spec("verify", privileged))
+            .admit("edge", &spec("verify", privileged.clone()))
             .is_ok());
+        // Deleting a Job the agent would not create is allowed, in its namespaces only.
+        let mut delete = spec("verify", privileged);
+        delete.delete = true;
+        assert_eq!(guard(Level::Restricted).admit("edge", &delete), Ok(None));
+        delete.namespace = "kube-system".into();
+        assert!(guard(Level::Restricted).admit("edge", &delete).is_err());
     }
 
     #[test]

@@ -482,6 +482,14 @@ async fn the_agent_refuses_what_its_own_flags_do_not_allow() -> Result<()> {
         moved,
         "`metadata.namespace` is \"kube-system\"",
     ));
+    let mut delete_elsewhere = record(&scene, &plain)?.spec;
+    delete_elsewhere.delete = true;
+    delete_elsewhere.namespace = "kube-system".into();
+    cases.push((
+        "forged deletion in a namespace outside the agent's",
+        delete_elsewhere,
+        "namespace \"kube-system\" is not one of its namespaces",
+    ));
     let mut other_run = record(&scene, &plain)?.spec;
     other_run.run_uid = "another-run".into();
     cases.push((
