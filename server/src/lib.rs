@@ -14,7 +14,8 @@
 //! * [`job`]: the Job object (name, labels, annotations, injected context) — pure.
 //! * [`verdict`]: per-destination state → measurement phase, message, metadata — pure.
 //! * [`logs`]: the log tail of a failed container, bounded and redacted.
-//! * [`policy`]: which Kargo projects may use which destinations and namespaces.
+//! * [`policy`]: which Kargo projects may use which destinations and namespaces, and with which
+//!   [`podsecurity`] profile (the Pod Security Standards check that the server and the agent run).
 //! * [`engine`]: the entry point, [`engine::Engine`] (`ensure`, `status`, `terminate`, `gc`).
 //! * [`http`]: the authenticated `/v1` API; [`dispatch`] puts the engine behind it.
 //! * [`agent`]: the agent of a destination that only dials out; [`store`]: its work records.
@@ -31,6 +32,7 @@ pub mod engine;
 pub mod http;
 pub mod job;
 pub mod logs;
+pub mod podsecurity;
 pub mod policy;
 pub mod runs;
 pub mod runtime;

@@ -1,16 +1,24 @@
 //! Policy: which Kargo projects (AnalysisRun namespaces) may run Jobs on which destinations and
-//! namespaces (`docs/architecture.md`).
+//! namespaces (`docs/architecture.md`), and with which pod security [`Profile`].
 //!
-//! Rules are globs (`*`, `?`); any matching rule allows. Without a `policy` block (or with no rules)
-//! everything is allowed and [`Policy::warning`] says so once at start. A denial names the project, the
-//! destination, the namespace and the config key to change.
+//! Rules are globs (`*`, `?`); any matching rule allows. The policy denies by default: without a
+//! `policy` block, or with one that has no rules, nothing is dispatched, and [`Policy::warning`]
+//! says so once at start. `policy: {allowAll: true}` opts in to every project on every
+//! destination (also with a warning). A denial names the project, the destination, the
+//! namespace and the config key to change.
+//!
+//! The pod security of a placement ([`Policy::profile`]) combines the rules that allow it: the
+//! most permissive `podSecurity` level wins, and their `serviceAccounts` and
+//! `automountServiceAccountToken` add up, since any matching rule allows.
 
 use crate::config::{PolicyConfig, PolicyRule};
+use crate::podsecurity::{Level, Origin, Profile};
 
 /// The policy in force.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
-    rules: Option<Vec<PolicyRule>>,
+    rules: Vec<PolicyRule>,
+    allow_all: bool,
     origin: String,
 }
 
@@ -35,40 +43,55 @@ pub struct Denied {
 }
 
 impl Policy {
-    /// No policy: everything is allowed.
+    /// Everything is allowed, with the default pod security profile: what
+    /// `policy: {allowAll: true}` says, and the engine of an agent (whose own checks are its
+    /// flags, see `agent`).
     pub fn allow_all(origin: &str) -> Self {
         Self {
-            rules: None,
+            rules: Vec::new(),
+            allow_all: true,
             origin: origin.to_string(),
         }
     }
 
-    /// The policy of a config file; none, or one without rules, allows all.
+    /// The policy of a config file; none, or one without rules or `allowAll`, denies everything.
     pub fn new(config: Option<&PolicyConfig>, origin: &str) -> Self {
         Self {
-            rules: config.map(|c| c.rules.clone()).filter(|r| !r.is_empty()),
+            rules: config.map(|c| c.rules.clone()).unwrap_or_default(),
+            allow_all: config.is_some_and(|c| c.allow_all),
             origin: origin.to_string(),
         }
     }
 
-    /// The warning to log at start when nothing is restricted.
+    /// The warning to log at start when everything, or nothing, is allowed.
     pub fn warning(&self) -> Option<String> {
-        match &self.rules {
-            None => Some(format!(
-                "no policy in {}: every project may run Jobs on every destination and namespace; \
-                 add `policy.rules` to restrict them",
+        if self.allow_all {
+            return Some(format!(
+                "`policy.allowAll` in {}: every project may run Jobs on every destination and \
+                 namespace (pod security: restricted, service account default, no API token); \
+                 write `policy.rules` to restrict them",
                 self.origin
-            )),
-            Some(_) => None,
+            ));
         }
+        if self.rules.is_empty() {
+            return Some(format!(
+                "no `policy.rules` in {}: every measurement is refused (the policy denies by \
+                 default); add rules such as `policy: {{rules: [{{projects: [team-a], \
+                 destinations: [\"prod-*\"], namespaces: [verification]}}]}}`, or \
+                 `policy: {{allowAll: true}}`",
+                self.origin
+            ));
+        }
+        None
     }
 
     /// Whether `project` may run a Job on `destination` in `namespace`.
     pub fn check(&self, project: &str, destination: &str, namespace: &str) -> Result<(), Denied> {
-        let Some(rules) = &self.rules else {
+        if self.allow_all {
             return Ok(());
-        };
-        let for_project: Vec<&PolicyRule> = rules
+        }
+        let for_project: Vec<&PolicyRule> = self
+            .rules
             .iter()
             .filter(|r| r.projects.iter().any(|g| glob_match(g, project)))
             .collect();
@@ -83,7 +106,11 @@ impl Policy {
         {
             return Ok(());
         }
-        let why = if for_project.is_empty() {
+        let why = if self.rules.is_empty() {
+            "there are no `policy.rules`, and the policy denies by default (`policy: {allowAll: \
+             true}` would allow every project everywhere)"
+                .to_string()
+        } else if for_project.is_empty() {
             "no rule lists this project".to_string()
         } else if for_destination.is_empty() {
             let allowed: Vec<&str> = for_project
@@ -111,6 +138,46 @@ impl Policy {
             why,
             origin: self.origin.clone(),
         })
+    }
+
+    /// The pod security profile of the Jobs `project` runs on `destination` in `namespace`: the
+    /// rules that allow the placement combined (most permissive level, the union of their
+    /// service accounts, tokens if any allows them). `allowAll`, and a placement no rule allows
+    /// (which [`Policy::check`] refuses anyway), get the defaults.
+    pub fn profile(&self, project: &str, destination: &str, namespace: &str) -> Profile {
+        let matching: Vec<(usize, &PolicyRule)> = self
+            .rules
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| {
+                r.projects.iter().any(|g| glob_match(g, project))
+                    && r.destinations.iter().any(|g| glob_match(g, destination))
+                    && r.namespaces.iter().any(|g| glob_match(g, namespace))
+            })
+            .collect();
+        if matching.is_empty() {
+            return Profile::restricted(Origin::AllowAll(self.origin.clone()));
+        }
+        let names: Vec<String> = matching
+            .iter()
+            .map(|(i, _)| format!("policy.rules[{i}]"))
+            .collect();
+        let mut profile = Profile {
+            level: Level::Restricted,
+            service_accounts: Vec::new(),
+            automount_service_account_token: false,
+            origin: Origin::Rules(format!("{} in {}", names.join(", "), self.origin)),
+        };
+        for (_, r) in matching {
+            profile.level = profile.level.max(r.pod_security);
+            profile.automount_service_account_token |= r.automount_service_account_token;
+            for a in &r.service_accounts {
+                if !profile.service_accounts.contains(a) {
+                    profile.service_accounts.push(a.clone());
+                }
+            }
+        }
+        profile
     }
 }
 
@@ -148,6 +215,16 @@ mod tests {
             projects: v(p),
             destinations: v(d),
             namespaces: v(n),
+            pod_security: Level::Restricted,
+            service_accounts: crate::podsecurity::default_service_accounts(),
+            automount_service_account_token: false,
+        }
+    }
+
+    fn rules(rules: Vec<PolicyRule>) -> PolicyConfig {
+        PolicyConfig {
+            rules,
+            ..PolicyConfig::default()
         }
     }
 
@@ -169,13 +246,10 @@ mod tests {
 
     #[test]
     fn rules_allow_and_deny_with_reasons() {
-        let cfg = PolicyConfig {
-            rules: vec![
-                rule(&["team-a"], &["prod-*"], &["verification"]),
-                rule(&["team-*"], &["dev"], &["*"]),
-            ],
-            ..PolicyConfig::default()
-        };
+        let cfg = rules(vec![
+            rule(&["team-a"], &["prod-*"], &["verification"]),
+            rule(&["team-*"], &["dev"], &["*"]),
+        ]);
         let p = Policy::new(Some(&cfg), "config file /etc/rd.yaml");
         assert!(p.warning().is_none());
         assert!(p.check("team-a", "prod-eu", "verification").is_ok());
@@ -208,25 +282,102 @@ mod tests {
     }
 
     #[test]
-    fn no_policy_allows_all_with_a_warning() {
-        let p = Policy::new(None, "embedded default configuration");
-        assert!(p.check("x", "y", "z").is_ok());
-        assert!(p.warning().unwrap().contains("every project"));
-        // An empty policy is no policy (docs/architecture.md, `policy.rs`).
-        let p = Policy::new(Some(&PolicyConfig::default()), "f");
-        assert!(p.check("x", "y", "z").is_ok() && p.warning().is_some());
+    fn no_policy_denies_everything_and_names_the_config_to_add() {
+        for p in [
+            Policy::new(None, "embedded default configuration"),
+            // An empty policy is no policy (docs/architecture.md, `policy.rs`).
+            Policy::new(
+                Some(&PolicyConfig::default()),
+                "embedded default configuration",
+            ),
+        ] {
+            let e = p.check("x", "y", "z").unwrap_err();
+            let text = e.to_string();
+            assert!(
+                e.why.contains("denies by default") && text.contains("policy: {allowAll: true}"),
+                "{text}"
+            );
+            assert!(
+                text.contains("add a rule to `policy.rules` in embedded default configuration"),
+                "{text}"
+            );
+            let w = p.warning().unwrap();
+            assert!(
+                w.contains("every measurement is refused") && w.contains("allowAll"),
+                "{w}"
+            );
+        }
+    }
+
+    #[test]
+    fn allow_all_is_an_explicit_opt_in_with_a_warning() {
+        let cfg = PolicyConfig {
+            allow_all: true,
+            ..PolicyConfig::default()
+        };
+        for p in [Policy::new(Some(&cfg), "f"), Policy::allow_all("f")] {
+            assert!(p.check("x", "y", "z").is_ok());
+            assert!(p.warning().unwrap().contains("every project may run Jobs"));
+            let profile = p.profile("x", "y", "z");
+            assert_eq!(profile, Profile::restricted(Origin::AllowAll("f".into())));
+        }
+    }
+
+    #[test]
+    fn the_most_permissive_matching_rule_sets_the_pod_security() {
+        let with = |level, sas: &[&str], token, r: PolicyRule| PolicyRule {
+            pod_security: level,
+            service_accounts: sas.iter().map(|s| s.to_string()).collect(),
+            automount_service_account_token: token,
+            ..r
+        };
+        let p = Policy::new(
+            Some(&rules(vec![
+                rule(&["team-a"], &["*"], &["*"]),
+                with(
+                    Level::Baseline,
+                    &["ci"],
+                    false,
+                    rule(&["team-*"], &["prod-*"], &["*"]),
+                ),
+                with(
+                    Level::Privileged,
+                    &["node-debug"],
+                    true,
+                    rule(&["team-a"], &["lab"], &["debug"]),
+                ),
+            ])),
+            "f",
+        );
+        let prod = p.profile("team-a", "prod-eu", "verification");
+        assert_eq!(prod.level, Level::Baseline);
+        assert_eq!(prod.service_accounts, vec!["default", "ci"]);
+        assert!(!prod.automount_service_account_token);
+        assert_eq!(
+            prod.origin,
+            Origin::Rules("policy.rules[0], policy.rules[1] in f".into())
+        );
+        let lab = p.profile("team-a", "lab", "debug");
+        assert_eq!(
+            (lab.level, lab.automount_service_account_token),
+            (Level::Privileged, true)
+        );
+        // Another namespace of the lab: only rule 0 matches.
+        let plain = p.profile("team-a", "lab", "verification");
+        assert_eq!(plain.level, Level::Restricted);
+        assert_eq!(plain.origin, Origin::Rules("policy.rules[0] in f".into()));
+        // team-b gets rule 1's level on prod only, and nothing elsewhere (check refuses it).
+        assert_eq!(p.profile("team-b", "prod-us", "x").level, Level::Baseline);
+        assert!(p.check("team-b", "lab", "debug").is_err());
     }
 
     /// The policy of the bypass tests: team-a may verify on the prod destinations, in one namespace.
     fn strict() -> Policy {
-        let cfg = PolicyConfig {
-            rules: vec![
-                rule(&["team-a"], &["prod-*"], &["verification"]),
-                rule(&["team-a"], &["staging"], &["team-a-*"]),
-                rule(&["team-b*"], &["dev"], &["*"]),
-            ],
-            ..PolicyConfig::default()
-        };
+        let cfg = rules(vec![
+            rule(&["team-a"], &["prod-*"], &["verification"]),
+            rule(&["team-a"], &["staging"], &["team-a-*"]),
+            rule(&["team-b*"], &["dev"], &["*"]),
+        ]);
         Policy::new(Some(&cfg), "f")
     }
 
@@ -304,10 +455,7 @@ mod tests {
         // not allow `prod-eu,evil` (the plugin block's lists are split and checked per name
         // before the policy sees them).
         let exact = Policy::new(
-            Some(&PolicyConfig {
-                rules: vec![rule(&["team-a"], &["prod-eu"], &["*"])],
-                ..PolicyConfig::default()
-            }),
+            Some(&rules(vec![rule(&["team-a"], &["prod-eu"], &["*"])])),
             "f",
         );
         assert!(exact.check("team-a", "prod-eu", "x").is_ok());
@@ -326,10 +474,11 @@ mod tests {
     fn wildcards_in_a_requested_name_are_literal() {
         // Only the rule's pattern is a glob: a requested `*` or `?` is a character like any other.
         let exact = Policy::new(
-            Some(&PolicyConfig {
-                rules: vec![rule(&["team-a"], &["prod-eu"], &["verification"])],
-                ..PolicyConfig::default()
-            }),
+            Some(&rules(vec![rule(
+                &["team-a"],
+                &["prod-eu"],
+                &["verification"],
+            )])),
             "f",
         );
         for (d, ns) in [
@@ -358,14 +507,11 @@ mod tests {
 
     #[test]
     fn project_globs_match_exactly_what_they_say() {
-        let cfg = PolicyConfig {
-            rules: vec![
-                rule(&["team-a"], &["a-dest"], &["*"]),
-                rule(&["team-a*"], &["a-star-dest"], &["*"]),
-                rule(&["team-a-*"], &["a-dash-dest"], &["*"]),
-            ],
-            ..PolicyConfig::default()
-        };
+        let cfg = rules(vec![
+            rule(&["team-a"], &["a-dest"], &["*"]),
+            rule(&["team-a*"], &["a-star-dest"], &["*"]),
+            rule(&["team-a-*"], &["a-dash-dest"], &["*"]),
+        ]);
         let p = Policy::new(Some(&cfg), "f");
         // `team-a` (exact) is team-a only.
         assert!(p.check("team-a", "a-dest", "ns").is_ok());

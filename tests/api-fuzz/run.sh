@@ -10,7 +10,7 @@ cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "
 trap cleanup EXIT
 command -v schemathesis >/dev/null || python3 -m pip install -q schemathesis
 head -c 48 /dev/urandom | base64 > "$work/jwt.key"
-printf 'destinations: []\n' > "$work/server.yaml"
+printf 'destinations: []\npolicy: {allowAll: true}\n' > "$work/server.yaml"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 admin=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 "$bin" token issue --key-file "$work/jwt.key" --ttl 1h > "$work/token" 2>/dev/null

@@ -135,7 +135,10 @@ async fn five_hundred_agents_two_thousand_jobs() -> Result<()> {
     std::fs::create_dir_all(&dir)?;
     let key = dir.join("jwt.key");
     std::fs::write(&key, KEY)?;
-    let mut config = String::from("agents:\n  store: memory\n  destinations:\n");
+    let mut config = String::from(
+        "policy: {rules: [{projects: ['*'], destinations: ['agent-*']}]}\n\
+         agents:\n  store: memory\n  destinations:\n",
+    );
     for i in 0..AGENTS {
         config.push_str(&format!("  - name: agent-{i:03}\n"));
     }

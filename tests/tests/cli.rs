@@ -30,13 +30,15 @@ fn scratch(c: &Cluster, test: &str) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// The server config: destination `a` is the test cluster, via its kubeconfig.
+/// The server config: destination `a` is the test cluster, via its kubeconfig; any project may
+/// use it (the policy denies by default).
 fn write_config(c: &Cluster, dir: &Path, extra: &str) -> Result<PathBuf> {
     let path = dir.join("server.yaml");
     std::fs::write(
         &path,
         format!(
-            "destinations:\n- name: a\n  kubeconfig: {}\n{extra}",
+            "policy: {{rules: [{{projects: ['*'], destinations: [a]}}]}}\n\
+             destinations:\n- name: a\n  kubeconfig: {}\n{extra}",
             c.kubeconfig.display()
         ),
     )?;

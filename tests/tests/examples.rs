@@ -78,11 +78,62 @@ fn analysis_templates_have_valid_plugin_blocks() {
                 !json.contains("{{"),
                 "{name}: an arg is used but not declared: {json}"
             );
-            JobConfig::parse(json.as_bytes())
+            let config = JobConfig::parse(json.as_bytes())
                 .unwrap_or_else(|e| panic!("{name}/{}: {e}", m["name"]));
+            passes_the_example_policy(name, &config);
             blocks += 1;
         }
         assert!(blocks > 0, "{name} has no {PLUGIN_NAME} metric");
+    }
+}
+
+/// The example template's Job passes the pod security that config/server.yaml gives team-web on
+/// prod-eu (the rule its comments point the ALB example to); only a template that runs as
+/// another service account needs that rule: team-payments' (the defaults) refuses just those.
+fn passes_the_example_policy(name: &str, config: &JobConfig) {
+    use dispatch_server::config::ServerConfig;
+    use dispatch_server::job::{build, JobInput, RunContext};
+    use dispatch_server::podsecurity::{enforce, our_labels};
+    use dispatch_server::policy::Policy;
+
+    let server = ServerConfig::parse(
+        &std::fs::read_to_string(config_dir().join("server.yaml")).expect("config/server.yaml"),
+        "config file config/server.yaml",
+    )
+    .expect("config/server.yaml is valid");
+    let policy = Policy::new(server.policy.as_ref(), &server.origin);
+    for project in ["team-web", "team-payments"] {
+        let run = RunContext {
+            name: "uat.1".into(),
+            namespace: project.into(),
+            uid: "0b3c4a9e-2f61-4c7d-9a57-1f2e3d4c5b6a".into(),
+            ..RunContext::default()
+        };
+        let mut job = build(&JobInput {
+            run: &run,
+            metric: "m",
+            measurement: 1,
+            config,
+            destination: "prod-eu",
+            namespace: "verification",
+        })
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(policy.check(project, "prod-eu", "verification").is_ok());
+        let profile = policy.profile(project, "prod-eu", "verification");
+        let verdict = enforce(&mut job, &profile, &our_labels(&run.uid, "prod-eu"));
+        let own_account = config
+            .spec
+            .get("template")
+            .and_then(|t| t.pointer("/spec/serviceAccountName"))
+            .is_some_and(Value::is_string);
+        match (project, verdict) {
+            ("team-web", Err(e)) => panic!("{name}: {e}"),
+            ("team-payments", Ok(())) if own_account => {
+                panic!("{name}: runs as its own service account, yet the defaults allow it")
+            }
+            ("team-payments", Err(e)) if !own_account => panic!("{name}: {e}"),
+            _ => {}
+        }
     }
 }
 

@@ -5,7 +5,10 @@
 //! Jobs in its own cluster with the same engine code (and so the same Job identity, context and
 //! verdict rules) as the server uses for direct destinations, watches them, and reports each
 //! state change. It keeps nothing that matters: after a restart it lists its Jobs, adopts them,
-//! and reports again.
+//! and reports again. Before it creates anything it checks the work itself ([`guard`]): its
+//! namespaces and the pod security of the Job, whatever the server asks.
+
+mod guard;
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
@@ -24,6 +27,7 @@ use tracing::{error, info, info_span, warn, Instrument};
 use crate::config::EngineSettings;
 use crate::engine::{Engine, JobRef, Outcome, Placement};
 use crate::logs::Redactor;
+use crate::podsecurity::{Level, Origin, Profile};
 use crate::runtime::admin::{self, Readiness};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::{listener, shutdown::shutdown_signal};
@@ -31,6 +35,7 @@ use crate::verdict::DestState;
 use dispatch_api::agent::{
     self as api, Report, ReportReply, ReportRequest, WorkItem, WorkReply, WorkRequest,
 };
+pub use guard::{namespaces, AgentRefused, Guard, MissingNamespaces};
 
 /// What `rollouts-dispatch agent` needs.
 #[derive(Debug, Clone)]
@@ -47,6 +52,29 @@ pub struct AgentOptions {
     pub admin_listen: SocketAddr,
     /// how long one long poll may stay open
     pub poll_wait: Duration,
+    /// `--namespaces` (empty: `$POD_NAMESPACE`, see [`namespaces`])
+    pub namespaces: Vec<String>,
+    /// `--pod-security`
+    pub pod_security: Level,
+    /// `--service-accounts`
+    pub service_accounts: Vec<String>,
+    /// `--automount-service-account-token`
+    pub automount_service_account_token: bool,
+}
+
+impl AgentOptions {
+    /// The agent's checks; `pod_namespace` is `$POD_NAMESPACE`.
+    pub fn guard(&self, pod_namespace: Option<String>) -> Result<Guard, MissingNamespaces> {
+        Ok(Guard {
+            namespaces: namespaces(&self.namespaces, pod_namespace)?,
+            profile: Profile {
+                level: self.pod_security,
+                service_accounts: self.service_accounts.clone(),
+                automount_service_account_token: self.automount_service_account_token,
+                origin: Origin::Agent,
+            },
+        })
+    }
 }
 
 /// The claims of a token that the agent reads without verifying (the server verifies).
@@ -100,6 +128,7 @@ pub const MAX_WORK_REPLY_BYTES: usize = 32 << 20;
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
+    let guard = opts.guard(std::env::var("POD_NAMESPACE").ok())?;
     let (subject, claimed) = token_identity(&opts.token_file)?;
     let destination = match (opts.destination.clone(), claimed) {
         (Some(flag), Some(claim)) if flag != claim => {
@@ -135,7 +164,9 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         )
         .instrument(info_span!("admin", listen = %opts.admin_listen)),
     );
-    info!(%destination, server = %opts.server, agent = %subject, "agent starting");
+    info!(%destination, server = %opts.server, agent = %subject, namespaces = ?guard.namespaces,
+          pod_security = %guard.profile.level, service_accounts = ?guard.profile.service_accounts,
+          "agent starting");
     // Act only on a complete view of the cluster: a Job missing from a half-listed cache
     // would be created twice.
     while !engine.wait_synced(Duration::from_secs(30)).await.is_empty() {
@@ -156,7 +187,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         .instrument(info_span!("agent_poll", %destination)),
     );
     tokio::select! {
-        () = sync(engine, client, shared, subject, metrics) => {}
+        () = sync(engine, client, shared, subject, metrics, guard) => {}
         () = shutdown.clone() => {}
     }
     poller.abort();
@@ -218,6 +249,7 @@ async fn sync(
     shared: Arc<Shared>,
     subject: String,
     metrics: Arc<Metrics>,
+    guard: Guard,
 ) {
     let destination = shared.destination.clone();
     let path = api::path(api::REPORT, &destination);
@@ -262,6 +294,25 @@ async fn sync(
                 sig: String::new(),
             };
             let placement = &job.placements[0];
+            // Checked on every pass (it is pure): a refused item keeps its refusal as state.
+            let admitted = match guard.admit(&destination, spec) {
+                Ok(obj) => obj,
+                Err(refused) => {
+                    warn!(%destination, job = %format!("{}/{}", spec.namespace, spec.job_name),
+                          run = %spec.run, error = %refused, "refused work from the server");
+                    let state = Some(DestState::Error(format!(
+                        "job {}/{} on {destination}: {refused}",
+                        spec.namespace, spec.job_name
+                    )));
+                    if reported.get(&item.name) != Some(&state) {
+                        reports.push(Report {
+                            name: item.name.clone(),
+                            state,
+                        });
+                    }
+                    continue;
+                }
+            };
             let state = if spec.delete {
                 match engine.delete_one(&job, placement).await {
                     Ok(false) => None,
@@ -274,14 +325,14 @@ async fn sync(
             } else {
                 let mut created = None;
                 if !item.reported && !started.contains(&item.name) {
-                    if let Some(obj) = &spec.job {
+                    if let Some(obj) = admitted {
                         let outcome = engine
                             .create_or_adopt(
                                 &entry,
                                 &spec.namespace,
                                 &spec.job_name,
                                 &spec.run_uid,
-                                obj.clone(),
+                                obj,
                             )
                             .await;
                         info!(%destination, job = %format!("{}/{}", spec.namespace, spec.job_name),

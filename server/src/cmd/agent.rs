@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::{parse_duration, AdminArgs, ServerArgs};
+use crate::podsecurity::Level;
 
 /// `rollouts-dispatch agent`
 #[derive(Debug, Clone, Args)]
@@ -27,6 +28,26 @@ pub struct AgentArgs {
     /// How long one long poll may stay open (Go duration, at most 55s).
     #[arg(long, default_value = "25s", value_parser = parse_duration)]
     pub poll_wait: Duration,
+    /// Namespaces where the agent creates and deletes Jobs, comma-separated globs ('*': all);
+    /// default: its own, `$POD_NAMESPACE` (it refuses to start without either). Work for any
+    /// other namespace is refused and reported, whatever the server asks.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        env = "ROLLOUTS_DISPATCH_AGENT_NAMESPACES"
+    )]
+    pub namespaces: Vec<String>,
+    /// Pod Security Standards level of the Jobs it creates: restricted (unset restricted fields
+    /// are filled in), baseline or privileged; checked again here whatever the server allowed.
+    #[arg(long, default_value = "restricted")]
+    pub pod_security: Level,
+    /// Service accounts the Jobs' pods may run as, comma-separated exact names.
+    #[arg(long, value_delimiter = ',', default_value = "default")]
+    pub service_accounts: Vec<String>,
+    /// Let the Jobs' pods mount an API token (`automountServiceAccountToken: true`, projected
+    /// service account tokens); without it, `automountServiceAccountToken: false` is set.
+    #[arg(long)]
+    pub automount_service_account_token: bool,
 }
 
 /// Runs the agent; returns the exit code.
@@ -40,6 +61,10 @@ pub(super) async fn run(args: AgentArgs) -> ExitCode {
         poll_wait: args.poll_wait.min(Duration::from_secs(u64::from(
             dispatch_api::agent::MAX_WAIT_SECONDS,
         ))),
+        namespaces: args.namespaces,
+        pod_security: args.pod_security,
+        service_accounts: args.service_accounts,
+        automount_service_account_token: args.automount_service_account_token,
     };
     match crate::agent::run(opts).await {
         Ok(()) => ExitCode::SUCCESS,

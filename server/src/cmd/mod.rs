@@ -75,7 +75,7 @@ pub enum Command {
 #[derive(Debug, Clone, Args)]
 pub struct ConfigArgs {
     /// Server configuration file (destinations, policy, …); without it every context of the
-    /// kubeconfig is a destination.
+    /// kubeconfig is a destination, but nothing is dispatched (the policy denies by default).
     #[arg(
         long = "config",
         value_name = "CONFIG",

@@ -24,11 +24,14 @@
 //!   caFile: /etc/edge-1/ca.crt                 # or caData (PEM), or insecure: true
 //! kubeconfigContexts: {path: ~/.kube/config, contexts: ["kind-*"]}
 //! argocd: {namespace: argocd, inCluster: true, defaultNamespace: default}
-//! policy:
+//! policy:                          # none: nothing is dispatched; `{allowAll: true}`: anything
 //!   rules:
 //!   - projects: ["team-a", "team-b-*"]
 //!     destinations: ["prod-*"]
 //!     namespaces: ["verification"]
+//!     podSecurity: restricted        # | baseline | privileged
+//!     serviceAccounts: [default]
+//!     automountServiceAccountToken: false
 //!   callers:                         # TokenReview users bound to projects (none: all projects)
 //!   - {subject: "system:serviceaccount:team-a:*", projects: ["team-a"]}
 //! engine: {connectTimeout: 5s, requestTimeout: 20s}
@@ -99,7 +102,7 @@ pub struct ServerConfig {
     pub kubeconfig_contexts: Option<KubeconfigContexts>,
     /// Argo CD cluster Secrets on the control plane as destinations, watched live
     pub argocd: Option<ArgoCdConfig>,
-    /// `None`: every project may use every destination (a warning is logged at start)
+    /// `None`: nothing is dispatched (deny by default; a warning is logged at start)
     pub policy: Option<PolicyConfig>,
     /// timeouts
     pub engine: EngineSettings,
@@ -226,13 +229,17 @@ pub struct ArgoCdConfig {
     pub exec_providers: Vec<String>,
 }
 
-/// Which projects may use which destinations and namespaces.
+/// Which projects may use which destinations and namespaces. Without rules (and without
+/// `allowAll`) nothing is dispatched: the policy denies by default.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PolicyConfig {
     /// any matching rule allows
     pub rules: Vec<PolicyRule>,
     /// which projects TokenReview callers may act for (`policy.callers`)
     pub callers: Vec<CallerBinding>,
+    /// `allowAll: true`: every project may use every destination and namespace, with the default
+    /// pod security profile (never together with `rules`)
+    pub allow_all: bool,
 }
 
 /// `policy.callers[]`: binds the Kubernetes users (TokenReview identities) matching `subject`
@@ -246,7 +253,7 @@ pub struct CallerBinding {
     pub projects: Vec<String>,
 }
 
-/// One allow rule; every list holds globs (`*`, `?`).
+/// One allow rule; `projects`, `destinations` and `namespaces` hold globs (`*`, `?`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PolicyRule {
     /// Kargo projects (AnalysisRun namespaces)
@@ -255,6 +262,12 @@ pub struct PolicyRule {
     pub destinations: Vec<String>,
     /// namespaces on the destination (default `["*"]`)
     pub namespaces: Vec<String>,
+    /// the Pod Security Standards level of the Jobs (default `restricted`)
+    pub pod_security: crate::podsecurity::Level,
+    /// service accounts the Jobs' pods may run as, exact names (default `["default"]`)
+    pub service_accounts: Vec<String>,
+    /// whether the Jobs' pods may mount an API token (default false)
+    pub automount_service_account_token: bool,
 }
 
 /// Timeouts of the engine.
@@ -283,7 +296,8 @@ impl Default for EngineSettings {
 }
 
 impl ServerConfig {
-    /// Without a file: every context of the default kubeconfig is a destination; no policy.
+    /// Without a file: every context of the default kubeconfig is a destination; no policy, so
+    /// nothing is dispatched until a file gives one.
     pub fn embedded_default() -> Self {
         Self {
             origin: "embedded default configuration".into(),
@@ -397,7 +411,9 @@ engine: {connectTimeout: 2s}
         .unwrap();
         assert_eq!(c.destinations.len(), 2);
         assert!(matches!(&c.destinations[1].access, Access::Direct(d) if d.token_file.is_some()));
-        assert_eq!(c.policy.unwrap().rules.len(), 2);
+        let policy = c.policy.unwrap();
+        assert_eq!(policy.rules.len(), 3);
+        assert!(policy.rules[2].automount_service_account_token && !policy.allow_all);
         assert_eq!(c.argocd.unwrap().default_namespace, "verification");
         let agents = c.agents.unwrap();
         assert_eq!(agents.store, StoreKind::Kubernetes);

@@ -10,6 +10,8 @@ use dispatch_api::duration::DurationError;
 use dispatch_api::parse_go_duration;
 use serde::Deserialize;
 
+use crate::podsecurity::{default_service_accounts, Level, UnknownLevel};
+
 use super::{
     Access, AgentDestinationConfig, AgentsConfig, ArgoCdConfig, CallerBinding, DestinationConfig,
     DirectAccess, EngineSettings, KubeconfigContexts, PolicyConfig, PolicyRule, SecretValue,
@@ -99,6 +101,13 @@ pub(crate) enum Problem {
          the cluster Secrets' execProviderConfig.command gives it"
     )]
     BadCommand(String),
+    #[error(transparent)]
+    Level(#[from] UnknownLevel),
+    #[error(
+        "`allowAll: true` and `rules` are mutually exclusive: keep the rules (they say who may use \
+         what), or drop them to allow every project everywhere"
+    )]
+    AllowAllAndRules,
 }
 
 /// Why a string cannot be a destination name ([`check_destination_name`]).
@@ -233,6 +242,8 @@ struct RawArgoCd {
 struct RawPolicy {
     #[serde(default)]
     rules: Vec<RawRule>,
+    #[serde(default, rename = "allowAll")]
+    allow_all: bool,
     #[serde(default)]
     callers: Vec<RawCaller>,
 }
@@ -253,6 +264,12 @@ struct RawRule {
     #[serde(default)]
     destinations: Vec<String>,
     namespaces: Option<Vec<String>>,
+    #[serde(rename = "podSecurity")]
+    pod_security: Option<String>,
+    #[serde(rename = "serviceAccounts")]
+    service_accounts: Option<Vec<String>>,
+    #[serde(default, rename = "automountServiceAccountToken")]
+    automount_service_account_token: bool,
 }
 
 #[derive(Deserialize)]
@@ -377,14 +394,40 @@ impl RawConfig {
                             return Err(invalid(format!("{at}.{field}[{j}]"), Problem::EmptyGlob));
                         }
                     }
+                    let pod_security = match r.pod_security.as_deref() {
+                        None => Level::default(),
+                        Some(l) => l
+                            .parse()
+                            .map_err(|e| invalid(format!("{at}.podSecurity"), Problem::Level(e)))?,
+                    };
+                    let service_accounts =
+                        r.service_accounts.unwrap_or_else(default_service_accounts);
+                    if service_accounts.is_empty() {
+                        let at = format!("{at}.serviceAccounts");
+                        return Err(invalid(at, Problem::EmptyList));
+                    }
+                    if let Some(j) = service_accounts.iter().position(|a| a.trim().is_empty()) {
+                        let at = format!("{at}.serviceAccounts[{j}]");
+                        return Err(invalid(at, Problem::EmptyGlob));
+                    }
                     rules.push(PolicyRule {
                         projects: r.projects,
                         destinations: r.destinations,
                         namespaces,
+                        pod_security,
+                        service_accounts,
+                        automount_service_account_token: r.automount_service_account_token,
                     });
                 }
+                if p.allow_all && !rules.is_empty() {
+                    return Err(invalid("policy.allowAll", Problem::AllowAllAndRules));
+                }
                 let callers = validate_callers(p.callers)?;
-                Some(PolicyConfig { rules, callers })
+                Some(PolicyConfig {
+                    rules,
+                    callers,
+                    allow_all: p.allow_all,
+                })
             }
         };
         let mut engine = EngineSettings::default();
@@ -678,131 +721,4 @@ fn check_namespace(ns: Option<&str>) -> Result<(), InvalidNamespace> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::ServerConfig;
-
-    fn parse(text: &str) -> Result<ServerConfig, String> {
-        ServerConfig::parse(text, "config file t.yaml").map_err(|e| e.to_string())
-    }
-
-    #[test]
-    fn agents_have_defaults() {
-        let c = parse("agents: {destinations: [{name: edge-1, labels: {env: edge}}]}").unwrap();
-        let a = c.agents.unwrap();
-        assert_eq!(a.store, StoreKind::Memory);
-        assert_eq!(a.offline_after, Duration::from_secs(60));
-        assert_eq!(a.namespace, None);
-        assert_eq!(a.destinations[0].namespace, "default");
-        assert_eq!(a.destinations[0].labels["env"], "edge");
-        let k = parse("agents: {store: kubernetes, namespace: rd, offlineAfter: 2m}").unwrap();
-        let a = k.agents.unwrap();
-        assert_eq!(
-            (a.store, a.namespace.as_deref(), a.offline_after),
-            (StoreKind::Kubernetes, Some("rd"), Duration::from_secs(120))
-        );
-    }
-
-    #[test]
-    fn every_mistake_names_file_and_field() {
-        for (text, needle) in [
-            (
-                "destinations: [{name: a, kubeconfig: /k, tokn: x}]",
-                "unknown field `tokn`",
-            ),
-            ("destinaton: []", "unknown field `destinaton`"),
-            (
-                "destinations: [{name: a}]",
-                "destinations[0]: say how to reach it",
-            ),
-            (
-                "destinations: [{name: 'a b', kubeconfig: /k}]",
-                "destinations[0].name",
-            ),
-            ("destinations: [{name: stage, kubeconfig: /k}]", "reserved"),
-            (
-                "destinations: [{name: a, kubeconfig: /k}, {name: a, kubeconfig: /k}]",
-                "destinations[1].name: \"a\" is used twice",
-            ),
-            (
-                "destinations: [{name: a, kubeconfig: /k, token: t}]",
-                "destinations[0].token: only allowed with `server`",
-            ),
-            (
-                "destinations: [{name: a, server: 'ftp://x'}]",
-                "destinations[0].server",
-            ),
-            (
-                "destinations: [{name: a, server: 'https://x', kubeconfig: /k}]",
-                "mutually exclusive",
-            ),
-            (
-                "destinations: [{name: a, server: 'https://x', caData: nope}]",
-                "destinations[0].caData",
-            ),
-            (
-                "destinations: [{name: a, server: 'https://x', certData: c}]",
-                "go together",
-            ),
-            (
-                "destinations: [{name: a, kubeconfig: /k, namespace: Bad}]",
-                "destinations[0].namespace",
-            ),
-            (
-                "destinations: [{name: a, kubeconfig: /k, labels: {env: 'a b'}}]",
-                "destinations[0].labels",
-            ),
-            (
-                "policy: {rules: [{projects: [a]}]}",
-                "policy.rules[0].destinations: empty list",
-            ),
-            (
-                "policy: {callers: [{subject: 'system:serviceaccount:*', projects: []}]}",
-                "policy.callers[0].projects: empty list",
-            ),
-            (
-                "policy: {callers: [{subject: '', projects: [a]}]}",
-                "policy.callers[0].subject",
-            ),
-            ("engine: {connectTimeout: soon}", "engine.connectTimeout"),
-            (
-                "engine: {requestTimeout: 0s}",
-                "engine.requestTimeout: must be more",
-            ),
-            ("argocd: {namespace: Argo}", "argocd.namespace"),
-            (
-                "argocd: {execProviders: [/bin/a, ' ']}",
-                "argocd.execProviders[1]: \" \" is not a command",
-            ),
-            ("destinations: {}", "line 1 column 15"),
-            (
-                "agents: {store: etcd}",
-                "agents.store: \"etcd\" is not a store",
-            ),
-            (
-                "agents: {offlineAfter: 10ms}",
-                "agents.offlineAfter: must be at least 1s",
-            ),
-            (
-                "agents: {destinations: [{name: a}, {name: a}]}",
-                "agents.destinations[1].name: \"a\" is used twice",
-            ),
-            (
-                "destinations: [{name: a, kubeconfig: /k}]\nagents: {destinations: [{name: a}]}",
-                "agents.destinations[0].name: \"a\" is also in `destinations`",
-            ),
-            (
-                "agents: {destinations: [{name: a, namespace: A}]}",
-                "agents.destinations[0].namespace",
-            ),
-            (
-                "agents: {destinations: [{name: a, url: x}]}",
-                "unknown field `url`",
-            ),
-        ] {
-            let e = parse(text).unwrap_err();
-            assert!(e.starts_with("invalid config file t.yaml: "), "{e}");
-            assert!(e.contains(needle), "{text}: {e}");
-        }
-    }
-}
+mod tests;

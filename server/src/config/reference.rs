@@ -75,7 +75,7 @@ pub fn reference() -> Vec<FieldDoc> {
         f("destinations", "list of objects", Unset("none"), "destinations by name, each reached with a kubeconfig (+ context) or a server URL + credentials"),
         f("kubeconfigContexts", "object", Unset("unset; without a file, every context of the default kubeconfig"), "every context of a kubeconfig as a destination named after the context"),
         f("argocd", "object", Unset("unset: no Argo CD destinations"), "Argo CD cluster Secrets on the control plane as destinations, watched live; needed by `destination: stage`"),
-        f("policy", "object", Unset("unset: every project may use every destination (a warning at start)"), "which Kargo projects may run Jobs on which destinations and namespaces"),
+        f("policy", "object", Unset("unset: nothing is dispatched, every measurement is refused (deny by default; a warning at start)"), "which Kargo projects may run Jobs on which destinations and namespaces, and with which pod security"),
         f("engine", "object", Unset("the defaults below"), "timeouts of the dispatch engine"),
         f("agents", "object", Unset("unset: no agent destinations"), "destinations reached through `rollouts-dispatch agent` (clusters that can only dial out; the server holds no credentials for them)"),
     ];
@@ -99,10 +99,14 @@ pub fn reference() -> Vec<FieldDoc> {
         f("argocd.inCluster", "bool", Value("true"), "the implicit `in-cluster` destination, the control plane itself (like Argo CD's `cluster.inClusterEnabled`)"),
         f("argocd.defaultNamespace", "string", Value("default"), "default namespace of Jobs on these destinations; a Secret may override it with annotation `rollouts-dispatch.io/namespace`"),
         f("argocd.execProviders", "list of strings", Unset("none: a Secret with `execProviderConfig` is refused (its destination is broken)"), "the commands a cluster Secret's `execProviderConfig` may run inside the server, exactly as its `command` gives them (e.g. `/usr/local/bin/gke-gcloud-auth-plugin`); anyone who can write Secrets in the Argo CD namespace chooses the command"),
-        f("policy.rules", "list of objects", Unset("none; no rules allows everything (a warning at start)"), "allow rules; any matching rule allows"),
+        f("policy.allowAll", "bool", Value("false"), "`true`: every project may use every destination and namespace, with the default pod security (`restricted`, service account `default`, no API token); a warning at start; excludes `rules`"),
+        f("policy.rules", "list of objects", Unset("none: nothing is dispatched (a warning at start)"), "allow rules; any matching rule allows; when several match, the most permissive `podSecurity` applies and their `serviceAccounts` and `automountServiceAccountToken` add up"),
         f("policy.rules[].projects", "list of globs", Required, "Kargo projects (AnalysisRun namespaces)"),
         f("policy.rules[].destinations", "list of globs", Required, "destination names"),
         f("policy.rules[].namespaces", "list of globs", Value("[\"*\"]"), "namespaces on the destination"),
+        f("policy.rules[].podSecurity", "enum", Value("restricted"), "Pod Security Standards level of the Jobs: `restricted` (unset restricted fields are filled in: seccomp RuntimeDefault, runAsNonRoot, allowPrivilegeEscalation false, drop ALL), `baseline` or `privileged`; below `privileged` also no `manualSelector`, `selector` or `nodeName`"),
+        f("policy.rules[].serviceAccounts", "list of strings", Value("[\"default\"]"), "service accounts the Jobs' pods may run as (exact names; unset `serviceAccountName` is `default`)"),
+        f("policy.rules[].automountServiceAccountToken", "bool", Value("false"), "whether the Jobs' pods may get an API token; when false, `automountServiceAccountToken: false` is set on pods that leave it unset and `true` or a projected `serviceAccountToken` volume is refused"),
         f("policy.callers", "list of objects", Unset("none: every TokenReview caller may act for every project"), "binds Kubernetes users (TokenReview identities) to the Kargo projects they may act for; the first entry whose `subject` matches applies. JWTs are bound by their `projects` claim instead (`token issue --project`)"),
         f("policy.callers[].subject", "string", Required, "glob (`*`, `?`) over Kubernetes usernames, e.g. `system:serviceaccount:team-a:*`"),
         f("policy.callers[].projects", "list of globs", Required, "Kargo projects (AnalysisRun namespaces) that user may act for; any other gets 403 `forbidden`"),
@@ -130,8 +134,9 @@ const REFERENCE_INTRO: &str = "\
 The server configuration file is YAML, given to `rollouts-dispatch serve`, `run` and `doctor`
 with `--config FILE` (or `$ROLLOUTS_DISPATCH_CONFIG`); in the Helm chart it is the `config:`
 value. Every top-level key is optional. Without a file, the embedded default applies: every
-context of `$KUBECONFIG` / `~/.kube/config` is a destination, and there is no policy (every
-project may use every destination). An unknown key, or a value that cannot be used, is refused
+context of `$KUBECONFIG` / `~/.kube/config` is a destination, and there is no policy, so nothing
+is dispatched: the policy denies by default (`policy.rules`, or `policy: {allowAll: true}`, opens
+it). An unknown key, or a value that cannot be used, is refused
 with one message naming the file and the key (`destinations[1].server: …`).
 
 A commented example is [`config/server.yaml`](../config/server.yaml).
@@ -402,6 +407,14 @@ agents: {destinations: [{name: e}]}
                 "policy.rules[].namespaces" => {
                     serde_json::from_str::<Vec<String>>(v).unwrap() == rule.namespaces
                 }
+                "policy.rules[].serviceAccounts" => {
+                    serde_json::from_str::<Vec<String>>(v).unwrap() == rule.service_accounts
+                }
+                "policy.rules[].podSecurity" => v == rule.pod_security.as_str(),
+                "policy.rules[].automountServiceAccountToken" => {
+                    v == rule.automount_service_account_token.to_string()
+                }
+                "policy.allowAll" => v == c.policy.as_ref().unwrap().allow_all.to_string(),
                 "engine.connectTimeout" => dur(v) == c.engine.connect_timeout,
                 "engine.requestTimeout" => dur(v) == c.engine.request_timeout,
                 "engine.cacheWait" => dur(v) == c.engine.cache_wait,
@@ -428,7 +441,7 @@ agents: {destinations: [{name: e}]}
             );
             checked += 1;
         }
-        assert_eq!(checked, 13);
+        assert_eq!(checked, 17);
         // without a file, or without an `engine:` section, the engine defaults are the same
         assert_eq!(ServerConfig::embedded_default().engine, c.engine);
         assert_eq!(ServerConfig::parse("", "test").unwrap().engine, c.engine);

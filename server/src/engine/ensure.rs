@@ -1,5 +1,6 @@
 //! `ensure`: resolve the destinations of a measurement (names, selector or `stage`), check the
-//! policy, and create the Job on each of them, or adopt ours and refuse a foreign one.
+//! policy, apply the pod security profile of each placement (`podsecurity`), and create the Job
+//! on each of them, or adopt ours and refuse a foreign one.
 
 use super::*;
 
@@ -14,10 +15,10 @@ impl Engine {
     pub async fn ensure(&self, req: &MeasureRequest) -> Result<Ensured, EngineError> {
         let targets = self.targets(req).await?;
         let name = job::job_name(&req.run.uid, &req.metric, req.measurement);
-        // Build every Job first: a bad spec creates nothing anywhere.
+        // Build and check every Job first: a bad or refused spec creates nothing anywhere.
         let mut objects = Vec::with_capacity(targets.len());
         for (entry, namespace) in &targets {
-            let obj = job::build(&JobInput {
+            let mut obj = job::build(&JobInput {
                 run: &req.run,
                 metric: &req.metric,
                 measurement: req.measurement,
@@ -28,6 +29,21 @@ impl Engine {
             .map_err(|e| EngineError::InvalidJob {
                 metric: req.metric.clone(),
                 reason: e.to_string(),
+            })?;
+            let profile = self
+                .inner
+                .policy
+                .profile(&req.run.namespace, entry.name(), namespace);
+            let ours = podsecurity::our_labels(&req.run.uid, entry.name());
+            podsecurity::enforce(&mut obj, &profile, &ours).map_err(|refused| {
+                tracing::warn!(run = %format!("{}/{}", req.run.namespace, req.run.name),
+                               metric = %req.metric, destination = entry.name(), field = %refused.path,
+                               level = %refused.level, "pod security refuses the job");
+                EngineError::PodSecurity {
+                    metric: req.metric.clone(),
+                    destination: entry.name().to_string(),
+                    refused,
+                }
             })?;
             objects.push(obj);
         }

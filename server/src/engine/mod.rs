@@ -37,6 +37,7 @@ use crate::job::{
     MANAGED_SELECTOR,
 };
 use crate::logs::{self, FailedContainer, Redactor};
+use crate::podsecurity;
 use crate::policy::{Denied, Policy};
 use crate::store::{self, Created, DispatchJob, DispatchJobSpec, Store};
 use crate::verdict::{self, DestState, DestinationStatus, Observed, Verdict};
@@ -197,6 +198,17 @@ pub enum EngineError {
         count: usize,
         /// [`MAX_PLACEMENTS`]
         max: usize,
+    },
+    /// the Job's pod security profile refuses it (`podsecurity`)
+    #[error("invalid {PLUGIN_NAME} block in metric {metric:?} for destination {destination:?}: {refused}")]
+    PodSecurity {
+        /// the metric
+        metric: String,
+        /// the destination whose policy rule refused it
+        destination: String,
+        /// the field, the level, the rule and the fix
+        #[source]
+        refused: crate::podsecurity::Refused,
     },
     /// the engine cannot start
     #[error("cannot start the dispatch engine: {0}")]

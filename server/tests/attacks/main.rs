@@ -22,6 +22,9 @@
 //!   their own, another or an unknown destination) → the exact status code; TokenReview users
 //!   bound by `policy.callers`; a seeded property that no request reaches a placement the policy
 //!   denies.
+//! * [`podsecurity`]: escalating Job templates (privileged, host namespaces, hostPath, nodeName,
+//!   selectors, service accounts, API tokens, reserved labels) → refused with the field, no
+//!   destination call; no policy → refused; and the agent's own re-check.
 
 #[path = "../engine_fast/fake_api/mod.rs"]
 #[allow(dead_code)]
@@ -34,6 +37,7 @@ mod argocd;
 mod authn;
 mod authz;
 mod budgets;
+mod podsecurity;
 mod references;
 mod scene;
 mod secrets;

@@ -45,8 +45,15 @@ impl Clusters {
 
     /// The configuration file: `a` (labels env=prod, region=eu) and `b` (env=prod, region=us)
     /// by server URL and token, then `more_destinations` (YAML list items), the control plane
-    /// likewise, short timeouts, plus `extra` top-level keys.
+    /// likewise, short timeouts, plus `extra` top-level keys. The policy denies by default, so a
+    /// test that does not bring its own `policy:` in `extra` runs with `policy: {allowAll: true}`
+    /// (one that wants no policy block at all says so in a comment: `# no policy: …`).
     pub(crate) fn config(&self, more_destinations: &str, extra: &str) -> String {
+        let policy = if extra.contains("policy:") {
+            ""
+        } else {
+            "policy: {allowAll: true}"
+        };
         format!(
             r#"
 controlPlane: {{server: "{cp}", token: cp-token}}
@@ -55,6 +62,7 @@ destinations:
 - {{name: b, server: "{b}", token: b-token, namespace: {NS}, labels: {{env: prod, region: us}}}}
 {more_destinations}
 engine: {{connectTimeout: 2s, requestTimeout: 3s, cacheWait: 3s, logTimeout: 3s}}
+{policy}
 {extra}
 "#,
             cp = self.cp.url(),

@@ -364,6 +364,8 @@ fn spawn_agent(
         .arg(token_file)
         .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
         .args(["--poll-wait", "10s"])
+        // The agent destination's Jobs go to its default namespace.
+        .args(["--namespaces", "default"])
         .arg("--ca-file")
         .arg(ca)
         .env("ROLLOUTS_DISPATCH_LOG", "dispatch_server=debug,info")

@@ -102,9 +102,15 @@ pub fn destinations_yaml(clusters: &[(&Cluster, &str)]) -> String {
     s
 }
 
-/// Starts an engine from YAML.
+/// Starts an engine from YAML. The policy denies by default: YAML without a `policy:` gets
+/// `policy: {allowAll: true}` (the tests about the policy bring their own).
 pub async fn engine(yaml: &str) -> Result<Engine> {
-    let config = ServerConfig::parse(yaml, "config file engine-test.yaml")
+    let yaml = if yaml.contains("policy:") {
+        yaml.to_string()
+    } else {
+        format!("{yaml}\npolicy: {{allowAll: true}}\n")
+    };
+    let config = ServerConfig::parse(&yaml, "config file engine-test.yaml")
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     Engine::start(config).await.context("starting the engine")
 }

@@ -24,7 +24,8 @@ fn agent_token(destination: &str) -> String {
 
 async fn engine_app() -> (Router, Arc<EngineDispatcher>) {
     let mut config = crate::config::ServerConfig::parse(
-        "agents: {destinations: [{name: cluster-b, namespace: verify}, {name: cluster-c}]}",
+        "agents: {destinations: [{name: cluster-b, namespace: verify}, {name: cluster-c}]}\n\
+         policy: {rules: [{projects: ['*'], destinations: [cluster-b, cluster-c]}]}",
         "config file t.yaml",
     )
     .unwrap();

@@ -1,0 +1,249 @@
+//! The agent's own checks of the work the server sends, before any API call in its cluster: the
+//! namespace is one of the agent's (`--namespaces`), the Job is the one the record names, and
+//! its pod security profile (`--pod-security`, `--service-accounts`,
+//! `--automount-service-account-token`) allows it — the same `podsecurity` code the server ran.
+//!
+//! The agent trusts no one here: not the server (compromised, or a man in the middle), nor
+//! whoever can write `DispatchJob` records on the control plane. A refused item is never
+//! created; its report says which field the agent refused and why.
+
+use dispatch_api::agent::DispatchJobSpec;
+use serde_json::Value;
+
+use crate::podsecurity::{self, Profile, Refused};
+use crate::policy::glob_match;
+
+/// What the agent allows in its cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Guard {
+    /// globs of the namespaces where it creates and deletes Jobs
+    pub namespaces: Vec<String>,
+    /// the pod security of every Job it creates
+    pub profile: Profile,
+}
+
+/// A work item the agent refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AgentRefused {
+    /// the namespace is not one of the agent's
+    #[error(
+        "the agent refused it: namespace {namespace:?} is not one of its namespaces ({allowed}); \
+         start the agent with `--namespaces` listing it"
+    )]
+    Namespace {
+        /// the namespace asked for
+        namespace: String,
+        /// the agent's `--namespaces`
+        allowed: String,
+    },
+    /// the Job object does not match the record it came with
+    #[error("the agent refused it: `{field}` is {found:?}, but the record says {expected:?}")]
+    Mismatch {
+        /// the field of the Job
+        field: &'static str,
+        /// its value
+        found: String,
+        /// what the record names
+        expected: String,
+    },
+    /// the pod security profile refuses it
+    #[error("the agent refused it: {0}")]
+    PodSecurity(#[from] Refused),
+}
+
+impl Guard {
+    /// Checks work item `spec` for destination `destination`; returns the Job to create (with
+    /// the unset restricted fields filled in), `None` for a record without a Job (adopt only)
+    /// and for a deletion, which only needs the namespace to be the agent's: a Job this agent
+    /// must not create may still be one to delete (created before its flags changed).
+    pub fn admit(
+        &self,
+        destination: &str,
+        spec: &DispatchJobSpec,
+    ) -> Result<Option<Value>, AgentRefused> {
+        if !self
+            .namespaces
+            .iter()
+            .any(|g| glob_match(g, &spec.namespace))
+        {
+            return Err(AgentRefused::Namespace {
+                namespace: spec.namespace.clone(),
+                allowed: self.namespaces.join(", "),
+            });
+        }
+        let Some(job) = spec.job.as_ref().filter(|_| !spec.delete) else {
+            return Ok(None);
+        };
+        for (field, pointer, expected) in [
+            ("metadata.name", "/metadata/name", &spec.job_name),
+            ("metadata.namespace", "/metadata/namespace", &spec.namespace),
+        ] {
+            let found = job.pointer(pointer).and_then(Value::as_str);
+            if found != Some(expected.as_str()) {
+                return Err(AgentRefused::Mismatch {
+                    field,
+                    found: found.unwrap_or_default().to_string(),
+                    expected: expected.clone(),
+                });
+            }
+        }
+        let mut job = job.clone();
+        let ours = podsecurity::our_labels(&spec.run_uid, destination);
+        podsecurity::enforce(&mut job, &self.profile, &ours)?;
+        Ok(Some(job))
+    }
+}
+
+/// The namespaces of `--namespaces`, else the agent's own (`$POD_NAMESPACE`, from the downward
+/// API): an agent never creates Jobs everywhere unless told so (`--namespaces '*'`).
+pub fn namespaces(
+    flag: &[String],
+    pod_namespace: Option<String>,
+) -> Result<Vec<String>, MissingNamespaces> {
+    let given: Vec<String> = flag
+        .iter()
+        .map(|n| n.trim().to_string())
+        .filter(|n| !n.is_empty())
+        .collect();
+    if !given.is_empty() {
+        return Ok(given);
+    }
+    match pod_namespace.filter(|n| !n.trim().is_empty()) {
+        Some(own) => Ok(vec![own]),
+        None => Err(MissingNamespaces),
+    }
+}
+
+/// Neither `--namespaces` nor `$POD_NAMESPACE`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the agent needs the namespaces where it may create Jobs: give `--namespaces NS[,NS…]` (globs; \
+     '*' for all), or set POD_NAMESPACE (the downward API's metadata.namespace) to use its own"
+)]
+pub struct MissingNamespaces;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::podsecurity::{Level, Origin};
+    use serde_json::json;
+
+    const UID: &str = "0b3c4a9e-2f61-4c7d-9a57-1f2e3d4c5b6a";
+
+    fn guard(level: Level) -> Guard {
+        Guard {
+            namespaces: vec!["verify".into(), "team-*".into()],
+            profile: Profile {
+                level,
+                ..Profile::restricted(Origin::Agent)
+            },
+        }
+    }
+
+    fn spec(namespace: &str, pod: Value) -> DispatchJobSpec {
+        let labels = json!({
+            "analysisrun.argoproj.io/uid": UID, "rollouts-dispatch.io/managed": "true",
+            "rollouts-dispatch.io/destination": "edge"});
+        DispatchJobSpec {
+            destination: "edge".into(),
+            namespace: namespace.into(),
+            job_name: "j".into(),
+            run_uid: UID.into(),
+            run: "team-a/run".into(),
+            metric: "m".into(),
+            measurement: 1,
+            log_tail: 0,
+            job: Some(json!({"apiVersion": "batch/v1", "kind": "Job",
+                "metadata": {"name": "j", "namespace": namespace, "labels": labels},
+                "spec": {"template": {"metadata": {"labels": labels}, "spec": pod}}})),
+            delete: false,
+        }
+    }
+
+    fn plain() -> Value {
+        json!({"restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}]})
+    }
+
+    #[test]
+    fn namespaces_outside_the_allowlist_are_refused() {
+        let g = guard(Level::Restricted);
+        assert!(g.admit("edge", &spec("verify", plain())).is_ok());
+        assert!(g.admit("edge", &spec("team-a-checks", plain())).is_ok());
+        for ns in ["kube-system", "default", "verify2", ""] {
+            let e = g.admit("edge", &spec(ns, plain())).unwrap_err();
+            assert!(
+                matches!(e, AgentRefused::Namespace { .. })
+                    && e.to_string().contains("--namespaces"),
+                "{ns}: {e}"
+            );
+        }
+        // Also for a record without a Job (adopt or delete only).
+        let mut bare = spec("kube-system", plain());
+        bare.job = None;
+        assert!(g.admit("edge", &bare).is_err());
+        bare.namespace = "verify".into();
+        assert_eq!(g.admit("edge", &bare), Ok(None));
+    }
+
+    #[test]
+    fn the_job_must_be_the_one_the_record_names() {
+        let g = guard(Level::Privileged);
+        let mut s = spec("verify", plain());
+        s.job.as_mut().unwrap()["metadata"]["namespace"] = json!("kube-system");
+        let e = g.admit("edge", &s).unwrap_err().to_string();
+        assert!(e.contains("`metadata.namespace` is \"kube-system\""), "{e}");
+        let mut s = spec("verify", plain());
+        s.run_uid = "another-run".into();
+        let e = g.admit("edge", &s).unwrap_err().to_string();
+        assert!(e.contains("analysisrun.argoproj.io/uid"), "{e}");
+    }
+
+    #[test]
+    fn pod_security_is_checked_again_and_filled() {
+        let job = guard(Level::Restricted)
+            .admit("edge", &spec("verify", plain()))
+            .unwrap()
+            .unwrap();
+        let pod = &job["spec"]["template"]["spec"];
+        assert_eq!(pod["automountServiceAccountToken"], json!(false));
+        assert_eq!(pod["securityContext"]["runAsNonRoot"], json!(true));
+        let mut privileged = plain();
+        privileged["hostPID"] = json!(true);
+        let e = guard(Level::Baseline)
+            .admit("edge", &spec("verify", privileged.clone()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(
+                "the agent refused it: pod security refuses `spec.template.spec.hostPID`"
+            ) && e.contains("--pod-security privileged"),
+            "{e}"
+        );
+        assert!(guard(Level::Privileged)
+            .admit("edge", &spec("verify", privileged.clone()))
+            .is_ok());
+        // Deleting a Job the agent would not create is allowed, in its namespaces only.
+        let mut delete = spec("verify", privileged);
+        delete.delete = true;
+        assert_eq!(guard(Level::Restricted).admit("edge", &delete), Ok(None));
+        delete.namespace = "kube-system".into();
+        assert!(guard(Level::Restricted).admit("edge", &delete).is_err());
+    }
+
+    #[test]
+    fn namespaces_default_to_the_agents_own_or_refuse_to_start() {
+        assert_eq!(
+            namespaces(&["a".into(), " b ".into()], Some("own".into())),
+            Ok(vec!["a".to_string(), "b".to_string()])
+        );
+        assert_eq!(
+            namespaces(&[], Some("own".into())),
+            Ok(vec!["own".to_string()])
+        );
+        let e = namespaces(&[String::new()], None).unwrap_err().to_string();
+        assert!(
+            e.contains("--namespaces") && e.contains("POD_NAMESPACE"),
+            "{e}"
+        );
+    }
+}

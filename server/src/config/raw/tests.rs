@@ -1,0 +1,140 @@
+//! The config file's validation: every refusal names the field and the fix.
+
+use super::*;
+use crate::config::ServerConfig;
+
+fn parse(text: &str) -> Result<ServerConfig, String> {
+    ServerConfig::parse(text, "config file t.yaml").map_err(|e| e.to_string())
+}
+
+#[test]
+fn agents_have_defaults() {
+    let c = parse("agents: {destinations: [{name: edge-1, labels: {env: edge}}]}").unwrap();
+    let a = c.agents.unwrap();
+    assert_eq!(a.store, StoreKind::Memory);
+    assert_eq!(a.offline_after, Duration::from_secs(60));
+    assert_eq!(a.namespace, None);
+    assert_eq!(a.destinations[0].namespace, "default");
+    assert_eq!(a.destinations[0].labels["env"], "edge");
+    let k = parse("agents: {store: kubernetes, namespace: rd, offlineAfter: 2m}").unwrap();
+    let a = k.agents.unwrap();
+    assert_eq!(
+        (a.store, a.namespace.as_deref(), a.offline_after),
+        (StoreKind::Kubernetes, Some("rd"), Duration::from_secs(120))
+    );
+}
+
+#[test]
+fn every_mistake_names_file_and_field() {
+    for (text, needle) in [
+        (
+            "destinations: [{name: a, kubeconfig: /k, tokn: x}]",
+            "unknown field `tokn`",
+        ),
+        ("destinaton: []", "unknown field `destinaton`"),
+        (
+            "destinations: [{name: a}]",
+            "destinations[0]: say how to reach it",
+        ),
+        (
+            "destinations: [{name: 'a b', kubeconfig: /k}]",
+            "destinations[0].name",
+        ),
+        ("destinations: [{name: stage, kubeconfig: /k}]", "reserved"),
+        (
+            "destinations: [{name: a, kubeconfig: /k}, {name: a, kubeconfig: /k}]",
+            "destinations[1].name: \"a\" is used twice",
+        ),
+        (
+            "destinations: [{name: a, kubeconfig: /k, token: t}]",
+            "destinations[0].token: only allowed with `server`",
+        ),
+        (
+            "destinations: [{name: a, server: 'ftp://x'}]",
+            "destinations[0].server",
+        ),
+        (
+            "destinations: [{name: a, server: 'https://x', kubeconfig: /k}]",
+            "mutually exclusive",
+        ),
+        (
+            "destinations: [{name: a, server: 'https://x', caData: nope}]",
+            "destinations[0].caData",
+        ),
+        (
+            "destinations: [{name: a, server: 'https://x', certData: c}]",
+            "go together",
+        ),
+        (
+            "destinations: [{name: a, kubeconfig: /k, namespace: Bad}]",
+            "destinations[0].namespace",
+        ),
+        (
+            "destinations: [{name: a, kubeconfig: /k, labels: {env: 'a b'}}]",
+            "destinations[0].labels",
+        ),
+        (
+            "policy: {rules: [{projects: [a]}]}",
+            "policy.rules[0].destinations: empty list",
+        ),
+        (
+            "policy: {callers: [{subject: 'system:serviceaccount:*', projects: []}]}",
+            "policy.callers[0].projects: empty list",
+        ),
+        (
+            "policy: {callers: [{subject: '', projects: [a]}]}",
+            "policy.callers[0].subject",
+        ),
+        (
+            "policy: {rules: [{projects: [a], destinations: [b], podSecurity: Privileged}]}",
+            "policy.rules[0].podSecurity: \"Privileged\" is not a pod security level",
+        ),
+        (
+            "policy: {rules: [{projects: [a], destinations: [b], serviceAccounts: []}]}",
+            "policy.rules[0].serviceAccounts: empty list",
+        ),
+        (
+            "policy: {allowAll: true, rules: [{projects: [a], destinations: [b]}]}",
+            "policy.allowAll: `allowAll: true` and `rules` are mutually exclusive",
+        ),
+        ("engine: {connectTimeout: soon}", "engine.connectTimeout"),
+        (
+            "engine: {requestTimeout: 0s}",
+            "engine.requestTimeout: must be more",
+        ),
+        ("argocd: {namespace: Argo}", "argocd.namespace"),
+        (
+            "argocd: {execProviders: [/bin/a, ' ']}",
+            "argocd.execProviders[1]: \" \" is not a command",
+        ),
+        ("destinations: {}", "line 1 column 15"),
+        (
+            "agents: {store: etcd}",
+            "agents.store: \"etcd\" is not a store",
+        ),
+        (
+            "agents: {offlineAfter: 10ms}",
+            "agents.offlineAfter: must be at least 1s",
+        ),
+        (
+            "agents: {destinations: [{name: a}, {name: a}]}",
+            "agents.destinations[1].name: \"a\" is used twice",
+        ),
+        (
+            "destinations: [{name: a, kubeconfig: /k}]\nagents: {destinations: [{name: a}]}",
+            "agents.destinations[0].name: \"a\" is also in `destinations`",
+        ),
+        (
+            "agents: {destinations: [{name: a, namespace: A}]}",
+            "agents.destinations[0].namespace",
+        ),
+        (
+            "agents: {destinations: [{name: a, url: x}]}",
+            "unknown field `url`",
+        ),
+    ] {
+        let e = parse(text).unwrap_err();
+        assert!(e.starts_with("invalid config file t.yaml: "), "{e}");
+        assert!(e.contains(needle), "{text}: {e}");
+    }
+}
