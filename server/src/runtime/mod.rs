@@ -1,5 +1,6 @@
 //! The process runtime shared by `serve` and `agent`: shutdown on signals, the admin port
-//! (`/live`, `/ready`, `/metrics`), the metrics registry, logging, and the API listener.
+//! (`/live`, `/ready`, `/metrics`), the metrics registry, logging, the API listener, and values that
+//! follow their files (`reload`: certificates, keys, revocations).
 //!
 //! Nothing here knows the engine, the API or the agent: they import the runtime, never the
 //! reverse (`docs/architecture.md`).
@@ -7,5 +8,6 @@
 pub mod admin;
 pub mod listener;
 pub mod metrics;
+pub mod reload;
 pub mod shutdown;
 pub mod telemetry;

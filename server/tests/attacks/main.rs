@@ -10,6 +10,8 @@
 //! Shared: [`scene`] (the engine behind the API, tokens), [`tally`] (the record every case
 //! writes). Groups, one module each:
 //! * [`authn`]: no token, expired, revoked, forged, wrong audience → 401 on every route.
+//! * [`tls`]: plain HTTP to the TLS port, clients refusing `http://`, the agent's pinned CA,
+//!   certificate, JWT key and revocation rotation on disk without a restart.
 
 #[path = "../engine_fast/fake_api/mod.rs"]
 #[allow(dead_code)]
@@ -21,3 +23,4 @@ mod world;
 mod authn;
 mod scene;
 mod tally;
+mod tls;

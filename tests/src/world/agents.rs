@@ -253,6 +253,8 @@ pub async fn call_as(url: &str, token_file: &Path, ca: &Path, path: &str) -> Res
         server: url.to_string(),
         token_file: Some(token_file.to_path_buf()),
         ca_file: Some(ca.to_path_buf()),
+        ca_only: true,
+        insecure_plaintext: false,
         timeout: Duration::from_secs(20),
     })?;
     let answer = client
