@@ -346,4 +346,53 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn missing_key_or_revocation_files_name_their_flag() {
+        let dir = std::env::temp_dir().join(format!("rd-serve-jwt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = dir.join("jwt.key");
+        std::fs::write(&key, "a-serve-test-signing-key-0123456789abcdef").unwrap();
+        let every = Duration::from_millis(10);
+        let e = jwt_authenticator(&[dir.join("absent.key")], Vec::new(), None, every)
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        assert!(e.contains("--jwt-key-file"), "{e}");
+        let e = jwt_authenticator(
+            std::slice::from_ref(&key),
+            Vec::new(),
+            Some(dir.join("absent")),
+            every,
+        )
+        .err()
+        .map(|e| format!("{e:#}"))
+        .unwrap_or_default();
+        assert!(e.contains("--revoked-tokens-file"), "{e}");
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn insecure_plaintext_and_a_certificate_exclude_each_other() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cmd {
+            #[command(flatten)]
+            args: ServeArgs,
+        }
+        let e = Cmd::try_parse_from([
+            "serve",
+            "--tls-cert",
+            "c",
+            "--tls-key",
+            "k",
+            "--insecure-plaintext",
+        ])
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        assert!(e.contains("--insecure-plaintext"), "{e}");
+        let ok = Cmd::try_parse_from(["serve", "--insecure-plaintext"]).unwrap();
+        assert!(ok.args.insecure_plaintext);
+    }
 }
