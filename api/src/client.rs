@@ -7,6 +7,10 @@
 //! A reply is read chunk by chunk and refused as soon as it exceeds the client's limit
 //! ([`DEFAULT_MAX_REPLY_BYTES`], or [`ServerClient::with_max_reply_bytes`]): a broken server or
 //! a man in the middle cannot make the plugin or the agent buffer an unbounded body.
+//!
+//! Plain `http://` is refused unless the host is loopback (`127.0.0.0/8`, `::1`, `localhost`) or
+//! the caller passed `--insecure-plaintext` ([`ClientConfig::insecure_plaintext`]): the bearer
+//! token, and for an agent the Jobs it will run, would otherwise cross the network in clear.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -26,8 +30,13 @@ pub struct ClientConfig {
     pub server: String,
     /// file holding the bearer token (re-read on every request)
     pub token_file: Option<PathBuf>,
-    /// extra CA certificate (PEM) to trust, e.g. the server's private CA
+    /// CA certificate (PEM) to trust, e.g. the server's private CA
     pub ca_file: Option<PathBuf>,
+    /// with `ca_file`: trust only that CA, not the system roots too (agents pin the server's
+    /// CA: a certificate from any public CA for the server's name is not enough)
+    pub ca_only: bool,
+    /// allow `http://` to a host that is not loopback (`--insecure-plaintext`)
+    pub insecure_plaintext: bool,
     /// per-request timeout
     pub timeout: Duration,
 }
@@ -49,6 +58,14 @@ pub enum ClientError {
     /// `--server` is not an http(s) URL.
     #[error("--server {0:?} is not an http:// or https:// URL")]
     BadUrl(String),
+    /// `--server` is plain HTTP to a host that is not loopback, without `--insecure-plaintext`.
+    #[error(
+        "--server {0:?} is plain HTTP to a host that is not loopback: the bearer token would \
+         cross the network in clear. Use https:// (with --ca-file for a private CA), or pass \
+         --insecure-plaintext (ROLLOUTS_DISPATCH_INSECURE_PLAINTEXT=true) when TLS ends in a \
+         sidecar on both sides"
+    )]
+    Plaintext(String),
     /// `--ca-file` could not be read or parsed.
     #[error("--ca-file {path}: {reason}")]
     CaFile {
@@ -75,8 +92,13 @@ impl ServerClient {
     /// Builds a client; fails on a malformed URL or CA file.
     pub fn new(config: &ClientConfig) -> Result<Self, ClientError> {
         let base = config.server.trim_end_matches('/').to_string();
-        if !(base.starts_with("https://") || base.starts_with("http://")) {
-            return Err(ClientError::BadUrl(config.server.clone()));
+        let url = reqwest::Url::parse(&base)
+            .ok()
+            .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
+            .ok_or_else(|| ClientError::BadUrl(config.server.clone()))?;
+        let plaintext = url.scheme() == "http";
+        if plaintext && !config.insecure_plaintext && !is_loopback(&url) {
+            return Err(ClientError::Plaintext(config.server.clone()));
         }
         // One process-wide crypto provider; a second install is a no-op error we can ignore.
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -86,7 +108,9 @@ impl ServerClient {
             .user_agent(concat!(
                 "rollouts-dispatch-plugin/",
                 env!("CARGO_PKG_VERSION")
-            ));
+            ))
+            // No redirect may lead an https:// server's client to plain HTTP.
+            .https_only(!plaintext);
         if let Some(path) = &config.ca_file {
             let pem = std::fs::read(path).map_err(|e| ClientError::CaFile {
                 path: path.clone(),
@@ -103,9 +127,11 @@ impl ServerClient {
                     reason: "no PEM certificate in it".into(),
                 });
             }
-            for cert in certs {
-                builder = builder.add_root_certificate(cert);
-            }
+            builder = if config.ca_only {
+                builder.tls_certs_only(certs)
+            } else {
+                builder.tls_certs_merge(certs)
+            };
         }
         let http = builder
             .build()
@@ -227,6 +253,24 @@ async fn read_bounded(mut resp: reqwest::Response, max: usize) -> Result<Vec<u8>
     Ok(body)
 }
 
+/// Whether `url` names this machine: `127.0.0.0/8`, `::1` (or IPv4-mapped loopback) or
+/// `localhost`, where plain HTTP does not leave the host.
+pub fn is_loopback(url: &reqwest::Url) -> bool {
+    use std::net::IpAddr;
+    // The URL parser has already normalised IPv4 forms (`127.1`) and bracketed IPv6.
+    let Some(host) = url.host_str() else {
+        return false;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    match host.parse::<IpAddr>() {
+        Ok(IpAddr::V4(ip)) => ip.is_loopback(),
+        Ok(IpAddr::V6(ip)) => {
+            ip.is_loopback() || ip.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+        Err(_) => host.eq_ignore_ascii_case("localhost"),
+    }
+}
+
 fn describe(e: &reqwest::Error, base: &str) -> String {
     if e.is_timeout() {
         format!("the server {base} did not answer in time")
@@ -297,6 +341,8 @@ mod tests {
             server: url.to_string(),
             token_file: None,
             ca_file: None,
+            ca_only: false,
+            insecure_plaintext: false,
             timeout: Duration::from_secs(20),
         })
         .unwrap()
@@ -343,5 +389,55 @@ mod tests {
         let c = client(&url).with_max_reply_bytes(2000);
         let v: Vec<String> = c.get("/v1/destinations").await.unwrap();
         assert_eq!(v[0].len(), 1000);
+    }
+
+    fn config(server: &str, insecure_plaintext: bool) -> ClientConfig {
+        ClientConfig {
+            server: server.into(),
+            token_file: None,
+            ca_file: None,
+            ca_only: false,
+            insecure_plaintext,
+            timeout: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn plain_http_is_refused_unless_loopback_or_allowed() {
+        for loopback in [
+            "http://127.0.0.1:8443",
+            "http://127.1.2.3",
+            "http://[::1]:8443/",
+            "http://localhost:8443",
+            "http://LOCALHOST",
+            "http://[::ffff:127.0.0.1]:1",
+        ] {
+            assert!(
+                ServerClient::new(&config(loopback, false)).is_ok(),
+                "{loopback}"
+            );
+        }
+        for remote in [
+            "http://rollouts-dispatch.rollouts-dispatch.svc:8443",
+            "http://10.0.0.1:8443",
+            "http://[fd00::1]:8443",
+            "http://localhost.evil.example",
+            "http://127.0.0.1.nip.io",
+        ] {
+            let e = ServerClient::new(&config(remote, false)).unwrap_err();
+            assert!(matches!(e, ClientError::Plaintext(_)), "{remote}: {e:?}");
+            assert!(e.to_string().contains("--insecure-plaintext"), "{e}");
+            assert!(ServerClient::new(&config(remote, true)).is_ok(), "{remote}");
+        }
+        assert!(ServerClient::new(&config("https://dispatch.example:8443", false)).is_ok());
+        for bad in ["ftp://x", "dispatch:8443", "https://", ""] {
+            assert!(
+                matches!(
+                    ServerClient::new(&config(bad, false)),
+                    Err(ClientError::BadUrl(_))
+                ),
+                "{bad}"
+            );
+        }
     }
 }

@@ -42,9 +42,14 @@ pub struct Args {
     /// ServiceAccount token with audience `rollouts-dispatch`, or a JWT from `rollouts-dispatch token issue`).
     #[arg(long, env = "ROLLOUTS_DISPATCH_TOKEN_FILE")]
     pub token_file: Option<std::path::PathBuf>,
-    /// PEM file with the CA that signed the server's certificate (in addition to the system roots).
+    /// PEM file with the CA that signed the server's certificate (in addition to the system
+    /// roots: the server may sit behind an ingress with a public certificate).
     #[arg(long, env = "ROLLOUTS_DISPATCH_CA_FILE")]
     pub ca_file: Option<std::path::PathBuf>,
+    /// Allow an `http://` --server that is not loopback: the token crosses the network in
+    /// clear, so only when TLS ends in a sidecar on both sides.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_INSECURE_PLAINTEXT")]
+    pub insecure_plaintext: bool,
     /// How long a server outage may last before measurements turn `Error` (Go duration).
     #[arg(long, env = "ROLLOUTS_DISPATCH_OUTAGE_DEADLINE", default_value = "10m", value_parser = parse_duration)]
     pub outage_deadline: std::time::Duration,
@@ -82,6 +87,7 @@ pub fn run(args: Args) -> ExitCode {
         server,
         token_file,
         ca_file,
+        insecure_plaintext,
         outage_deadline,
         request_timeout,
         max_resume_interval,
@@ -93,6 +99,8 @@ pub fn run(args: Args) -> ExitCode {
             server,
             token_file,
             ca_file,
+            ca_only: false,
+            insecure_plaintext,
             timeout: request_timeout,
         }) {
             Ok(c) => Some(c),

@@ -15,6 +15,7 @@
 //! * [`artifacts`]: where the plugin and server binaries and the repository's files are.
 //! * [`server`], [`admin`], [`objects`]: an in-process server, GETs on admin ports, Kubernetes
 //!   objects (CRDs, our Jobs).
+//! * [`tls`]: the CA and certificate of the API (the scenes serve it over TLS only).
 //! * [`shared`]: one scene per test binary, shared by its tests; [`summary`]: the last line of
 //!   benchmarks and smoke tests.
 //!
@@ -32,6 +33,7 @@ pub mod ports;
 pub mod server;
 pub mod shared;
 pub mod summary;
+pub mod tls;
 pub mod wait;
 pub mod world;
 

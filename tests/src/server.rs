@@ -23,7 +23,7 @@ struct ServeCommand {
 #[derive(Debug)]
 pub struct Server {
     args: ServeArgs,
-    /// The API port (plain HTTP).
+    /// The API port (TLS when the flags give `--tls-cert/--tls-key`, as every scene does).
     pub port: u16,
     /// The admin port (`/ready`, `/metrics`).
     pub admin_port: u16,

@@ -54,6 +54,8 @@ fn client(url: &str, token_file: &Path, timeout: Duration) -> Result<ServerClien
         server: url.to_string(),
         token_file: Some(token_file.to_path_buf()),
         ca_file: None,
+        ca_only: false,
+        insecure_plaintext: false,
         timeout,
     })?)
 }

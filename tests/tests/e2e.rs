@@ -424,3 +424,19 @@ async fn service_account_tokens_are_checked_by_token_review() -> Result<()> {
     println!("e2e: TokenReview accepts the controller's projected token, refuses other audiences/users/garbage");
     Ok(())
 }
+
+#[test]
+#[ignore = "needs the Go-built cluster binaries and the release plugin: run `make e2e`"]
+fn the_api_answers_nothing_in_plain_http() -> Result<()> {
+    side_by_side(async |w| {
+        ensure!(
+            w.url.starts_with("https://"),
+            "the scene's API is {}",
+            w.url
+        );
+        let token = std::fs::read_to_string(w.dispatch.dir.join("plugin.token"))?;
+        dispatch_tests::tls::plain_http_is_refused(w.dispatch.server.port, token.trim()).await?;
+        println!("e2e: plain HTTP with a valid token to the API port: no answer");
+        Ok(())
+    })
+}

@@ -272,3 +272,38 @@ fn the_destinations_command_lists_the_agent_destination_connected() -> Result<()
         Ok(())
     })
 }
+
+#[test]
+#[ignore = "needs the Go-built cluster binaries, the release plugin and the debug binary: run `make e2e-agent`"]
+fn the_api_answers_nothing_in_plain_http_on_the_front_or_a_replica() -> Result<()> {
+    side_by_side(async |w| {
+        // A downgraded client with a valid token: the TLS listener must not speak HTTP in clear,
+        // neither through the front (what the plugin and the agent dial) nor on a replica.
+        let token = std::fs::read_to_string(&w.dispatch.plugin_token)?;
+        let front = w
+            .url
+            .rsplit_once(':')
+            .and_then(|(_, port)| port.parse::<u16>().ok())
+            .ok_or_else(|| anyhow::anyhow!("no port in {}", w.url))?;
+        ensure!(
+            w.url.starts_with("https://"),
+            "the scene's API is {}",
+            w.url
+        );
+        dispatch_tests::tls::plain_http_is_refused(front, token.trim()).await?;
+        // Every replica still up (a scenario kills server-1 and leaves it down).
+        let mut checked = 0;
+        for replica in &w.dispatch.replicas {
+            if tokio::net::TcpStream::connect(("127.0.0.1", replica.port))
+                .await
+                .is_ok()
+            {
+                dispatch_tests::tls::plain_http_is_refused(replica.port, token.trim()).await?;
+                checked += 1;
+            }
+        }
+        ensure!(checked > 0, "no server replica is listening");
+        println!("e2e-agent: plain HTTP with a valid token to the front and a replica: no answer");
+        Ok(())
+    })
+}

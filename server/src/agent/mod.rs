@@ -30,6 +30,7 @@ use crate::logs::Redactor;
 use crate::podsecurity::{Level, Origin, Profile};
 use crate::runtime::admin::{self, Readiness};
 use crate::runtime::metrics::Metrics;
+use crate::runtime::reload::{self, Reloading};
 use crate::runtime::{listener, shutdown::shutdown_signal};
 use crate::verdict::DestState;
 use dispatch_api::agent::{
@@ -44,8 +45,10 @@ pub struct AgentOptions {
     pub server: String,
     /// the agent token (re-read on every request: it can be rotated in place)
     pub token_file: PathBuf,
-    /// an extra CA to trust for the server
+    /// the server's CA: the only one trusted (pinned), re-read when it changes on disk
     pub ca_file: Option<PathBuf>,
+    /// allow an `http://` server that is not loopback
+    pub insecure_plaintext: bool,
     /// the destination, when given on the command line (must match the token)
     pub destination: Option<String>,
     /// address of /live, /ready and /metrics
@@ -103,6 +106,40 @@ fn token_identity(token_file: &Path) -> anyhow::Result<(String, Option<String>)>
     Ok((claims.sub.unwrap_or_default(), claims.destination))
 }
 
+/// The agent's client of the server. With `--ca-file` it trusts only that CA (a certificate that
+/// any public CA issued for the server's name is not enough: whoever answers decides which Jobs
+/// run in this cluster), and it is built again when the CA file changes, so a CA rotation needs
+/// no restart (a CA file that does not load keeps the previous client, with a log line).
+pub fn server_client(
+    opts: &AgentOptions,
+    every: Duration,
+) -> anyhow::Result<Reloading<ServerClient>> {
+    let config = ClientConfig {
+        server: opts.server.clone(),
+        token_file: Some(opts.token_file.clone()),
+        ca_file: opts.ca_file.clone(),
+        ca_only: true,
+        insecure_plaintext: opts.insecure_plaintext,
+        timeout: opts.poll_wait + Duration::from_secs(30),
+    };
+    Ok(match &opts.ca_file {
+        None => Reloading::fixed(
+            "server client",
+            ServerClient::new(&config)?.with_max_reply_bytes(MAX_WORK_REPLY_BYTES),
+        ),
+        Some(ca) => Reloading::new(
+            "server ca",
+            vec![ca.clone()],
+            every,
+            move |_: &[PathBuf]| {
+                Ok::<_, dispatch_api::client::ClientError>(
+                    ServerClient::new(&config)?.with_max_reply_bytes(MAX_WORK_REPLY_BYTES),
+                )
+            },
+        )?,
+    })
+}
+
 /// The delay before retry number `failures` (1-based): exponential from 0.5 s, capped at 30 s,
 /// with ±50% jitter so that many agents cut off together do not come back together.
 pub fn backoff(failures: u32) -> Duration {
@@ -141,13 +178,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
             opts.token_file.display()
         ),
     };
-    let client = ServerClient::new(&ClientConfig {
-        server: opts.server.clone(),
-        token_file: Some(opts.token_file.clone()),
-        ca_file: opts.ca_file.clone(),
-        timeout: opts.poll_wait + Duration::from_secs(30),
-    })?
-    .with_max_reply_bytes(MAX_WORK_REPLY_BYTES);
+    let client = server_client(&opts, reload::CHECK_EVERY)?;
     let engine = Engine::start_local(&destination, "default", EngineSettings::default()).await?;
     let metrics = Arc::new(Metrics::new());
     let readiness = Readiness::new("the cluster's Jobs are not listed yet");
@@ -198,7 +229,12 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
 }
 
 /// Long-polls the work of the destination forever.
-async fn poll(client: ServerClient, shared: Arc<Shared>, readiness: Readiness, wait: Duration) {
+async fn poll(
+    client: Reloading<ServerClient>,
+    shared: Arc<Shared>,
+    readiness: Readiness,
+    wait: Duration,
+) {
     let path = api::path(api::WORK, &shared.destination);
     let mut fingerprint = String::new();
     let mut failures = 0u32;
@@ -207,6 +243,7 @@ async fn poll(client: ServerClient, shared: Arc<Shared>, readiness: Readiness, w
             fingerprint: fingerprint.clone(),
             wait_seconds: wait.as_secs() as u32,
         };
+        let client = client.get();
         match client.post::<_, WorkReply>(&path, &request).await {
             Ok(reply) => {
                 if failures > 0 {
@@ -245,7 +282,7 @@ async fn poll(client: ServerClient, shared: Arc<Shared>, readiness: Readiness, w
 /// Creates, watches and deletes the Jobs of the work, and reports every state change.
 async fn sync(
     engine: Engine,
-    client: ServerClient,
+    client: Reloading<ServerClient>,
     shared: Arc<Shared>,
     subject: String,
     metrics: Arc<Metrics>,
@@ -371,7 +408,7 @@ async fn sync(
             tracing::debug!(%destination, record = %r.name, state = ?r.state, "reporting");
         }
         let request = ReportRequest { reports };
-        match client.post::<_, ReportReply>(&path, &request).await {
+        match client.get().post::<_, ReportReply>(&path, &request).await {
             Ok(reply) => {
                 let unknown: HashSet<&String> = reply.unknown.iter().collect();
                 for r in request.reports {

@@ -12,7 +12,7 @@ use crate::podsecurity::Level;
 /// `rollouts-dispatch agent`
 #[derive(Debug, Clone, Args)]
 pub struct AgentArgs {
-    /// `--server`, `--ca-file`
+    /// `--server`, `--ca-file`, `--insecure-plaintext`
     #[command(flatten)]
     pub server: ServerArgs,
     /// File holding the agent token (`rollouts-dispatch token issue --destination NAME`);
@@ -56,6 +56,7 @@ pub(super) async fn run(args: AgentArgs) -> ExitCode {
         server: args.server.server,
         token_file: args.token_file,
         ca_file: args.server.ca_file,
+        insecure_plaintext: args.server.insecure_plaintext,
         destination: args.destination,
         admin_listen: args.admin.admin_listen,
         poll_wait: args.poll_wait.min(Duration::from_secs(u64::from(

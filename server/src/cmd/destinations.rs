@@ -28,7 +28,12 @@ pub struct DestinationsArgs {
 /// Prints the destinations of the server as a table (or JSON); exit 0 when the server answered.
 pub(super) async fn run(args: DestinationsArgs) -> ExitCode {
     let DestinationsArgs {
-        server: ServerArgs { server, ca_file },
+        server:
+            ServerArgs {
+                server,
+                ca_file,
+                insecure_plaintext,
+            },
         token_file,
         json,
     } = args;
@@ -36,6 +41,8 @@ pub(super) async fn run(args: DestinationsArgs) -> ExitCode {
         server,
         token_file,
         ca_file,
+        ca_only: false,
+        insecure_plaintext,
         timeout: Duration::from_secs(20),
     }) {
         Ok(c) => c,

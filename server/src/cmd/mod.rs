@@ -106,16 +106,23 @@ pub struct AdminArgs {
     pub admin_listen: SocketAddr,
 }
 
-/// `--server` and `--ca-file`: how to reach a rollouts-dispatch server (`agent`,
-/// `destinations`).
+/// `--server`, `--ca-file` and `--insecure-plaintext`: how to reach a rollouts-dispatch server
+/// (`agent`, `destinations`).
 #[derive(Debug, Clone, Args)]
 pub struct ServerArgs {
-    /// The rollouts-dispatch server's URL, e.g. `https://dispatch.example.com:8443`.
+    /// The rollouts-dispatch server's URL, e.g. `https://dispatch.example.com:8443`; `http://`
+    /// only to a loopback host or with --insecure-plaintext.
     #[arg(long, env = "ROLLOUTS_DISPATCH_SERVER")]
     pub server: String,
-    /// Extra CA certificate (PEM) to trust for the server.
+    /// CA certificate (PEM) of the server. `agent` trusts only this CA (pinned, not the system
+    /// roots) and re-reads it when it changes; `destinations` trusts it in addition to the
+    /// system roots.
     #[arg(long, env = "ROLLOUTS_DISPATCH_CA_FILE")]
     pub ca_file: Option<PathBuf>,
+    /// Allow an `http://` --server that is not loopback: the token crosses the network in
+    /// clear, so only when TLS ends in a sidecar on both sides.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_INSECURE_PLAINTEXT")]
+    pub insecure_plaintext: bool,
 }
 
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, dispatch_api::duration::DurationError> {

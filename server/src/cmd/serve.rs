@@ -18,13 +18,14 @@ use crate::engine::Engine;
 use crate::signing::Signer;
 
 use super::{parse_duration, AdminArgs, ConfigArgs};
-use crate::http::auth::{Chain, JwtAuthenticator};
+use crate::http::auth::{parse_revoked, Chain, JwtAuthenticator, JwtKeys};
 use crate::http::tokenreview::TokenReviewAuthenticator;
 use crate::http::{self, AppState, Authenticator};
 use crate::runtime::admin::{self, Readiness};
 use crate::runtime::limits;
 use crate::runtime::listener;
 use crate::runtime::metrics::Metrics;
+use crate::runtime::reload::{self, Reloading};
 use crate::runtime::shutdown::shutdown_signal;
 
 /// `rollouts-dispatch serve`
@@ -39,13 +40,24 @@ pub struct ServeArgs {
     /// `--admin-listen`
     #[command(flatten)]
     pub admin: AdminArgs,
-    /// PEM certificate chain of the API (with --tls-key); without both the API is plain HTTP.
+    /// PEM certificate chain of the API (with --tls-key); re-read when it changes on disk.
+    /// Without both, `serve` refuses to start unless --listen is loopback or
+    /// --insecure-plaintext is given.
     #[arg(long, env = "ROLLOUTS_DISPATCH_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
-    /// PEM private key of the API.
+    /// PEM private key of the API; re-read when it changes on disk.
     #[arg(long, env = "ROLLOUTS_DISPATCH_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
-    /// HS256 key file(s) whose JWTs are accepted; give two during a key rotation.
+    /// Serve the API in plain HTTP on a non-loopback address: only when TLS ends before this
+    /// process (a service-mesh sidecar), since bearer tokens and Job specs cross in clear.
+    #[arg(
+        long,
+        env = "ROLLOUTS_DISPATCH_INSECURE_PLAINTEXT",
+        conflicts_with = "tls_cert"
+    )]
+    pub insecure_plaintext: bool,
+    /// HS256 key file(s) whose JWTs are accepted; give two during a key rotation. Re-read when
+    /// they change on disk: a key removed from its file stops being accepted without a restart.
     #[arg(
         long = "jwt-key-file",
         env = "ROLLOUTS_DISPATCH_JWT_KEY_FILES",
@@ -68,6 +80,10 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub revoked_tokens: Vec<String>,
+    /// File of revoked token ids: one `jti` per line, `#` comments; re-read when it changes on
+    /// disk, so a revocation needs no restart (adds to --revoked-token).
+    #[arg(long, env = "ROLLOUTS_DISPATCH_REVOKED_TOKENS_FILE")]
+    pub revoked_tokens_file: Option<PathBuf>,
     /// Kubernetes users whose ServiceAccount tokens are accepted (checked by TokenReview), e.g.
     /// `system:serviceaccount:argo-rollouts:argo-rollouts`.
     #[arg(
@@ -122,9 +138,11 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         admin: AdminArgs { admin_listen },
         tls_cert,
         tls_key,
+        insecure_plaintext,
         jwt_key_files,
         signing_key_files,
         revoked_tokens,
+        revoked_tokens_file,
         token_review_allow,
         sync_timeout,
         sweep_orphans_every,
@@ -139,20 +157,22 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .as_ref()
         .map(|p| p.callers.clone())
         .unwrap_or_default();
+    let tls = match (&tls_cert, &tls_key) {
+        (Some(c), Some(k)) => Some(listener::tls_config(c, k)?),
+        _ => {
+            let why = plaintext_allowed(listen, insecure_plaintext)?;
+            warn!(%listen, allowed_by = why, "the API is plain HTTP");
+            None
+        }
+    };
     let auth = authenticators(
         &jwt_key_files,
         revoked_tokens,
+        revoked_tokens_file,
         token_review_allow,
         (callers, &config.origin),
     )
     .await?;
-    let tls = match (&tls_cert, &tls_key) {
-        (Some(c), Some(k)) => Some(listener::tls_config(c, k)?),
-        _ => {
-            warn!("no --tls-cert/--tls-key: the API is plain HTTP; use TLS whenever it leaves the pod");
-            None
-        }
-    };
     let metrics = Arc::new(Metrics::new());
     let readiness = Readiness::new("destinations are not synced yet");
     let admin_listener = TcpListener::bind(admin_listen)
@@ -164,6 +184,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     let engine = Engine::start(config).await?;
     let shutdown = shutdown_signal();
+    // The admin port stays plain HTTP: kubelet probes and Prometheus scrape it from inside the
+    // cluster network, and it carries no token and no secret (liveness, readiness, counters).
     let admin = tokio::spawn(
         listener::serve(
             admin_listener,
@@ -280,9 +302,28 @@ fn signer(signing_key_files: &[PathBuf], jwt_key_files: &[PathBuf]) -> anyhow::R
     Signer::derived_from_jwt_keys(&read(jwt_key_files)?).context("--jwt-key-file")
 }
 
+/// Why the API may be served in plain HTTP on `listen` (a loopback address, or the explicit
+/// flag), or the error that says how to serve it over TLS.
+fn plaintext_allowed(listen: SocketAddr, insecure_plaintext: bool) -> anyhow::Result<&'static str> {
+    if listen.ip().is_loopback() {
+        Ok("a loopback --listen address (no other host can connect)")
+    } else if insecure_plaintext {
+        Ok("--insecure-plaintext")
+    } else {
+        bail!(
+            "refusing to serve the API in plain HTTP on {listen}: bearer tokens and the Jobs that \
+             agents run would cross the network in clear. Give --tls-cert and --tls-key (chart: \
+             tls.enabled=true with tls.secretName), or, only when TLS ends before this process (a \
+             mesh sidecar), --insecure-plaintext (ROLLOUTS_DISPATCH_INSECURE_PLAINTEXT=true; chart: \
+             tls.insecurePlaintext=true). A loopback --listen such as 127.0.0.1:8443 is always allowed."
+        )
+    }
+}
+
 async fn authenticators(
-    jwt_key_files: &[std::path::PathBuf],
+    jwt_key_files: &[PathBuf],
     revoked: Vec<String>,
+    revoked_file: Option<PathBuf>,
     token_review_allow: Vec<String>,
     (callers, origin): (Vec<CallerBinding>, &str),
 ) -> anyhow::Result<Arc<dyn Authenticator>> {
@@ -297,16 +338,55 @@ async fn authenticators(
         ));
     }
     if !jwt_key_files.is_empty() {
-        let keys = jwt_key_files
-            .iter()
-            .map(|p| crate::token::read_key(p))
-            .collect::<Result<Vec<_>, _>>()?;
-        chain.push(Arc::new(JwtAuthenticator::new(&keys, revoked)));
+        chain.push(Arc::new(jwt_authenticator(
+            jwt_key_files,
+            revoked,
+            revoked_file,
+            reload::CHECK_EVERY,
+        )?));
+    } else if revoked_file.is_some() {
+        bail!("--revoked-tokens-file revokes JWTs, but no --jwt-key-file is given");
     }
     if chain.is_empty() {
         bail!("refusing to start without authentication: set --jwt-key-file and/or --token-review-allow");
     }
     Ok(Arc::new(Chain(chain)))
+}
+
+/// The JWT check of `serve`: the HS256 keys of `key_files` and the ids of `revoked` and of
+/// `revoked_file` (one `jti` per line, `#` comments), the files looked at most once per `every`
+/// and re-read when they change.
+pub fn jwt_authenticator(
+    key_files: &[PathBuf],
+    revoked: Vec<String>,
+    revoked_file: Option<PathBuf>,
+    every: Duration,
+) -> anyhow::Result<JwtAuthenticator> {
+    let keys = Reloading::new(
+        "jwt keys",
+        key_files.to_vec(),
+        every,
+        |files: &[PathBuf]| {
+            let secrets = files
+                .iter()
+                .map(|p| crate::token::read_key(p))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok::<_, crate::token::TokenError>(JwtKeys::from_secrets(&secrets))
+        },
+    )
+    .context("--jwt-key-file")?;
+    let revoked_file = revoked_file
+        .map(|file| {
+            Reloading::new(
+                "revoked tokens",
+                vec![file.clone()],
+                every,
+                |files: &[PathBuf]| std::fs::read_to_string(&files[0]).map(|t| parse_revoked(&t)),
+            )
+            .with_context(|| format!("reading --revoked-tokens-file {}", file.display()))
+        })
+        .transpose()?;
+    Ok(JwtAuthenticator::reloading(keys, revoked, revoked_file))
 }
 
 #[cfg(test)]
@@ -359,6 +439,61 @@ mod tests {
     }
 
     #[test]
+    fn plain_http_needs_loopback_or_the_flag() {
+        let addr = |s: &str| s.parse::<SocketAddr>().unwrap();
+        for loopback in ["127.0.0.1:8443", "127.9.9.9:1", "[::1]:8443"] {
+            assert!(
+                plaintext_allowed(addr(loopback), false).is_ok(),
+                "{loopback}"
+            );
+        }
+        for open in ["0.0.0.0:8443", "10.1.2.3:8443", "[::]:8443"] {
+            let e = plaintext_allowed(addr(open), false)
+                .unwrap_err()
+                .to_string();
+            for named in [
+                "--tls-cert",
+                "--tls-key",
+                "--insecure-plaintext",
+                "ROLLOUTS_DISPATCH_INSECURE_PLAINTEXT",
+                "tls.enabled",
+                "tls.insecurePlaintext",
+            ] {
+                assert!(e.contains(named), "{open}: {e} does not name {named}");
+            }
+            assert_eq!(
+                plaintext_allowed(addr(open), true).unwrap(),
+                "--insecure-plaintext"
+            );
+        }
+    }
+
+    #[test]
+    fn missing_key_or_revocation_files_name_their_flag() {
+        let dir = std::env::temp_dir().join(format!("rd-serve-jwt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = dir.join("jwt.key");
+        std::fs::write(&key, "a-serve-test-signing-key-0123456789abcdef").unwrap();
+        let every = Duration::from_millis(10);
+        let e = jwt_authenticator(&[dir.join("absent.key")], Vec::new(), None, every)
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        assert!(e.contains("--jwt-key-file"), "{e}");
+        let e = jwt_authenticator(
+            std::slice::from_ref(&key),
+            Vec::new(),
+            Some(dir.join("absent")),
+            every,
+        )
+        .err()
+        .map(|e| format!("{e:#}"))
+        .unwrap_or_default();
+        assert!(e.contains("--revoked-tokens-file"), "{e}");
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
     fn signing_key_files_are_a_comma_list() {
         #[derive(Parser)]
         struct Wrap {
@@ -371,5 +506,29 @@ mod tests {
             w.serve.signing_key_files,
             vec![PathBuf::from("new"), PathBuf::from("old")]
         );
+    }
+
+    #[test]
+    fn insecure_plaintext_and_a_certificate_exclude_each_other() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cmd {
+            #[command(flatten)]
+            args: ServeArgs,
+        }
+        let e = Cmd::try_parse_from([
+            "serve",
+            "--tls-cert",
+            "c",
+            "--tls-key",
+            "k",
+            "--insecure-plaintext",
+        ])
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        assert!(e.contains("--insecure-plaintext"), "{e}");
+        let ok = Cmd::try_parse_from(["serve", "--insecure-plaintext"]).unwrap();
+        assert!(ok.args.insecure_plaintext);
     }
 }

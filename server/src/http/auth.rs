@@ -2,7 +2,8 @@
 //!
 //! * [`JwtAuthenticator`]: JWTs signed with a shared HS256 key (dev, tests, agents). Several keys
 //!   may be accepted at once so a key can be rotated with an overlap; revoked token ids (`jti`)
-//!   are refused.
+//!   are refused. Keys and revocations follow their files without a restart
+//!   ([`JwtAuthenticator::reloading`]).
 //! * [`Chain`]: tries several authenticators (e.g. TokenReview for the Rollouts controller's
 //!   projected ServiceAccount token, then JWTs).
 //!
@@ -20,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::{ApiFailure, AppState};
+use crate::runtime::reload::Reloading;
 use futures::future::BoxFuture;
 
 /// The audience every rollouts-dispatch token must carry.
@@ -175,16 +177,60 @@ pub fn issue(key: &[u8], claims: &Claims) -> Result<String, AuthError> {
     .map_err(|e| AuthError::Invalid(e.to_string()))
 }
 
+/// The keys whose HS256 signatures are accepted (several during a rotation).
+pub struct JwtKeys(Vec<DecodingKey>);
+
+impl JwtKeys {
+    /// The keys of these shared secrets.
+    pub fn from_secrets(secrets: &[Vec<u8>]) -> Self {
+        Self(
+            secrets
+                .iter()
+                .map(|k| DecodingKey::from_secret(k))
+                .collect(),
+        )
+    }
+}
+
+/// The token ids (`jti`) that are refused.
+pub type Revoked = HashSet<String>;
+
+/// The token ids of a revocations file: one `jti` per line; blank lines and everything from a
+/// `#` on are ignored (a jti never holds `#` or whitespace: `token issue` makes hex ids).
+pub fn parse_revoked(text: &str) -> Revoked {
+    text.lines()
+        .map(|l| l.split('#').next().unwrap_or_default().trim())
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
 /// HS256 JWTs with one or more accepted keys.
 pub struct JwtAuthenticator {
-    keys: Vec<DecodingKey>,
-    revoked: HashSet<String>,
+    keys: Reloading<JwtKeys>,
+    revoked: Revoked,
+    revoked_file: Option<Reloading<Revoked>>,
     validation: Validation,
 }
 
 impl JwtAuthenticator {
     /// Accepts tokens signed by any of `keys` (at least one), except the ids in `revoked`.
     pub fn new(keys: &[Vec<u8>], revoked: impl IntoIterator<Item = String>) -> Self {
+        Self::reloading(
+            Reloading::fixed("jwt keys", JwtKeys::from_secrets(keys)),
+            revoked,
+            None,
+        )
+    }
+
+    /// Accepts tokens signed by the current `keys`, except the ids in `revoked` and those of
+    /// the current `revoked_file`: both follow their files (see [`Reloading`]), so a key
+    /// rotation or a revocation needs no restart.
+    pub fn reloading(
+        keys: Reloading<JwtKeys>,
+        revoked: impl IntoIterator<Item = String>,
+        revoked_file: Option<Reloading<Revoked>>,
+    ) -> Self {
         let mut validation = Validation::new(ALGORITHM);
         validation.set_audience(&[AUDIENCE]);
         validation.set_required_spec_claims(&["exp", "aud", "sub"]);
@@ -192,10 +238,19 @@ impl JwtAuthenticator {
         // Off by default in jsonwebtoken: a token must not be usable before its `nbf`.
         validation.validate_nbf = true;
         Self {
-            keys: keys.iter().map(|k| DecodingKey::from_secret(k)).collect(),
+            keys,
             revoked: revoked.into_iter().collect(),
+            revoked_file,
             validation,
         }
+    }
+
+    fn is_revoked(&self, jti: &str) -> bool {
+        self.revoked.contains(jti)
+            || self
+                .revoked_file
+                .as_ref()
+                .is_some_and(|f| f.get().contains(jti))
     }
 
     fn check(&self, token: &str) -> Result<Principal, AuthError> {
@@ -211,11 +266,12 @@ impl JwtAuthenticator {
             }
         }
         let mut last = AuthError::Invalid("no signing key is configured".into());
-        for key in &self.keys {
+        let keys = self.keys.get();
+        for key in &keys.0 {
             match jsonwebtoken::decode::<Claims>(token, key, &self.validation) {
                 Ok(data) => {
                     let c = data.claims;
-                    if self.revoked.contains(&c.jti) {
+                    if self.is_revoked(&c.jti) {
                         return Err(AuthError::Revoked(c.jti));
                     }
                     // jsonwebtoken does not look at `iat`: a token issued "tomorrow" would
@@ -630,6 +686,15 @@ mod tests {
                 "{garbage:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_revocations_file_holds_one_id_per_line_with_comments() {
+        let ids = parse_revoked("# leaked 2026-11-30\nabc123\n\n  def456  # laptop stolen\n#ghi\n");
+        assert_eq!(
+            ids,
+            ["abc123", "def456"].map(String::from).into_iter().collect()
+        );
     }
 
     /// `let x = v.tap(|x| …)`: change a value in an expression.

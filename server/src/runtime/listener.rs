@@ -1,5 +1,6 @@
-//! The API listener: TLS when configured, a header-read timeout against slow clients, and a
-//! bounded drain of requests in flight when shutdown begins.
+//! The API listener: TLS when configured (the certificate follows its files without a restart),
+//! a header-read timeout against slow clients, and a bounded drain of requests in flight when
+//! shutdown begins.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -8,8 +9,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
+use rustls::sign::CertifiedKey;
 use tokio::net::TcpListener;
 use tracing::{debug, info, warn, Instrument};
+
+use super::reload::{self, Reloading};
 
 /// Why the TLS certificate and key cannot be served.
 #[derive(Debug, thiserror::Error)]
@@ -39,8 +43,54 @@ pub enum TlsError {
 /// TLS for a listener: a rustls server config (see [`tls_config`]).
 pub type Tls = Arc<rustls::ServerConfig>;
 
-/// Loads a PEM certificate chain and key into a rustls server config (HTTP/1.1 and h2).
+/// Serves the PEM certificate chain and key of `cert_file` and `key_file` (HTTP/1.1 and h2),
+/// re-read when they change on disk (looked at most every [`reload::CHECK_EVERY`]): a rotated
+/// certificate is served to new connections without a restart, and one that does not load
+/// (half-written, key and certificate not matching) is logged and the previous one kept.
 pub fn tls_config(cert_file: &Path, key_file: &Path) -> Result<Tls, TlsError> {
+    reloading_tls_config(cert_file, key_file, reload::CHECK_EVERY)
+}
+
+/// [`tls_config`] with the files looked at most once per `every`.
+pub fn reloading_tls_config(
+    cert_file: &Path,
+    key_file: &Path,
+    every: Duration,
+) -> Result<Tls, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let keys = Reloading::new(
+        "tls certificate",
+        vec![cert_file.to_path_buf(), key_file.to_path_buf()],
+        every,
+        {
+            let provider = provider.clone();
+            move |files: &[PathBuf]| certified_key(&files[0], &files[1], &provider)
+        },
+    )?;
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(ReloadingCert(keys)));
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+/// The certificate of every handshake: the current one of the files.
+#[derive(Debug)]
+struct ReloadingCert(Reloading<Arc<CertifiedKey>>);
+
+impl rustls::server::ResolvesServerCert for ReloadingCert {
+    fn resolve(&self, _hello: rustls::server::ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(Arc::clone(&self.0.get()))
+    }
+}
+
+/// Loads a PEM certificate chain and its key; fails unless the key is the certificate's.
+fn certified_key(
+    cert_file: &Path,
+    key_file: &Path,
+    provider: &rustls::crypto::CryptoProvider,
+) -> Result<Arc<CertifiedKey>, TlsError> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let certs = CertificateDer::pem_file_iter(cert_file)
@@ -59,13 +109,7 @@ pub fn tls_config(cert_file: &Path, key_file: &Path) -> Result<Tls, TlsError> {
         path: key_file.to_path_buf(),
         source,
     })?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)?;
-    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(Arc::new(cfg))
+    Ok(Arc::new(CertifiedKey::from_der(certs, key, provider)?))
 }
 
 /// How long a client may take to send its request headers.

@@ -428,6 +428,8 @@ async fn oversized_reply_bodies_are_refused_by_the_plugin_and_the_agent_clients(
             server: url,
             token_file: None,
             ca_file: None,
+            ca_only: false,
+            insecure_plaintext: false,
             timeout: Duration::from_secs(30),
         })?
         .with_max_reply_bytes(max);

@@ -25,6 +25,8 @@
 //! * [`podsecurity`]: escalating Job templates (privileged, host namespaces, hostPath, nodeName,
 //!   selectors, service accounts, API tokens, reserved labels) → refused with the field, no
 //!   destination call; no policy → refused; and the agent's own re-check.
+//! * [`tls`]: plain HTTP to the TLS port, clients refusing `http://`, the agent's pinned CA,
+//!   certificate, JWT key and revocation rotation on disk without a restart.
 
 #[path = "../engine_fast/fake_api/mod.rs"]
 #[allow(dead_code)]
@@ -42,3 +44,4 @@ mod references;
 mod scene;
 mod secrets;
 mod tally;
+mod tls;

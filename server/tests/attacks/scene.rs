@@ -227,3 +227,81 @@ impl Scene {
             .await
     }
 }
+
+/// How often a [`ServedScene`] looks at its files (`serve` looks every 3 s): short, so that a
+/// rotation case waits milliseconds, not seconds.
+pub(crate) const RELOAD_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The files a [`ServedScene`] serves from, as `serve` takes them: `--tls-cert`, `--tls-key`,
+/// `--jwt-key-file`, `--revoked-tokens-file`.
+pub(crate) struct ServedFiles {
+    pub(crate) tls_cert: std::path::PathBuf,
+    pub(crate) tls_key: std::path::PathBuf,
+    pub(crate) jwt_key: std::path::PathBuf,
+    pub(crate) revoked: std::path::PathBuf,
+}
+
+/// The engine behind the API the way `serve` runs it: over TLS through `listener::serve`, with
+/// `serve`'s JWT check (keys and revocations read from files), every file re-read when it
+/// changes. Dropping it stops the listener.
+pub(crate) struct ServedScene {
+    /// The fake clusters behind the engine (kept alive with the scene).
+    #[allow(dead_code)]
+    pub(crate) world: World,
+    pub(crate) addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Drop for ServedScene {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+impl ServedScene {
+    /// The default engine configuration plus `extra`, served from `files` on a loopback port.
+    pub(crate) async fn start(extra: &str, files: &ServedFiles) -> Result<Self> {
+        use dispatch_server::runtime::listener;
+        let world = World::start(extra).await?;
+        let metrics = Arc::new(Metrics::new());
+        let jwt = dispatch_server::cmd::serve::jwt_authenticator(
+            std::slice::from_ref(&files.jwt_key),
+            Vec::new(),
+            Some(files.revoked.clone()),
+            RELOAD_EVERY,
+        )?;
+        let state = AppState {
+            dispatcher: Arc::new(EngineDispatcher::new(
+                world.engine.clone(),
+                metrics.clone(),
+                Arc::new(signer()),
+            )),
+            auth: Arc::new(jwt),
+            metrics,
+        };
+        let tls = listener::reloading_tls_config(&files.tls_cert, &files.tls_key, RELOAD_EVERY)?;
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = tcp.local_addr()?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(listener::serve(
+            tcp,
+            api_http::router(state),
+            Some(tls),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Ok(Self {
+            world,
+            addr,
+            stop: Some(stop),
+        })
+    }
+
+    /// `https://localhost:PORT`: the name the scene's certificates are issued for.
+    pub(crate) fn url(&self) -> String {
+        format!("https://localhost:{}", self.addr.port())
+    }
+}

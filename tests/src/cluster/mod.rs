@@ -12,7 +12,7 @@
 pub mod argo;
 pub mod binaries;
 pub mod kwok;
-mod pki;
+pub(crate) mod pki;
 pub mod process;
 
 use std::path::{Path, PathBuf};

@@ -45,42 +45,8 @@ const SERVER_SANS: [&str; 8] = [
 pub(crate) fn write(dir: &Path, cluster_name: &str) -> Result<PkiFiles> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
 
-    let ca_key = KeyPair::generate().context("generating the ca key")?;
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).context("ca params")?;
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.distinguished_name.push(
-        DnType::CommonName,
-        format!("rollouts-dispatch test ca {cluster_name}"),
-    );
-    ca_params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca_cert = ca_params
-        .self_signed(&ca_key)
-        .context("self-signing the ca certificate")?;
-    let issuer = Issuer::new(ca_params, ca_key);
-
-    let server_key = KeyPair::generate().context("generating the serving key")?;
-    let mut server_params = CertificateParams::new(
-        SERVER_SANS
-            .iter()
-            .map(|s| (*s).to_owned())
-            .collect::<Vec<_>>(),
-    )
-    .context("serving certificate params")?;
-    server_params
-        .distinguished_name
-        .push(DnType::CommonName, "kube-apiserver");
-    server_params.key_usages = vec![
-        KeyUsagePurpose::DigitalSignature,
-        KeyUsagePurpose::KeyEncipherment,
-    ];
-    server_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let server_cert = server_params
-        .signed_by(&server_key, &issuer)
-        .context("signing the serving certificate")?;
+    let (ca_pem, issuer) = ca(&format!("rollouts-dispatch test ca {cluster_name}"))?;
+    let (server_cert, server_key) = serving(&issuer, &SERVER_SANS, "kube-apiserver")?;
 
     let sa_key = KeyPair::generate().context("generating the service-account key")?;
 
@@ -90,16 +56,60 @@ pub(crate) fn write(dir: &Path, cluster_name: &str) -> Result<PkiFiles> {
         server_key: dir.join("apiserver.key"),
         sa_key: dir.join("sa.key"),
         sa_pub: dir.join("sa.pub"),
-        ca_pem: ca_cert.pem(),
+        ca_pem,
     };
     write_file(&files.ca_cert, &files.ca_pem)?;
-    write_file(&files.server_cert, &server_cert.pem())?;
-    write_file(&files.server_key, &server_key.serialize_pem())?;
+    write_file(&files.server_cert, &server_cert)?;
+    write_file(&files.server_key, &server_key)?;
     write_file(&files.sa_key, &sa_key.serialize_pem())?;
     write_file(&files.sa_pub, &sa_key.public_key_pem())?;
     Ok(files)
 }
 
-fn write_file(path: &Path, contents: &str) -> Result<()> {
+/// A self-signed CA named `common_name`: its certificate (PEM) and what signs with it.
+pub(crate) fn ca(common_name: &str) -> Result<(String, Issuer<'static, KeyPair>)> {
+    let ca_key = KeyPair::generate().context("generating the ca key")?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).context("ca params")?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_cert = ca_params
+        .self_signed(&ca_key)
+        .context("self-signing the ca certificate")?;
+    Ok((ca_cert.pem(), Issuer::new(ca_params, ca_key)))
+}
+
+/// A serving certificate for `sans` (names and IP addresses) signed by `issuer`:
+/// (certificate PEM, key PEM).
+pub(crate) fn serving(
+    issuer: &Issuer<'static, KeyPair>,
+    sans: &[&str],
+    common_name: &str,
+) -> Result<(String, String)> {
+    let server_key = KeyPair::generate().context("generating the serving key")?;
+    let mut server_params =
+        CertificateParams::new(sans.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())
+            .context("serving certificate params")?;
+    server_params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
+    server_params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    server_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let server_cert = server_params
+        .signed_by(&server_key, issuer)
+        .context("signing the serving certificate")?;
+    Ok((server_cert.pem(), server_key.serialize_pem()))
+}
+
+pub(crate) fn write_file(path: &Path, contents: &str) -> Result<()> {
     std::fs::write(path, contents).with_context(|| format!("writing {}", path.display()))
 }

@@ -21,6 +21,7 @@ use crate::cluster::Cluster;
 use crate::kargo::PROJECT;
 use crate::objects::install_crd;
 use crate::ports::free_port;
+use crate::tls::ApiTls;
 use crate::wait::eventually;
 
 /// The servers' signing key (HS256): tests mint their own tokens with it.
@@ -90,15 +91,12 @@ impl World<Agents> {
                 a.kubeconfig.display(),
             ),
         )?;
-        // The API is TLS, with the control cluster's serving certificate (127.0.0.1 is in its
-        // SANs) and CA: agents and the plugin trust it through --ca-file.
-        let pki = control.dir.join("pki");
-        let ca = pki.join("ca.crt");
+        // The API is TLS with a CA of its own (not the clusters'): agents pin it and the plugin
+        // trusts it through --ca-file.
+        let tls = ApiTls::write(&dir)?;
+        let ca = tls.ca.clone();
         let mut extra: Vec<String> = serve_args.iter().map(|s| s.to_string()).collect();
-        extra.extend([
-            format!("--tls-cert={}", pki.join("apiserver.crt").display()),
-            format!("--tls-key={}", pki.join("apiserver.key").display()),
-        ]);
+        extra.extend(tls.serve_flags());
         let mut replicas = Vec::new();
         for name in ["server-1", "server-2"] {
             let replica = Replica {
@@ -253,6 +251,8 @@ pub async fn call_as(url: &str, token_file: &Path, ca: &Path, path: &str) -> Res
         server: url.to_string(),
         token_file: Some(token_file.to_path_buf()),
         ca_file: Some(ca.to_path_buf()),
+        ca_only: true,
+        insecure_plaintext: false,
         timeout: Duration::from_secs(20),
     })?;
     let answer = client

@@ -10,6 +10,9 @@
 //!   destinations in its config (their kubeconfigs) and policy `kargo-demo → cluster-*`.
 //! * [`agents::Agents`] ([`World::start_with_agent`]): two server replicas (real processes) on
 //!   the Kubernetes store behind a TCP front; `a` direct, `b` reachable only through its agent.
+//!
+//! Either way the API is TLS only ([`crate::tls`]): the plugin trusts the test CA through
+//! `--ca-file`, and nothing runs with `--insecure-plaintext`.
 
 pub mod agents;
 
@@ -27,6 +30,7 @@ use crate::cluster::{start_many, Cluster};
 use crate::kargo::{Freight, Verification, PROJECT};
 use crate::ports::free_port;
 use crate::server::Server;
+use crate::tls::ApiTls;
 
 /// The signing key of the plugin's token (HS256).
 const DIRECT_KEY: &str = "e2e-signing-key-0123456789abcdef0123456789";
@@ -57,6 +61,8 @@ pub struct Direct {
     pub server: Server,
     /// Its files: config, signing key, the plugin's token.
     pub dir: PathBuf,
+    /// The API's CA, certificate and key.
+    pub tls: ApiTls,
 }
 
 impl World<Direct> {
@@ -87,7 +93,9 @@ impl World<Direct> {
         )?;
         let token_file = dir.join("plugin.token");
         std::fs::write(&token_file, token)?;
+        let tls = ApiTls::write(&dir)?;
         let (port, admin) = (free_port()?, free_port()?);
+        let [tls_cert, tls_key] = tls.serve_flags();
         let server = Server::start([
             "--config".into(),
             config.display().to_string(),
@@ -99,18 +107,28 @@ impl World<Direct> {
             key.display().to_string(),
             "--sync-timeout".into(),
             "30s".into(),
+            tls_cert,
+            tls_key,
         ])
         .await?;
-        let url = format!("http://127.0.0.1:{port}");
+        let url = format!("https://127.0.0.1:{port}");
         let plugin_args = [
             "--server",
             &url,
             "--token-file",
             &token_file.display().to_string(),
+            "--ca-file",
+            &tls.ca.display().to_string(),
         ]
         .map(String::from)
         .to_vec();
-        Self::assemble([control, a, b], url, plugin_args, Direct { server, dir }).await
+        Self::assemble(
+            [control, a, b],
+            url,
+            plugin_args,
+            Direct { server, dir, tls },
+        )
+        .await
     }
 }
 
