@@ -2,8 +2,10 @@
 # `make chart` (charts/chart.mk): the README's values table up to date (charts/chart-docs.sh check:
 # helm-docs into a temp dir, diffed with the committed README; checked first, its line printed
 # just before the last line), then helm lint and helm template of charts/rollouts-dispatch with the
-# default values and each ci/*-values.yaml (every one is a "variant"), renderings that must fail
-# with a clear message, then against a real kube-apiserver started by the Rust launcher
+# default values (plus the policy rule it requires) and each ci/*-values.yaml (every one is a
+# "variant", charts/chart-variants.sh), renderings that must fail with a clear message, the RBAC
+# golden test (charts/chart-rbac.sh: every grant against charts/rbac-allowlist.txt), then against
+# a real kube-apiserver started by the Rust launcher
 # (tests/src/bin/test-cluster.rs): the DispatchJob CRD (crds/) applied for real and established,
 # `kubectl apply --dry-run=server` of every rendering (and of a DispatchJob), then the renderings
 # with RBAC checks applied for real, each as its own release in its own namespace (so that no two
@@ -18,11 +20,11 @@ set -euo pipefail
 : "${HELM:?}" "${HELM_DOCS:?}" "${CARGO:?}" "${K8S_BIN_ENV:?}" "${CHART_DIR:?}" "${CHART_OUT:?}"
 RELEASE=rollouts-dispatch
 NAMESPACE=rollouts-dispatch
-# Renderings: "default" (values.yaml alone) and one per ci/<name>-values.yaml ("<name>").
-VARIANTS=(default)
-for f in "$CHART_DIR"/ci/*-values.yaml; do v=$(basename "$f" -values.yaml); VARIANTS+=("$v"); done
-values_args() { if [ "$1" != default ]; then echo "-f $CHART_DIR/ci/$1-values.yaml"; fi; }
+# Renderings: VARIANTS and values_args.
+# shellcheck source=charts/chart-variants.sh
+source charts/chart-variants.sh
 SM_CRD=charts/testdata/servicemonitor-crd.yaml
+CERT_CRD=charts/testdata/certificate-crd.yaml
 DJ_CRD=$CHART_DIR/crds/dispatchjobs.yaml
 DJ_SAMPLE=charts/testdata/dispatchjob.yaml
 # Renderings applied for real (variant release namespace): each as its own release in its own
@@ -34,7 +36,7 @@ KUBECTL=$(sed -n 's/^KUBECTL=//p' "$K8S_BIN_ENV")
 [ -x "$KUBECTL" ] || { echo "chart: no kubectl in $K8S_BIN_ENV (run make k8s-bin)" >&2; exit 1; }
 
 mkdir -p "$CHART_OUT"
-rm -f "$CHART_OUT"/*.yaml "$CHART_OUT"/*.log
+rm -f "$CHART_OUT"/*.yaml "$CHART_OUT"/*.log "$CHART_OUT"/*.data "$CHART_OUT"/*.pem
 t0=$(date +%s)
 since() { echo "$(( $(date +%s) - $1 ))s"; }
 
@@ -72,9 +74,10 @@ for a in "${APPLY[@]}"; do
   "$HELM" template "$rel" "$CHART_DIR" --namespace "$ns" $(values_args "$v") >"$CHART_OUT/apply-$v.yaml" 2>"$CHART_OUT/template-apply-$v.log" ||
     { cat "$CHART_OUT/template-apply-$v.log"; echo "chart: helm template ($v values, release $rel) FAILED" >&2; exit 1; }
 done
-# Values the chart must refuse, each with a message naming the keys to fix.
+# Values the chart must refuse, each with a message naming the keys to fix; on top of the default
+# variant's values (a policy rule), except the first: values.yaml alone has no policy.
 refused=0
-refuse() { # refuse "MESSAGE PART" HELM-ARGS...
+refuse_with() { # refuse_with "MESSAGE PART" HELM-ARGS...
   local want=$1 out; shift
   if out=$("$HELM" template "$RELEASE" "$CHART_DIR" --namespace "$NAMESPACE" "$@" 2>&1); then
     echo "chart: helm template $* rendered, want a failure mentioning \"$want\"" >&2; exit 1
@@ -83,6 +86,9 @@ refuse() { # refuse "MESSAGE PART" HELM-ARGS...
     { echo "$out" >&2; echo "chart: helm template $* failed without \"$want\"" >&2; exit 1; }
   refused=$((refused + 1))
 }
+refuse() { refuse_with "$1" -f "$DEFAULT_VALUES" "${@:2}"; }
+refuse_with "deny by default: with no policy the server dispatches nothing. Set config.policy.rules"
+refuse "or config.policy.allowAll: true" --set 'config.policy.rules=null'
 refuse "server.replicas=2 with agents.destinations needs agents.store: kubernetes" \
   --set server.replicas=2 --set 'agents.destinations[0].name=edge-1' --set signingKey.value=k
 refuse "agents.destinations needs signingKey.value or signingKey.existingSecret" --set 'agents.destinations[0].name=edge-1'
@@ -91,9 +97,33 @@ refuse 'destination "prod-eu" is already in config.destinations' \
 refuse "/agents/store" --set agents.store=etcd
 refuse "agent.enabled needs agent.server" --set agent.enabled=true --set agent.tokenSecret.name=t
 refuse "agent.enabled needs agent.tokenSecret.name" --set agent.enabled=true --set agent.server=https://cp.example.com
+refuse "agent.enabled needs agent.namespaces" --set agent.enabled=true --set agent.server=https://cp.example.com --set agent.tokenSecret.name=t
+refuse "agent.namespaces and agent.allowClusterWide are both set" -f "$CHART_DIR/ci/agent-values.yaml" --set 'agent.namespaces={a}'
+refuse "is plain http:// to a host that is not loopback" -f "$CHART_DIR/ci/agent-values.yaml" --set agent.server=http://cp.example.com:8443
+refuse "inCluster.enabled needs inCluster.namespaces" --set inCluster.enabled=true
+refuse "inCluster.namespaces and inCluster.allowClusterWide are both set" -f "$CHART_DIR/ci/cluster-scope-values.yaml" --set 'inCluster.namespaces={a}'
+refuse "tls.secretName and tls.certManager.issuerRef.name are both set" -f "$CHART_DIR/ci/kubernetes-store-values.yaml" --set tls.secretName=s
+refuse "at '/rbac': additional properties 'analysisRunPatch' not allowed" --set rbac.analysisRunPatch=true
 refuse "nothing to install" --set server.enabled=false
 refuse "the server refuses to start without authentication" --set 'server.tokenReviewAllow=null'
+# What the renderings must contain (TLS by default, plain HTTP only on request, the agent pinned to
+# a CA and limited to its namespaces).
+has() { # has VARIANT TEXT: the rendering of VARIANT contains TEXT
+  grep -qF -- "$2" "$CHART_OUT/$1.yaml" || { echo "chart: template $1: no \"$2\" in $CHART_OUT/$1.yaml" >&2; exit 1; }
+}
+hasnt() { ! grep -qF -- "$2" "$CHART_OUT/$1.yaml" || { echo "chart: template $1: unexpected \"$2\" in $CHART_OUT/$1.yaml" >&2; exit 1; }; }
+has default "--tls-cert=/etc/rollouts-dispatch/tls/tls.crt"; hasnt default "--insecure-plaintext"
+has default "type: kubernetes.io/tls"; has default "name: rollouts-dispatch-ca"
+has cluster-scope "--insecure-plaintext"; hasnt cluster-scope "--tls-cert"
+has kubernetes-store "kind: Certificate"; hasnt kubernetes-store "type: kubernetes.io/tls"
+has agent-namespaced "--ca-file=/var/run/secrets/rollouts-dispatch/agent-ca/ca.crt"
+has agent-namespaced "--namespaces=edge-jobs"; has agent-namespaced "--pod-security=restricted"
 echo "chart: helm template ok ($refused invalid value sets refused) in $(since "$t")"
+
+# --- RBAC golden test: every grant of every rendering against charts/rbac-allowlist.txt ---------
+t=$(date +%s)
+HELM="$HELM" CARGO="$CARGO" CHART_DIR="$CHART_DIR" bash charts/chart-rbac.sh check "$CHART_OUT"
+echo "chart: RBAC golden test in $(since "$t")"
 
 # --- dry run against a real kube-apiserver ----------------------------------------------------
 t=$(date +%s)
@@ -141,11 +171,14 @@ t=$(date +%s)
 # The namespaces the renderings put objects in (release, Argo CD, in-cluster Job namespaces)
 # must exist for a dry run of namespaced objects; they are really created in this throwaway cluster.
 for ns in $(cat "$CHART_OUT"/*.yaml | sed -n 's/^  namespace: *//p' | tr -d '"' | sort -u); do
-  "$KUBECTL" create namespace "$ns" >/dev/null
+  "$KUBECTL" get namespace "$ns" >/dev/null 2>&1 || "$KUBECTL" create namespace "$ns" >/dev/null
 done
 # ServiceMonitor: a minimal CRD first (charts/testdata/servicemonitor-crd.yaml), so it is dry-run too.
 "$KUBECTL" apply -f "$SM_CRD" >/dev/null
 "$KUBECTL" wait --for=condition=Established --timeout=60s crd/servicemonitors.monitoring.coreos.com >/dev/null
+# cert-manager's Certificate likewise (charts/testdata/certificate-crd.yaml, a strict schema).
+"$KUBECTL" apply -f "$CERT_CRD" >/dev/null
+"$KUBECTL" wait --for=condition=Established --timeout=60s crd/certificates.cert-manager.io >/dev/null
 # The chart's own CRD (crds/, installed by helm install, not in `helm template`), for real.
 "$KUBECTL" apply --validate=strict -f "$DJ_CRD" >"$CHART_OUT/apply-crds.log" 2>&1 ||
   { cat "$CHART_OUT/apply-crds.log"; echo "chart: kubectl apply $DJ_CRD FAILED" >&2; exit 1; }
@@ -192,14 +225,21 @@ can() { # can yes|no VERB RESOURCE[/SUBRESOURCE][.GROUP] [NAMESPACE] (no namespa
 # The server of the test values (memory store: no DispatchJobs).
 as "$NAMESPACE" "$RELEASE"
 can yes create tokenreviews.authentication.k8s.io
-can yes list stages.kargo.akuity.io team-a
-can yes watch applications.argoproj.io argocd
-can yes patch analysisruns.argoproj.io team-a
+can yes get stages.kargo.akuity.io team-a
+can no  list stages.kargo.akuity.io team-a
+can yes get applications.argoproj.io argocd
+can no  watch applications.argoproj.io argocd
+can no  patch analysisruns.argoproj.io team-a
+can no  get analysisruns.argoproj.io team-a
 can yes list secrets argocd
+can yes watch secrets argocd
+can no  get secrets argocd
 can no  list secrets "$NAMESPACE"
 can no  get secrets default
 can yes create jobs.batch verification
 can yes delete jobs.batch team-a
+can yes list pods verification
+can no  get pods verification
 can yes get pods/log verification
 can no  create jobs.batch default
 can no  create pods verification
@@ -209,14 +249,17 @@ can no  create dispatchjobs.rollouts-dispatch.io "$NAMESPACE"
 # The agent of the test values: its own ServiceAccount, none of the server's grants.
 as "$NAMESPACE" "$RELEASE-agent"
 can yes create jobs.batch default
+can no  create jobs.batch verification
 can no  list secrets argocd
 can no  get secrets "$NAMESPACE"
 can no  create tokenreviews.authentication.k8s.io
 can no  list stages.kargo.akuity.io team-a
 # The server with agents.store: kubernetes: DispatchJobs in its release namespace only.
 as kstore kstore-rollouts-dispatch
-for verb in get list watch create update patch delete; do can yes "$verb" dispatchjobs.rollouts-dispatch.io kstore; done
-for verb in get update patch; do can yes "$verb" dispatchjobs/status.rollouts-dispatch.io kstore; done
+for verb in get list watch create patch delete; do can yes "$verb" dispatchjobs.rollouts-dispatch.io kstore; done
+can yes patch dispatchjobs/status.rollouts-dispatch.io kstore
+for verb in get update; do can no "$verb" dispatchjobs/status.rollouts-dispatch.io kstore; done
+can no  update dispatchjobs.rollouts-dispatch.io kstore
 can no  deletecollection dispatchjobs.rollouts-dispatch.io kstore
 can no  create dispatchjobs.rollouts-dispatch.io "$NAMESPACE"
 can no  list dispatchjobs.rollouts-dispatch.io
@@ -226,14 +269,16 @@ can no  create jobs.batch verification
 # The orphan sweep (server.sweepOrphansEvery) lists AnalysisRuns, and nothing more on them.
 can yes list analysisruns.argoproj.io team-a
 can no  delete analysisruns.argoproj.io team-a
-# The agent alone (agent values): Jobs, Pods and logs in every namespace; never Secrets.
+can no  patch analysisruns.argoproj.io team-a
+# The agent alone (agent values, agent.allowClusterWide): Jobs and logs in every namespace, Pods
+# listed and watched; never Secrets.
 as edge edge-rollouts-dispatch-agent
 for verb in create get list watch delete; do can yes "$verb" jobs.batch verification; done
 can yes create jobs.batch default
 can yes delete jobs.batch team-a
 can yes list pods
 can yes watch pods
-can yes get pods verification
+can no  get pods verification
 can yes get pods/log verification
 can no  get secrets edge
 can no  list secrets
@@ -248,10 +293,13 @@ can no  get configmaps edge
 can no  create dispatchjobs.rollouts-dispatch.io edge
 can no  create tokenreviews.authentication.k8s.io
 # The agent with agent.namespaces: [edge-jobs, verification]: Jobs and logs in those namespaces
-# only; its caches still read Jobs and Pods everywhere (what the agent lists and watches).
+# only; its caches still list and watch Jobs and Pods everywhere (until it watches per namespace).
 as edge2 edge-agent
 can yes create jobs.batch edge-jobs
+can yes get jobs.batch edge-jobs
 can yes delete jobs.batch verification
+can no  get jobs.batch default
+can no  get pods edge-jobs
 can yes list pods edge-jobs
 can yes watch pods verification
 can yes get pods/log edge-jobs
@@ -267,16 +315,28 @@ can no  list secrets
 echo "chart: RBAC ok ($sars SubjectAccessReviews, ${#APPLY[@]} releases) in $(since "$t")"
 
 # --- a DispatchJob through the CRD as the kubernetes-store server: create, status, delete -------
+# The status patch and the delete are bare PATCH and DELETE requests, as KubeStore sends them
+# (server/src/store/kubernetes.rs): `kubectl patch` would GET the object first and so need a verb
+# the server does not use. curl with the admin kubeconfig's token, impersonating the ServiceAccount.
 t=$(date +%s)
 kstore_sa=system:serviceaccount:kstore:kstore-rollouts-dispatch
 dj=$(sed -n 's/^  name: *//p' "$DJ_SAMPLE" | head -n 1)
+dj_url="$("$KUBECTL" config view --minify -o jsonpath='{.clusters[0].cluster.server}')/apis/rollouts-dispatch.io/v1alpha1/namespaces/kstore/dispatchjobs/$dj"
+as_kstore() { # as_kstore METHOD URL [MERGE-PATCH]: one request as the kstore server's ServiceAccount
+  curl -sS --fail-with-body -X "$1" "$2" \
+    --cacert "$("$KUBECTL" config view --minify -o jsonpath='{.clusters[0].cluster.certificate-authority}')" \
+    -H "Authorization: Bearer $("$KUBECTL" config view --minify --raw -o jsonpath='{.users[0].user.token}')" \
+    -H "Impersonate-User: $kstore_sa" -H "Impersonate-Group: system:serviceaccounts" \
+    -H "Impersonate-Group: system:serviceaccounts:kstore" -H "Impersonate-Group: system:authenticated" \
+    ${3:+-H "Content-Type: application/merge-patch+json" --data "$3"} -o /dev/null -w "$1 %{http_code}\n"
+}
 {
   "$KUBECTL" --as="$kstore_sa" -n kstore create -f "$DJ_SAMPLE" &&
-  "$KUBECTL" --as="$kstore_sa" -n kstore patch dispatchjob "$dj" --subresource=status --type=merge \
-    -p '{"status":{"phase":"Running","agent":"chart-check","message":"make chart"}}' &&
+  as_kstore PATCH "$dj_url/status" '{"status":{"phase":"Running","agent":"chart-check","message":"make chart"}}' &&
   phase=$("$KUBECTL" -n kstore get dispatchjob "$dj" -o jsonpath='{.status.phase}') &&
   [ "$phase" = Running ] &&
-  "$KUBECTL" --as="$kstore_sa" -n kstore delete dispatchjob "$dj" --wait=false
+  as_kstore PATCH "$dj_url" '{"spec":{"delete":true}}' &&
+  as_kstore DELETE "$dj_url"
 } >"$CHART_OUT/dispatchjob.log" 2>&1 ||
   { cat "$CHART_OUT/dispatchjob.log"; echo "chart: DispatchJob create / status patch / delete as $kstore_sa FAILED" >&2; exit 1; }
 if out=$("$KUBECTL" --as=system:serviceaccount:edge:edge-rollouts-dispatch-agent -n kstore create -f "$DJ_SAMPLE" 2>&1) ||
@@ -285,6 +345,44 @@ if out=$("$KUBECTL" --as=system:serviceaccount:edge:edge-rollouts-dispatch-agent
 fi
 echo "$out" >>"$CHART_OUT/dispatchjob.log"
 echo "chart: DispatchJob created, status patched, deleted as the kubernetes-store server (agent refused) in $(since "$t"); total $(since "$t0"); renderings in $CHART_OUT"
+
+# --- the chart-generated CA and certificate survive upgrades (lookup, as helm upgrade does) ------
+# Each rendering runs `lookup` against the cluster (helm template --dry-run=server) and is applied,
+# as an install then two upgrades: the CA and certificate stay; new DNS names re-sign the
+# certificate with the same CA; the CA ConfigMap holds that CA; the certificate verifies for the
+# Service name with the CA (openssl).
+t=$(date +%s)
+tls_ns=tls-upgrade
+"$KUBECTL" create namespace "$tls_ns" >/dev/null
+tls_round() { # tls_round NAME HELM-ARGS...: render with lookup, apply, write "<tls.crt> <ca.crt>" (base64) to $CHART_OUT/tls-NAME.data
+  local f="$CHART_OUT/tls-$1.yaml" data="$CHART_OUT/tls-$1.data"; shift
+  "$HELM" template "$RELEASE" "$CHART_DIR" --namespace "$tls_ns" -f "$DEFAULT_VALUES" --dry-run=server \
+    --show-only templates/tls.yaml "$@" >"$f" 2>"$f.log" &&
+  "$KUBECTL" apply -f "$f" >>"$f.log" 2>&1 ||
+    { cat "$f.log"; echo "chart: TLS upgrade check: rendering or applying $f FAILED" >&2; exit 1; }
+  "$KUBECTL" -n "$tls_ns" get secret "$RELEASE-tls" -o jsonpath='{.data.tls\.crt} {.data.ca\.crt}' >"$data"
+  echo >>"$data"
+}
+tls_round install
+tls_round upgrade
+tls_round dns-names --set 'tls.dnsNames={rollouts-dispatch.example.com}'
+read -r crt1 ca1 <"$CHART_OUT/tls-install.data"
+read -r crt2 ca2 <"$CHART_OUT/tls-upgrade.data"
+read -r crt3 ca3 <"$CHART_OUT/tls-dns-names.data"
+[ -n "$crt1" ] && [ -n "$ca1" ] || { echo "chart: TLS upgrade check: no certificate in Secret $RELEASE-tls" >&2; exit 1; }
+[ "$crt2" = "$crt1" ] && [ "$ca2" = "$ca1" ] ||
+  { echo "chart: TLS upgrade check: an upgrade replaced the generated certificate or CA (lookup not used?)" >&2; exit 1; }
+[ "$ca3" = "$ca1" ] && [ "$crt3" != "$crt1" ] ||
+  { echo "chart: TLS upgrade check: new tls.dnsNames must re-sign the certificate with the same CA" >&2; exit 1; }
+base64 -d <<<"$ca1" >"$CHART_OUT/tls-ca.pem"
+base64 -d <<<"$crt3" >"$CHART_OUT/tls-crt.pem"
+[ "$("$KUBECTL" -n "$tls_ns" get configmap "$RELEASE-ca" -o jsonpath='{.data.ca\.crt}')" = "$(cat "$CHART_OUT/tls-ca.pem")" ] ||
+  { echo "chart: TLS upgrade check: ConfigMap $RELEASE-ca does not hold the CA of Secret $RELEASE-tls" >&2; exit 1; }
+for host in "$RELEASE.$tls_ns.svc" rollouts-dispatch.example.com; do
+  openssl verify -CAfile "$CHART_OUT/tls-ca.pem" -verify_hostname "$host" "$CHART_OUT/tls-crt.pem" >>"$CHART_OUT/tls-verify.log" 2>&1 ||
+    { cat "$CHART_OUT/tls-verify.log"; echo "chart: TLS upgrade check: the certificate does not verify for $host with the CA" >&2; exit 1; }
+done
+echo "chart: generated TLS kept across upgrades (CA and certificate unchanged; new tls.dnsNames re-signed by the same CA; verified for $RELEASE.$tls_ns.svc) in $(since "$t")"
 
 stop_cluster
 cluster_pid=""

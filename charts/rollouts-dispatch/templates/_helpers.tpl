@@ -93,6 +93,61 @@ enabled, plus an `agents` block from agents.* when agents.destinations is non-em
 {{- printf "%s://%s.%s.svc:%v" (ternary "https" "http" .Values.tls.enabled) (include "rollouts-dispatch.fullname" .) .Release.Namespace .Values.service.port }}
 {{- end }}
 
+{{/* How the server gets its certificate (tls.enabled): "secret" (tls.secretName), "certManager"
+(tls.certManager.issuerRef.name) or "generated" (templates/tls.yaml makes a CA and a certificate). */}}
+{{- define "rollouts-dispatch.tlsMode" -}}
+{{- if .Values.tls.secretName }}secret
+{{- else if (.Values.tls.certManager.issuerRef | default dict).name }}certManager
+{{- else }}generated
+{{- end }}
+{{- end }}
+
+{{/* The kubernetes.io/tls Secret the server mounts. */}}
+{{- define "rollouts-dispatch.tlsSecretName" -}}
+{{- default (printf "%s-tls" (include "rollouts-dispatch.fullname" .)) .Values.tls.secretName }}
+{{- end }}
+
+{{/* DNS names of the server certificate (JSON list): the Service's names, then tls.dnsNames. */}}
+{{- define "rollouts-dispatch.tlsDNSNames" -}}
+{{- $svc := include "rollouts-dispatch.fullname" . }}
+{{- $ns := .Release.Namespace }}
+{{- $names := list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns) }}
+{{- concat $names .Values.tls.dnsNames | uniq | toJson }}
+{{- end }}
+
+{{/* True ("true") when this release publishes the CA ConfigMap <fullname>-ca: the chart generated
+the CA, or tls.caBundle gives it. */}}
+{{- define "rollouts-dispatch.caConfigMap" -}}
+{{- if and .Values.server.enabled .Values.tls.enabled (or (eq (include "rollouts-dispatch.tlsMode" .) "generated") .Values.tls.caBundle) }}true{{ end }}
+{{- end }}
+
+{{/* The CA the agent pins (`--ca-file`): a volume source (YAML) of agent.caSecret, else
+agent.caConfigMap, else this release's CA ConfigMap; "" when none. */}}
+{{- define "rollouts-dispatch.agentCAVolume" -}}
+{{- if .Values.agent.caSecret.name }}
+secret:
+  secretName: {{ .Values.agent.caSecret.name }}
+  defaultMode: 0444
+  items:
+    - key: {{ .Values.agent.caSecret.key }}
+      path: ca.crt
+{{- else if .Values.agent.caConfigMap.name }}
+configMap:
+  name: {{ .Values.agent.caConfigMap.name }}
+  defaultMode: 0444
+  items:
+    - key: {{ .Values.agent.caConfigMap.key }}
+      path: ca.crt
+{{- else if include "rollouts-dispatch.caConfigMap" . }}
+configMap:
+  name: {{ include "rollouts-dispatch.fullname" . }}-ca
+  defaultMode: 0444
+  items:
+    - key: ca.crt
+      path: ca.crt
+{{- end }}
+{{- end }}
+
 {{/* True ("true") when the server keeps agent jobs in DispatchJob resources (needs their RBAC). */}}
 {{- define "rollouts-dispatch.kubernetesStore" -}}
 {{- if and .Values.server.enabled .Values.agents.destinations (eq .Values.agents.store "kubernetes") }}true{{ end }}
@@ -108,8 +163,20 @@ templates/validate.yaml. Renders nothing. */}}
 {{- if and (not (include "rollouts-dispatch.signingKeySecret" .)) (empty .Values.server.tokenReviewAllow) }}
 {{- fail "rollouts-dispatch: the server refuses to start without authentication: set signingKey.value, signingKey.existingSecret and/or server.tokenReviewAllow" }}
 {{- end }}
-{{- if and .Values.tls.enabled (not .Values.tls.secretName) }}
-{{- fail "rollouts-dispatch: tls.enabled needs tls.secretName (a kubernetes.io/tls Secret)" }}
+{{- $policy := (.Values.config | default dict).policy | default dict }}
+{{- if not (or $policy.rules $policy.allowAll) }}
+{{- fail "rollouts-dispatch: deny by default: with no policy the server dispatches nothing. Set config.policy.rules, e.g. [{projects: [team-a], destinations: [in-cluster], namespaces: [verification]}], or config.policy.allowAll: true to let every project use every destination and namespace" }}
+{{- end }}
+{{- if and .Values.tls.enabled .Values.tls.secretName (.Values.tls.certManager.issuerRef | default dict).name }}
+{{- fail "rollouts-dispatch: tls.secretName and tls.certManager.issuerRef.name are both set: use an existing Secret or a cert-manager Certificate, not both" }}
+{{- end }}
+{{- if .Values.inCluster.enabled }}
+{{- if and (not .Values.inCluster.namespaces) (not .Values.inCluster.allowClusterWide) }}
+{{- fail "rollouts-dispatch: inCluster.enabled needs inCluster.namespaces (a Role in each namespace where the server may create Jobs), or inCluster.allowClusterWide: true for a ClusterRole over every namespace" }}
+{{- end }}
+{{- if and .Values.inCluster.namespaces .Values.inCluster.allowClusterWide }}
+{{- fail "rollouts-dispatch: inCluster.namespaces and inCluster.allowClusterWide are both set: keep one (namespaces: Roles there; allowClusterWide: every namespace)" }}
+{{- end }}
 {{- end }}
 {{- if .Values.agents.destinations }}
 {{- if and (gt (int .Values.server.replicas) 1) (ne .Values.agents.store "kubernetes") }}
@@ -137,6 +204,18 @@ templates/validate.yaml. Renders nothing. */}}
 {{- end }}
 {{- if not .Values.agent.tokenSecret.name }}
 {{- fail "rollouts-dispatch: agent.enabled needs agent.tokenSecret.name (a Secret with the token from `rollouts-dispatch token issue --destination NAME`)" }}
+{{- end }}
+{{- if hasPrefix "http://" .Values.agent.server }}
+{{- $host := regexReplaceAll "^http://(\\[[^\\]]*\\]|[^/:]*).*$" .Values.agent.server "${1}" }}
+{{- if not (or (eq $host "localhost") (hasPrefix "127." $host) (eq $host "[::1]")) }}
+{{- fail (printf "rollouts-dispatch: agent.server %s is plain http:// to a host that is not loopback, which the agent refuses: use https:// (the server has TLS by default)" .Values.agent.server) }}
+{{- end }}
+{{- end }}
+{{- if and (not .Values.agent.namespaces) (not .Values.agent.allowClusterWide) }}
+{{- fail "rollouts-dispatch: agent.enabled needs agent.namespaces (the namespaces where the agent may create Jobs: a Role in each), or agent.allowClusterWide: true for a ClusterRole over every namespace" }}
+{{- end }}
+{{- if and .Values.agent.namespaces .Values.agent.allowClusterWide }}
+{{- fail "rollouts-dispatch: agent.namespaces and agent.allowClusterWide are both set: keep one (namespaces: Roles there; allowClusterWide: every namespace)" }}
 {{- end }}
 {{- end }}
 {{- end }}
