@@ -44,7 +44,7 @@ pub const NAMESPACE_ANNOTATION: &str = "rollouts-dispatch.io/namespace";
 
 /// Why the credentials of an Argo CD cluster Secret cannot be used, and which Secret to fix.
 #[derive(Debug, thiserror::Error)]
-#[error("{problem} (fix the Argo CD cluster Secret {secret})")]
+#[error("{problem} (fix the {secret})")]
 pub struct SecretError {
     /// the Secret
     pub secret: Source,

@@ -231,10 +231,19 @@ fn kubeconfig_contexts_and_direct_credentials() -> Result<()> {
     })
 }
 
+/// The exec credential plugin the Argo CD test installs (a script printing c's token).
+fn exec_script() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("exec-credential-{}.sh", std::process::id()))
+}
+
 fn argocd_yaml(f: &Fixture) -> String {
+    // The exec providers are allowlisted, so that the Secrets below fail or work for the real
+    // reason (the command is not installed; the script prints a token); a command outside the
+    // list is refused before that (server/tests/attacks/argocd.rs).
     format!(
-        "controlPlane: {{kubeconfig: {}}}\nargocd: {{namespace: argocd}}\nengine: {{logTimeout: 2s}}\n",
-        f.a.kubeconfig.display()
+        "controlPlane: {{kubeconfig: {}}}\nargocd: {{namespace: argocd, execProviders: [argocd-k8s-auth-not-installed, \"{}\"]}}\nengine: {{logTimeout: 2s}}\n",
+        f.a.kubeconfig.display(),
+        exec_script().display()
     )
 }
 
@@ -351,7 +360,7 @@ fn argocd_cluster_secret_with_a_service_account_token() -> Result<()> {
         let _ = &f.b_token;
 
         // An exec credential plugin that is installed works: it prints c's token.
-        let script = std::env::temp_dir().join(format!("exec-credential-{}.sh", &run_uid()[..8]));
+        let script = exec_script();
         let credential = json!({"apiVersion": "client.authentication.k8s.io/v1beta1", "kind": "ExecCredential",
                                 "status": {"token": f.c.token}});
         std::fs::write(
