@@ -16,6 +16,9 @@ use crate::wait::{eventually, Progress};
 
 /// The Kargo project (namespace) of the verifications.
 pub const PROJECT: &str = "kargo-demo";
+/// A second Kargo project the e2e policy allows on the same destinations: the tenant of the
+/// cross-project attack scenarios.
+pub const TENANT_B: &str = "tenant-b";
 
 /// The log a failing check prints (its termination message on the test clusters); the verdict
 /// must quote its last lines.

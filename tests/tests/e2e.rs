@@ -18,7 +18,7 @@ use anyhow::{ensure, Context, Result};
 use dispatch_tests::analysis::{self, all_messages, measurement_message, phase, wait_finished};
 use dispatch_tests::artifacts::example_analysis_templates;
 use dispatch_tests::cluster::argo;
-use dispatch_tests::kargo::{Verification, PROJECT};
+use dispatch_tests::kargo::{Verification, PROJECT, TENANT_B};
 use dispatch_tests::objects::{job_env, jobs_of};
 use dispatch_tests::shared::{block_on, Shared};
 use dispatch_tests::wait::{eventually, Progress};
@@ -437,6 +437,117 @@ fn the_api_answers_nothing_in_plain_http() -> Result<()> {
         let token = std::fs::read_to_string(w.dispatch.dir.join("plugin.token"))?;
         dispatch_tests::tls::plain_http_is_refused(w.dispatch.server.port, token.trim()).await?;
         println!("e2e: plain HTTP with a valid token to the API port: no answer");
+        Ok(())
+    })
+}
+
+/// The measurements of a run's first metric, as the controller wrote them.
+fn measurements(run: &DynamicObject) -> Vec<serde_json::Value> {
+    run.data["status"]["metricResults"][0]["measurements"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[test]
+#[ignore = "needs the Go-built cluster binaries and the release plugin: run `make e2e`"]
+fn a_tenant_that_forges_another_projects_job_reference_only_ends_its_own_run() -> Result<()> {
+    // A tenant with `edit` on its own project namespace can write its AnalysisRun's status (the
+    // CRD has no status subresource): it copies the Job reference of another project's running
+    // measurement into its own and aborts, so that the controller calls Terminate with it.
+    alone(async |w| {
+        let victim =
+            Verification::new("victim", "01jabcdefghjkmnpqrstvwxyz8", "cluster-a").runs_for("40s");
+        let victim = w.submit(&victim).await?;
+        let victim_uid = analysis::uid(&victim);
+
+        argo::apply_namespace(&w.client, TENANT_B).await?;
+        let tenant_runs = argo::analysis_runs(&w.client, TENANT_B);
+        let mut forger = Verification::new("forger", "01jabcdefghjkmnpqrstvwxyz9", "cluster-a")
+            .runs_for("10m")
+            .analysis_run(&w.freight)?;
+        forger.metadata.namespace = Some(TENANT_B.into());
+        forger.metadata.owner_references = None;
+        // One Error measurement ends the metric (Argo's default allows 4 in a row).
+        forger.data["spec"]["metrics"][0]["consecutiveErrorLimit"] = json!(0);
+        let forger = tenant_runs.create(&PostParams::default(), &forger).await?;
+        let forger_name = analysis::name(&forger).to_string();
+
+        // Both measurements running, each with the reference the server signed.
+        let with_ref = |run: &DynamicObject| {
+            measurements(run)
+                .first()
+                .and_then(|m| m["metadata"]["dispatch-ref"].as_str().map(String::from))
+        };
+        let victim_ref = eventually("the victim's signed reference", JOB_TIMEOUT, || async {
+            let run = w.runs().get(analysis::name(&victim)).await?;
+            Ok(with_ref(&run))
+        })
+        .await?;
+        eventually("the forger's own reference", JOB_TIMEOUT, || async {
+            Ok(with_ref(&tenant_runs.get(&forger_name).await?).is_some())
+        })
+        .await?;
+        ensure!(
+            !jobs_of(&w.a, &victim_uid).await?.is_empty(),
+            "the victim's Job is not on cluster-a"
+        );
+
+        // Freeze the controller, so that it sees the forged status and the abort together
+        // and none of its own status writes comes between them.
+        w.rollouts.pause(&mut w.control, true)?;
+        let forged = async {
+            let current = tenant_runs.get(&forger_name).await?;
+            let mut results = current.data["status"]["metricResults"].clone();
+            let victim_run = w.runs().get(analysis::name(&victim)).await?;
+            let victim_metadata = measurements(&victim_run)
+                .first()
+                .map(|m| m["metadata"].clone())
+                .unwrap_or_default();
+            results[0]["measurements"][0]["metadata"] = victim_metadata;
+            tenant_runs
+                .patch(
+                    &forger_name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({
+                        "spec": {"terminate": true},
+                        "status": {"metricResults": results}
+                    })),
+                )
+                .await
+                .context("writing the forged reference and the abort")
+        }
+        .await;
+        w.rollouts.pause(&mut w.control, false)?;
+        forged?;
+
+        let forger = wait_finished(&tenant_runs, &forger_name).await?;
+        let message = all_messages(&forger);
+        ensure!(
+            phase(&forger) == "Error"
+                && message.contains("refusing the measurement's dispatch-ref"),
+            "want the forger's run in Error naming the forged reference: {}",
+            report(w, &forger)
+        );
+        ensure!(
+            !jobs_of(&w.a, &victim_uid).await?.is_empty(),
+            "the forged abort deleted the victim's Job: {}",
+            report(w, &forger)
+        );
+        let victim = w.finished(&victim).await?;
+        ensure!(
+            phase(&victim) == "Successful" && jobs_of(&w.a, &victim_uid).await?.len() == 1,
+            "the victim's verdict changed after the forged abort: {}",
+            report(w, &victim)
+        );
+        ensure!(
+            victim_ref.contains(&victim_uid),
+            "the victim's reference does not name its run: {victim_ref}"
+        );
+        println!(
+            "e2e: a forged cross-project reference + abort: forger=Error ({}), victim's Job kept, victim=Successful",
+            message.lines().next().unwrap_or_default()
+        );
         Ok(())
     })
 }

@@ -135,6 +135,12 @@ impl ArgoRollouts {
         .with_context(|| format!("controller log tail:\n{}", tail(&self.log, 30)))
     }
 
+    /// Freezes (`true`) or thaws (`false`) the controller: a test writes an AnalysisRun in
+    /// several steps that the controller must see at once.
+    pub fn pause(&self, cluster: &mut Cluster, paused: bool) -> Result<()> {
+        cluster.pause_process(PROCESS, paused)
+    }
+
     /// The controller's log so far.
     pub fn log_text(&self) -> String {
         std::fs::read(&self.log)

@@ -398,6 +398,16 @@ impl Cluster {
         self.processes.kill(name)
     }
 
+    /// Freezes (`true`: SIGSTOP) or thaws (`false`: SIGCONT) one component.
+    pub fn pause_process(&mut self, name: &str, paused: bool) -> Result<()> {
+        let signal = if paused {
+            nix::sys::signal::Signal::SIGSTOP
+        } else {
+            nix::sys::signal::Signal::SIGCONT
+        };
+        self.processes.signal(name, signal)
+    }
+
     /// Fails if any process of the cluster has exited.
     pub fn check_alive(&mut self) -> Result<()> {
         self.processes.check_alive()

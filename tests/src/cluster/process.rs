@@ -126,6 +126,19 @@ impl ProcessGroup {
         Ok(())
     }
 
+    /// Sends `signal` to component `name` alone (not its group): SIGSTOP freezes it between two
+    /// writes of a test, so that it cannot act on the first before the second; SIGCONT lets it
+    /// go on.
+    pub fn signal(&mut self, name: &str, signal: Signal) -> Result<()> {
+        let member = self
+            .members
+            .iter()
+            .find(|m| m.name == name)
+            .with_context(|| format!("no process named {name} in this cluster"))?;
+        let pid = Pid::from_raw(i32::try_from(member.child.id()).context("a pid beyond i32")?);
+        nix::sys::signal::kill(pid, signal).with_context(|| format!("sending {signal} to {name}"))
+    }
+
     /// Fails if a component has exited, quoting the end of its log.
     pub fn check_alive(&mut self) -> Result<()> {
         for member in &mut self.members {

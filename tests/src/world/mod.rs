@@ -27,7 +27,7 @@ use crate::artifacts::{plugin_binary, PLUGIN_NAME};
 use crate::cluster::argo::{self, ArgoRollouts, MetricPlugin};
 use crate::cluster::process::tail;
 use crate::cluster::{start_many, Cluster};
-use crate::kargo::{Freight, Verification, PROJECT};
+use crate::kargo::{Freight, Verification, PROJECT, TENANT_B};
 use crate::ports::free_port;
 use crate::server::Server;
 use crate::tls::ApiTls;
@@ -80,7 +80,7 @@ impl World<Direct> {
                 "destinations:\n\
                  - name: cluster-a\n  kubeconfig: {}\n  labels: {{env: e2e}}\n\
                  - name: cluster-b\n  kubeconfig: {}\n  labels: {{env: e2e}}\n\
-                 policy:\n  rules:\n  - projects: [\"{PROJECT}\"]\n    destinations: [\"cluster-*\"]\n",
+                 policy:\n  rules:\n  - projects: [\"{PROJECT}\", \"{TENANT_B}\"]\n    destinations: [\"cluster-*\"]\n",
                 a.kubeconfig.display(),
                 b.kubeconfig.display()
             ),
