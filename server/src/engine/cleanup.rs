@@ -306,17 +306,6 @@ impl Engine {
     }
 }
 
-/// The AnalysisRun resource on the control plane.
-pub(super) fn analysis_run_resource() -> ApiResource {
-    ApiResource {
-        group: "argoproj.io".into(),
-        version: "v1alpha1".into(),
-        api_version: "argoproj.io/v1alpha1".into(),
-        kind: "AnalysisRun".into(),
-        plural: "analysisruns".into(),
-    }
-}
-
 /// The `n` of a Job name `<uid>.<metric>.<n>` (0 when it has none).
 pub(super) fn measurement_of(job_name: &str) -> u32 {
     job_name
@@ -358,7 +347,7 @@ impl Engine {
             .map(|s| s.all())
             .unwrap_or_default();
         let cp = self.control_plane().await?;
-        let runs: Api<DynamicObject> = Api::all_with(cp, &analysis_run_resource());
+        let runs: Api<DynamicObject> = Api::all_with(cp, &crate::runs::resource());
         let timeout = self.inner.settings.request_timeout;
         let live: std::collections::HashSet<String> =
             match tokio::time::timeout(timeout, runs.list_metadata(&ListParams::default())).await {
