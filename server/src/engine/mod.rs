@@ -231,6 +231,8 @@ struct Inner {
     argocd_namespace: String,
     /// `pods/log` answers (or failures) per (destination, namespace, pod, container)
     logs: Mutex<HashMap<LogKey, Result<String, Arc<logs::LogError>>>>,
+    /// rendered tails of containers that read Secrets, per `(container, logTail lines)`
+    secret_tails: Mutex<HashMap<(LogKey, u32), String>>,
     /// `destination: stage` resolutions per run UID
     stages: Mutex<HashMap<String, Vec<String>>>,
     tasks: Vec<tokio::task::AbortHandle>,

@@ -194,7 +194,9 @@ impl Engine {
     }
 
     /// The failed container's log tail: its termination message (free), else `pods/log`
-    /// (cached per container, failures too, so a broken log API costs one timeout).
+    /// (cached per container, failures too, so a broken log API costs one timeout). A tail that
+    /// needed the container's Secrets is kept once rendered (redacted, or withheld): the agent
+    /// asks again every loop until its record goes, and must not read the Secrets each time.
     pub(super) async fn log_tail(
         &self,
         d: &Destination,
@@ -205,6 +207,49 @@ impl Engine {
         if lines == 0 {
             return None;
         }
+        if failed.secrets.is_empty() {
+            return self.render_tail(d, failed, lines, secrets).await;
+        }
+        let key = (
+            (
+                d.name.clone(),
+                failed.namespace.clone(),
+                failed.pod.clone(),
+                failed.container.clone(),
+            ),
+            lines,
+        );
+        let known = self
+            .inner
+            .secret_tails
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned();
+        if known.is_some() {
+            return known;
+        }
+        let tail = self.render_tail(d, failed, lines, secrets).await?;
+        let mut cache = self
+            .inner
+            .secret_tails
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= MAX_CACHED_LOGS {
+            cache.clear();
+        }
+        cache.insert(key, tail.clone());
+        Some(tail)
+    }
+
+    /// [`Engine::log_tail`] without the cache of tails that needed Secrets.
+    async fn render_tail(
+        &self,
+        d: &Destination,
+        failed: &FailedContainer,
+        lines: u32,
+        secrets: &Redactor,
+    ) -> Option<String> {
         // The Secrets the container could print: read them to redact their values, or withhold.
         let with_values;
         let secrets = if failed.secrets.is_empty() {

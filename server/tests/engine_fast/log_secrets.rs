@@ -98,6 +98,14 @@ async fn the_values_of_secrets_the_container_reads_are_redacted_from_its_tail() 
         1,
         "each Secret read once per verdict"
     );
+    // Asked again (the agent asks every loop until its record goes): no new Secret read.
+    let again = w.engine.status(&job, &Redactor::default()).await;
+    assert_eq!(again.message, v.message);
+    assert_eq!(
+        api.calls("GET", "/secrets/db"),
+        1,
+        "a rendered tail is kept"
+    );
     Ok(())
 }
 
