@@ -80,6 +80,8 @@ fn finished_at(job: &Job) -> Option<Timestamp> {
 impl EngineDispatcher {
     /// Serves `engine`, reporting to `metrics`; Job references are signed by `signer`.
     pub fn new(engine: Engine, metrics: Arc<Metrics>, signer: Arc<Signer>) -> Self {
+        // The same keys mark the Jobs, so every replica adopts what another created.
+        engine.mark_jobs_with(signer.clone());
         Self {
             engine,
             metrics,

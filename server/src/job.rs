@@ -10,6 +10,8 @@ use dispatch_api::block::JobConfig;
 use k8s_openapi::api::batch::v1::Job;
 use serde_json::{json, Map, Value};
 
+pub mod mark;
+
 /// Label: the AnalysisRun's UID (same key as Argo Rollouts' built-in job provider).
 pub const LABEL_RUN_UID: &str = "analysisrun.argoproj.io/uid";
 /// Label: `true` on every Job and Pod this project creates; the watch caches select on it.

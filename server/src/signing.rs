@@ -11,17 +11,21 @@
 //! * Every use signs under its own **domain** (`job-ref`, `job-mark`): the MAC covers the domain's
 //!   length and bytes before the message, so a signature made for one use never verifies for
 //!   another, even over the same bytes.
-//! * The keys sit behind a lock holding an `Arc`, so a reload ([`Signer::replace`]) swaps them
-//!   atomically for every request after it.
+//! * Keys read from files ([`Signer::from_files`]) follow their files without a restart
+//!   (`runtime::reload`): a rotated Secret is in force for every request after it is seen, and a
+//!   bad rotation (a truncated file, a duplicate key) keeps the previous keys and is logged.
 //!
 //! Without a key file of its own the server derives one from each JWT key (see
 //! [`Signer::derived_from_jwt_keys`]), so deployments that only configured JWT keys keep
 //! working and their replicas agree.
 
-use std::sync::{Arc, RwLock};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use base64::Engine as _;
 use ring::{digest, hmac};
+
+use crate::runtime::reload::{self, Reloading};
 
 /// The domain of Job references (measurement metadata `dispatch-ref`).
 pub const JOB_REF: &str = "job-ref";
@@ -79,6 +83,26 @@ pub enum SignatureError {
     },
 }
 
+/// Why key files give no usable key set.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyFilesError {
+    /// a file cannot be read, or holds no usable key (the reader's error names the file)
+    #[error(transparent)]
+    Read(Box<dyn std::error::Error + Send + Sync + 'static>),
+    /// the keys read cannot be used together
+    #[error(transparent)]
+    Keys(#[from] SigningKeyError),
+}
+
+/// What key files hold: the signing keys themselves, or JWT keys to derive them from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyFiles {
+    /// `--signing-key-file`: the keys as they are
+    Signing,
+    /// `--jwt-key-file`: one key [`derive_from_jwt_key`] per file
+    DerivedFromJwt,
+}
+
 /// One key and its id.
 struct Key {
     id: String,
@@ -92,7 +116,7 @@ struct Keys {
 
 /// HMAC-SHA256 signer and verifier with one or more keys; cheap to share behind an `Arc`.
 pub struct Signer {
-    keys: RwLock<Arc<Keys>>,
+    keys: Reloading<Keys>,
 }
 
 impl std::fmt::Debug for Signer {
@@ -147,7 +171,7 @@ impl Signer {
     /// Signs with `keys[0]`, verifies with every one of `keys`.
     pub fn new(keys: &[Vec<u8>]) -> Result<Self, SigningKeyError> {
         Ok(Self {
-            keys: RwLock::new(Arc::new(build(keys)?)),
+            keys: Reloading::fixed("signing keys", build(keys)?),
         })
     }
 
@@ -159,15 +183,48 @@ impl Signer {
         Self::new(&derived)
     }
 
-    /// Puts `keys` in force for every signature and verification after this call (key reload).
-    pub fn replace(&self, keys: &[Vec<u8>]) -> Result<(), SigningKeyError> {
-        let new = Arc::new(build(keys)?);
-        *self.keys.write().unwrap_or_else(|e| e.into_inner()) = new;
-        Ok(())
+    /// The keys in `files` (each read by `read`, which validates a key and names its file in
+    /// errors), taken as they are or derived from JWT keys, and read again whenever a file
+    /// changes (looked at most every [`reload::CHECK_EVERY`]). A file that cannot be used now is
+    /// an error; one that cannot be used after a change keeps the previous keys (logged).
+    pub fn from_files<E>(
+        files: &[PathBuf],
+        kind: KeyFiles,
+        read: impl Fn(&Path) -> Result<Vec<u8>, E> + Send + Sync + 'static,
+    ) -> Result<Self, KeyFilesError>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        Self::from_files_every(files, kind, read, reload::CHECK_EVERY)
+    }
+
+    fn from_files_every<E>(
+        files: &[PathBuf],
+        kind: KeyFiles,
+        read: impl Fn(&Path) -> Result<Vec<u8>, E> + Send + Sync + 'static,
+        every: std::time::Duration,
+    ) -> Result<Self, KeyFilesError>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let derive = move |files: &[PathBuf]| -> Result<Keys, KeyFilesError> {
+            let raw = files
+                .iter()
+                .map(|f| read(f).map_err(|e| KeyFilesError::Read(Box::new(e))))
+                .collect::<Result<Vec<_>, _>>()?;
+            let keys = match kind {
+                KeyFiles::Signing => raw,
+                KeyFiles::DerivedFromJwt => raw.iter().map(|k| derive_from_jwt_key(k)).collect(),
+            };
+            Ok(build(&keys)?)
+        };
+        Ok(Self {
+            keys: Reloading::new("signing keys", files.to_vec(), every, derive)?,
+        })
     }
 
     fn current(&self) -> Arc<Keys> {
-        self.keys.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.keys.get()
     }
 
     /// The ids of the keys in force, the signing one first.
@@ -225,6 +282,8 @@ impl Signer {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     const A: &[u8] = b"key-a-0123456789abcdef0123456789abcdef";
@@ -268,13 +327,51 @@ mod tests {
             matches!(&e, SignatureError::UnknownKey { key_id: k, known } if *k == key_id(B) && *known == key_id(A)),
             "{e:?}"
         );
-        // A reload drops the old key.
-        overlap.replace(&[B.to_vec()]).unwrap();
+    }
+
+    #[test]
+    fn keys_follow_their_files_and_a_bad_rotation_keeps_the_old_ones() {
+        // Lengths differ so that every write changes the file's stamp even within one tick.
+        const K1: &[u8] = b"key-1-0123456789abcdef0123456789abcdef";
+        const K2: &[u8] = b"key-22-0123456789abcdef0123456789abcdef";
+        const K3: &[u8] = b"key-333-0123456789abcdef0123456789abcdef";
+        let dir = std::env::temp_dir().join(format!("rd-signing-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (first, second) = (dir.join("first"), dir.join("second"));
+        std::fs::write(&first, K1).unwrap();
+        std::fs::write(&second, K2).unwrap();
+        let read = |p: &Path| std::fs::read(p);
+        let files = [first.clone(), second.clone()];
+        let s = Signer::from_files_every(&files, KeyFiles::Signing, read, Duration::ZERO).unwrap();
+        assert_eq!(s.key_ids(), vec![key_id(K1), key_id(K2)]);
+        let by_k1 = s.sign(JOB_REF, b"m");
+
+        // Rotation step: the new key moves first and signs; the old one still verifies.
+        std::fs::write(&first, K2).unwrap();
+        std::fs::write(&second, K1).unwrap();
+        assert_eq!(s.key_ids(), vec![key_id(K2), key_id(K1)]);
+        s.verify(JOB_REF, b"m", &by_k1).unwrap();
+        assert!(s.sign(JOB_REF, b"m").contains(&key_id(K2)));
+
+        // A broken rotation (the same key twice) is not taken: the keys in force stay.
+        std::fs::write(&second, K2).unwrap();
+        assert_eq!(s.key_ids(), vec![key_id(K2), key_id(K1)]);
+
+        // Dropping the old key: what it signed no longer verifies.
+        std::fs::write(&second, K3).unwrap();
+        assert_eq!(s.key_ids(), vec![key_id(K2), key_id(K3)]);
         assert!(matches!(
-            overlap.verify(JOB_REF, b"m", &by_old),
+            s.verify(JOB_REF, b"m", &by_k1),
             Err(SignatureError::UnknownKey { .. })
         ));
-        assert_eq!(overlap.key_ids(), vec![key_id(B)]);
+
+        // Derived from JWT key files: the same keys as derived in memory.
+        let jwt =
+            Signer::from_files_every(&files[..1], KeyFiles::DerivedFromJwt, read, Duration::ZERO)
+                .unwrap();
+        let in_memory = Signer::derived_from_jwt_keys(&[K2.to_vec()]).unwrap();
+        assert_eq!(jwt.key_ids(), in_memory.key_ids());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

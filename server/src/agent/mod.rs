@@ -362,7 +362,7 @@ async fn sync(
             } else {
                 let mut created = None;
                 if !item.reported && !started.contains(&item.name) {
-                    if let Some(obj) = admitted {
+                    if let Some(obj) = admitted.clone() {
                         let outcome = engine
                             .create_or_adopt(
                                 &entry,
@@ -386,7 +386,7 @@ async fn sync(
                     Some(s) => s,
                     None => {
                         engine
-                            .placement_state(&job, placement, &no_secrets, true)
+                            .placement_state(&job, placement, &no_secrets, true, admitted.as_ref())
                             .await
                     }
                 })

@@ -15,7 +15,7 @@ use tracing::{info, info_span, warn, Instrument};
 use crate::config::CallerBinding;
 use crate::dispatch::EngineDispatcher;
 use crate::engine::Engine;
-use crate::signing::Signer;
+use crate::signing::{KeyFiles, Signer};
 
 use super::{parse_duration, AdminArgs, ConfigArgs};
 use crate::http::auth::{parse_revoked, Chain, JwtAuthenticator, JwtKeys};
@@ -283,23 +283,21 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
 /// The signer of Job references: the `--signing-key-file` keys, else one derived from each JWT
 /// key (`signing::derive_from_jwt_key`), so a deployment with JWT keys only keeps working and its
-/// replicas agree.
+/// replicas agree. Either way the keys follow their files without a restart.
 fn signer(signing_key_files: &[PathBuf], jwt_key_files: &[PathBuf]) -> anyhow::Result<Signer> {
-    let read = |files: &[PathBuf]| {
-        files
-            .iter()
-            .map(|p| crate::token::read_key(p))
-            .collect::<Result<Vec<_>, _>>()
-    };
+    let read = |p: &std::path::Path| crate::token::read_key(p);
     if !signing_key_files.is_empty() {
-        return Signer::new(&read(signing_key_files)?).context("--signing-key-file");
+        return Signer::from_files(signing_key_files, KeyFiles::Signing, read)
+            .context("--signing-key-file");
     }
     if jwt_key_files.is_empty() {
         bail!(
-            "refusing to start without a key to sign Job references with: give              --signing-key-file (or $ROLLOUTS_DISPATCH_SIGNING_KEY_FILES), or --jwt-key-file              from which the signing key is derived; every replica needs the same key"
+            "refusing to start without a key to sign Job references with: give \
+             --signing-key-file (or $ROLLOUTS_DISPATCH_SIGNING_KEY_FILES), or --jwt-key-file \
+             from which the signing key is derived; every replica needs the same key"
         );
     }
-    Signer::derived_from_jwt_keys(&read(jwt_key_files)?).context("--jwt-key-file")
+    Signer::from_files(jwt_key_files, KeyFiles::DerivedFromJwt, read).context("--jwt-key-file")
 }
 
 /// Why the API may be served in plain HTTP on `listen` (a loopback address, or the explicit

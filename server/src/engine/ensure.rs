@@ -45,6 +45,7 @@ impl Engine {
                     refused,
                 }
             })?;
+            job::mark::stamp(&mut obj, self.marker(), &req.run.uid);
             objects.push(obj);
         }
         let outcomes = join_all(targets.iter().zip(objects).map(|((entry, ns), obj)| {
@@ -317,11 +318,11 @@ impl Engine {
         };
         if d.jobs().is_authoritative() {
             if let Some(existing) = d.jobs().get(namespace, name) {
-                return adopt_or_refuse(&existing, run_uid, namespace, name);
+                return self.adopt_or_refuse(&existing, &obj, run_uid, namespace, name);
             }
         }
         let what = format!("create job {namespace}/{name}");
-        let object: DynamicObject = match serde_json::from_value(obj) {
+        let object: DynamicObject = match serde_json::from_value(obj.clone()) {
             Ok(o) => o,
             Err(e) => return Outcome::NotCreated(DestState::Error(format!("cannot {what}: {e}"))),
         };
@@ -336,7 +337,7 @@ impl Engine {
             Ok(Err(kube::Error::Api(s))) if s.code == 409 => {
                 let jobs: Api<Job> = Api::namespaced(d.client().clone(), namespace);
                 match tokio::time::timeout(timeout, jobs.get_opt(name)).await {
-                    Ok(Ok(Some(existing))) => adopt_or_refuse(&existing, run_uid, namespace, name),
+                    Ok(Ok(Some(existing))) => self.adopt_or_refuse(&existing, &obj, run_uid, namespace, name),
                     // Deleted in between (foreground deletion still running): try again later.
                     Ok(Ok(None)) => Outcome::NotCreated(DestState::Unavailable(format!(
                         "job {namespace}/{name} is being deleted; it will be created again on the next attempt"

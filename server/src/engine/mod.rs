@@ -39,6 +39,7 @@ use crate::job::{
 use crate::logs::{self, FailedContainer, Redactor};
 use crate::podsecurity;
 use crate::policy::{Denied, Policy};
+use crate::signing::Signer;
 use crate::store::{self, Created, DispatchJob, DispatchJobSpec, Store};
 use crate::verdict::{self, DestState, DestinationStatus, Observed, Verdict};
 
@@ -240,6 +241,11 @@ struct Inner {
     store: Option<Arc<dyn Store>>,
     /// an agent silent this long is shown as not connected
     offline_after: Duration,
+    /// the key of the adoption mark on our Jobs (`job::mark`); see [`Engine::mark_jobs_with`]
+    marker: std::sync::OnceLock<Arc<Signer>>,
+    /// the agent's engine: it holds no key, and compares Jobs with the marked spec the server
+    /// sent instead (`job::mark::check`)
+    marks_sent: bool,
 }
 
 impl std::fmt::Debug for Inner {
@@ -259,13 +265,60 @@ impl Drop for Inner {
     }
 }
 
-fn adopt_or_refuse(existing: &Job, run_uid: &str, namespace: &str, name: &str) -> Outcome {
-    match job::ownership(existing, run_uid) {
-        Ownership::Ours => Outcome::Adopted,
-        Ownership::Foreign(why) => Outcome::NotCreated(DestState::Error(format!(
-            "job {namespace}/{name} already exists and is not ours: {why}; it is left alone — delete it \
-             or rename the metric"
-        ))),
+/// Why a Job under our name is not ours.
+#[derive(Debug, thiserror::Error)]
+enum NotOurs {
+    /// its labels say so (`job::ownership`)
+    #[error("{0}")]
+    Labels(String),
+    /// it has our labels but not our mark
+    #[error(transparent)]
+    Mark(job::mark::MarkMismatch),
+}
+
+impl Engine {
+    /// Whether `found` (a Job under our name on a direct destination) is the Job we created for
+    /// run `run_uid`: our labels, and our mark (`job::mark`). The server verifies the mark with
+    /// its keys; the agent compares it with `ours`, the marked spec the server sent.
+    fn is_ours(
+        &self,
+        found: &Job,
+        run_uid: &str,
+        ours: Option<&serde_json::Value>,
+    ) -> Result<(), NotOurs> {
+        if let Ownership::Foreign(why) = job::ownership(found, run_uid) {
+            return Err(NotOurs::Labels(why));
+        }
+        // Our labels are public: only the mark tells our Job from one made to look like it.
+        let value = serde_json::to_value(found).unwrap_or_default();
+        let checked = match (self.inner.marks_sent, ours) {
+            (true, Some(ours)) => job::mark::check(&value, ours),
+            (true, None) => Err(job::mark::MarkMismatch::NothingToCompare),
+            (false, _) => job::mark::verify(&value, self.marker(), run_uid),
+        };
+        checked.map_err(|mismatch| {
+            tracing::warn!(job = %format!("{}/{}", found.metadata.namespace.as_deref().unwrap_or_default(),
+                                          found.metadata.name.as_deref().unwrap_or_default()),
+                           %mismatch, "a job with our name and labels but not our mark is refused");
+            NotOurs::Mark(mismatch)
+        })
+    }
+
+    fn adopt_or_refuse(
+        &self,
+        existing: &Job,
+        ours: &serde_json::Value,
+        run_uid: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Outcome {
+        match self.is_ours(existing, run_uid, Some(ours)) {
+            Ok(()) => Outcome::Adopted,
+            Err(why) => Outcome::NotCreated(DestState::Error(format!(
+                "job {namespace}/{name} already exists and is not ours: {why}; it is left alone — \
+                 delete it or rename the metric"
+            ))),
+        }
     }
 }
 

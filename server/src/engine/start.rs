@@ -121,6 +121,8 @@ impl Engine {
                 tasks,
                 store,
                 offline_after,
+                marker: std::sync::OnceLock::new(),
+                marks_sent: false,
             }),
         })
     }
@@ -170,7 +172,30 @@ impl Engine {
                 tasks: Vec::new(),
                 store: None,
                 offline_after: Duration::from_secs(60),
+                marker: std::sync::OnceLock::new(),
+                marks_sent: true,
             }),
+        })
+    }
+
+    /// Marks the Jobs this engine creates with `signer`'s keys (`job::mark`), so that any
+    /// replica with the same keys (and a restarted server) adopts them. Set once, before the
+    /// first measurement; without it the engine marks with a key of its own process, which
+    /// only it can adopt.
+    pub fn mark_jobs_with(&self, signer: Arc<Signer>) {
+        if self.inner.marker.set(signer).is_err() {
+            tracing::warn!("the engine's Job mark key was already set; the new one is ignored");
+        }
+    }
+
+    /// The signer of Job marks.
+    pub(super) fn marker(&self) -> &Signer {
+        self.inner.marker.get_or_init(|| {
+            let mut key = [0u8; 32];
+            // A process-local key: only this engine can adopt what it created.
+            ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut key)
+                .expect("the system's random source is unavailable");
+            Arc::new(Signer::new(&[key.to_vec()]).expect("one key is a valid key set"))
         })
     }
 

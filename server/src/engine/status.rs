@@ -27,7 +27,7 @@ impl Engine {
         let states = join_all(
             job.placements
                 .iter()
-                .map(|p| self.placement_state(job, p, secrets, cached)),
+                .map(|p| self.placement_state(job, p, secrets, cached, None)),
         )
         .await;
         let statuses = job
@@ -62,14 +62,16 @@ impl Engine {
         }
     }
 
-    /// The state of the measurement's Job on one destination. The agent calls this for its own
-    /// cluster.
+    /// The state of the measurement's Job on one destination, read only from a Job that is ours
+    /// (labels and mark). The agent calls this for its own cluster with `ours`, the marked spec
+    /// the server sent, to compare the Job with (it holds no key to verify the mark).
     pub async fn placement_state(
         &self,
         job: &JobRef,
         p: &Placement,
         secrets: &Redactor,
         cached: bool,
+        ours: Option<&serde_json::Value>,
     ) -> DestState {
         if let Some(Entry::Agent(a)) = self.inner.registry.get(&p.destination) {
             return self.agent_state(&a, job, p).await;
@@ -97,6 +99,13 @@ impl Engine {
                 Err(s) => return s,
             },
         };
+        // The name is predictable and the labels are public: read the verdict of our Job only.
+        if let Err(why) = self.is_ours(&obj, &job.run_uid, ours) {
+            return DestState::Error(format!(
+                "job {}/{} is not ours: {why}; it is left alone and its result is not used",
+                p.namespace, job.name
+            ));
+        }
         match verdict::observe(&obj, &pods) {
             Observed::Running(detail) => DestState::Running(detail),
             Observed::Succeeded => DestState::Succeeded,

@@ -25,9 +25,15 @@
 //! * [`podsecurity`]: escalating Job templates (privileged, host namespaces, hostPath, nodeName,
 //!   selectors, service accounts, API tokens, reserved labels) → refused with the field, no
 //!   destination call; no policy → refused; and the agent's own re-check.
+//! * [`adoption`]: Jobs made to look like ours (our labels, the next predictable name, a mark
+//!   copied from another Job, our Job replaced after creation) are never adopted and never
+//!   become another project's verdict.
 //! * [`tls`]: plain HTTP to the TLS port, clients refusing `http://`, the agent's pinned CA,
 //!   certificate, JWT key and revocation rotation on disk without a restart.
 
+#[path = "../engine_fast/cluster_side.rs"]
+#[allow(dead_code)]
+mod cluster_side;
 #[path = "../engine_fast/fake_api/mod.rs"]
 #[allow(dead_code)]
 mod fake_api;
@@ -35,6 +41,7 @@ mod fake_api;
 #[allow(dead_code)]
 mod world;
 
+mod adoption;
 mod argocd;
 mod authn;
 mod authz;

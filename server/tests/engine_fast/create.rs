@@ -10,7 +10,8 @@ use dispatch_server::{EngineError, Phase};
 use serde_json::json;
 
 use crate::cluster_side::{foreign_job, job, job_names, jobs};
-use crate::world::{block, request, run, World, NS, PROJECT};
+use crate::world::{as_another_replica_builds_it, block, request, run, World, NS, PROJECT};
+use dispatch_server::signing::Signer;
 
 #[tokio::test]
 async fn ensure_creates_the_job_with_its_identity_and_context_on_every_destination() -> Result<()> {
@@ -100,15 +101,8 @@ async fn a_job_another_replica_just_created_is_adopted_after_the_conflict() -> R
     let req = request(&run, "smoke", 1, block(json!({"destination": "a"}))?);
     // The other replica's Job is there, but its watch event has not reached our cache yet.
     w.api("a").hold_watches(true);
-    let theirs = job::build(&job::JobInput {
-        run: &run,
-        metric: "smoke",
-        measurement: 1,
-        config: &req.config,
-        destination: "a",
-        namespace: NS,
-    })?;
-    w.api("a").put(&jobs(), theirs);
+    w.api("a")
+        .put(&jobs(), as_another_replica_builds_it(&w, &req)?);
     let ensured = w.engine.ensure(&req).await?;
     assert_eq!(ensured.outcomes, vec![("a".into(), Outcome::Adopted)]);
     let name = &ensured.job.name;
@@ -124,6 +118,31 @@ async fn a_job_another_replica_just_created_is_adopted_after_the_conflict() -> R
     );
     w.api("a").hold_watches(false);
     w.cached("a", name, true).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_job_with_our_labels_but_another_key_s_mark_is_refused_not_adopted() -> Result<()> {
+    let w = World::start("").await?;
+    let req = request(&run(31), "smoke", 1, block(json!({"destination": "a"}))?);
+    let mut theirs = as_another_replica_builds_it(&w, &req)?;
+    // What a replica with another key (or a forger) writes.
+    let other = Signer::new(&[b"not-the-replicas-key-0123456789abcdef".to_vec()])?;
+    job::mark::stamp(&mut theirs, &other, &req.run.uid);
+    w.api("a").put(&jobs(), theirs);
+    w.cached("a", &job::job_name(&req.run.uid, "smoke", 1), true)
+        .await?;
+    let ensured = w.engine.ensure(&req).await?;
+    assert!(
+        matches!(&ensured.outcomes[0].1, Outcome::NotCreated(DestState::Error(m)) if m.contains("does not verify")),
+        "{:?}",
+        ensured.outcomes
+    );
+    assert_eq!(
+        w.api("a").calls("POST", "/jobs"),
+        0,
+        "nothing created over it"
+    );
     Ok(())
 }
 

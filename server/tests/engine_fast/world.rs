@@ -12,8 +12,10 @@ use dispatch_api::JobConfig;
 use dispatch_server::config::ServerConfig;
 use dispatch_server::destinations::{Destination, Entry};
 use dispatch_server::engine::{Engine, JobRef, MeasureRequest};
-use dispatch_server::job::RunContext;
+use dispatch_server::job::{self, RunContext};
 use dispatch_server::logs::Redactor;
+use dispatch_server::podsecurity;
+use dispatch_server::signing::Signer;
 use dispatch_server::verdict::Verdict;
 use serde_json::{json, Value};
 
@@ -82,6 +84,7 @@ engine: {{connectTimeout: 2s, requestTimeout: 3s, cacheWait: 3s, logTimeout: 3s}
         let config = ServerConfig::parse(&yaml, "config file engine-fast.yaml")
             .map_err(|e| anyhow!("{e}"))?;
         let engine = Engine::start(config).await.context("starting the engine")?;
+        engine.mark_jobs_with(std::sync::Arc::new(Signer::new(&[MARK_KEY.to_vec()])?));
         if synced {
             let unsynced = engine.wait_synced(WAIT).await;
             ensure!(unsynced.is_empty(), "caches not synced: {unsynced:?}");
@@ -91,6 +94,32 @@ engine: {{connectTimeout: 2s, requestTimeout: 3s, cacheWait: 3s, logTimeout: 3s}
             clusters: self,
         })
     }
+}
+
+/// The Job mark key of the engines here, shared like replicas share theirs.
+pub(crate) const MARK_KEY: &[u8] = b"engine-fast-mark-key-0123456789abcdef";
+
+/// Job `metric`/1 of `req` as an engine with [`MARK_KEY`] (another replica) creates it on `a`.
+pub(crate) fn as_another_replica_builds_it(
+    w: &World,
+    req: &MeasureRequest,
+) -> Result<serde_json::Value> {
+    let mut job = job::build(&job::JobInput {
+        run: &req.run,
+        metric: &req.metric,
+        measurement: req.measurement,
+        config: &req.config,
+        destination: "a",
+        namespace: NS,
+    })?;
+    let profile = w.engine.policy().profile(&req.run.namespace, "a", NS);
+    podsecurity::enforce(
+        &mut job,
+        &profile,
+        &podsecurity::our_labels(&req.run.uid, "a"),
+    )?;
+    job::mark::stamp(&mut job, &Signer::new(&[MARK_KEY.to_vec()])?, &req.run.uid);
+    Ok(job)
 }
 
 /// An engine on fake clusters.

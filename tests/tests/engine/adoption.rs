@@ -107,8 +107,101 @@ fn a_new_engine_adopts_existing_jobs_and_refuses_foreign_ones() -> Result<()> {
                 == Some("someone-else")
         );
         jobs.delete(&name, &DeleteParams::background()).await?;
+
+        // A Job made to look like ours (our labels, the run's uid) is refused without our mark.
+        let victim = run_context("team-a", None);
+        let hijack_req = request(&victim, "adopt", 1, block(dest("a"), 0, "1s", json!({}))?);
+        let name = job::job_name(&victim.uid, "adopt", 1);
+        let lookalike: Job = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "default", "labels": {
+                job::LABEL_MANAGED: "true", job::LABEL_RUN_UID: victim.uid}},
+            "spec": {"template": {"spec": {"restartPolicy": "Never",
+                     "containers": [{"name": "x", "image": "example.invalid/x:1",
+                                     "command": ["true"]}]}}}
+        }))?;
+        jobs.create(&PostParams::default(), &lookalike).await?;
+        let refused = third.ensure(&hijack_req).await?;
+        ensure!(
+            refused.verdict.phase == Phase::Error
+                && refused.verdict.message.contains(job::mark::ANN_MARK),
+            "a look-alike without our mark is refused: {:?}",
+            refused.verdict
+        );
+        jobs.delete(&name, &DeleteParams::background()).await?;
         Ok(())
     })
+}
+
+#[test]
+#[ignore = "needs clusters: make test-engine"]
+fn a_copied_mark_on_a_replaced_spec_is_refused_and_ours_read_back_is_adopted() -> Result<()> {
+    let f = fixture()?;
+    run(async {
+        let yaml = static_yaml(f, "");
+        let run = run_context("team-a", None);
+        let req = request(&run, "mark", 1, block(dest("a"), 0, "30s", json!({}))?);
+        let first = engine(&yaml).await?;
+        ensure!(first.ensure(&req).await?.outcomes[0].1 == Outcome::Created);
+        let jobs: Api<Job> = Api::namespaced(f.a.client().await?, "default");
+        let name = job::job_name(&run.uid, "mark", 1);
+        let ours = jobs.get(&name).await?;
+        // The API server's defaults (pull policy, termination path, fieldRef apiVersion, …) do
+        // not change the digest: the Job read back is ours.
+        let found = serde_json::to_value(&ours)?;
+        ensure!(
+            job::mark::of(&found).is_some_and(|m| m.starts_with("v1.")),
+            "{found}"
+        );
+
+        // Replace it: same name, labels and mark, another command.
+        jobs.delete(&name, &DeleteParams::background()).await?;
+        wait_gone(&jobs, &name).await?;
+        let mut forged = found.clone();
+        for k in [
+            "uid",
+            "resourceVersion",
+            "creationTimestamp",
+            "managedFields",
+        ] {
+            forged["metadata"].as_object_mut().map(|m| m.remove(k));
+        }
+        forged.as_object_mut().map(|o| o.remove("status"));
+        let spec = forged["spec"].as_object_mut().expect("a Job has a spec");
+        spec.remove("selector");
+        for k in ["controller-uid", "batch.kubernetes.io/controller-uid"] {
+            forged["spec"]["template"]["metadata"]["labels"]
+                .as_object_mut()
+                .map(|l| l.remove(k));
+        }
+        forged["spec"]["template"]["spec"]["containers"][0]["command"] = json!(["true"]);
+        jobs.create(
+            &PostParams::default(),
+            &serde_json::from_value::<Job>(forged)?,
+        )
+        .await?;
+        let second = engine(&yaml).await?;
+        let refused = second.ensure(&req).await?;
+        ensure!(
+            refused.verdict.phase == Phase::Error
+                && refused.verdict.message.contains("pod template"),
+            "a copied mark on another spec is refused: {:?}",
+            refused.verdict
+        );
+        jobs.delete(&name, &DeleteParams::background()).await?;
+        Ok(())
+    })
+}
+
+async fn wait_gone(jobs: &Api<Job>, name: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while jobs.get_opt(name).await?.is_some() {
+        ensure!(
+            Instant::now() < deadline,
+            "job {name} still there after 30s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
 }
 
 #[test]

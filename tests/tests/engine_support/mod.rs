@@ -4,6 +4,7 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -12,6 +13,7 @@ use dispatch_server::config::ServerConfig;
 use dispatch_server::engine::{Engine, JobRef, MeasureRequest};
 use dispatch_server::job::RunContext;
 use dispatch_server::logs::Redactor;
+use dispatch_server::signing::Signer;
 use dispatch_server::verdict::Verdict;
 use dispatch_tests::block::Block;
 use dispatch_tests::cluster::Cluster;
@@ -112,8 +114,14 @@ pub async fn engine(yaml: &str) -> Result<Engine> {
     };
     let config = ServerConfig::parse(&yaml, "config file engine-test.yaml")
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    Engine::start(config).await.context("starting the engine")
+    let engine = Engine::start(config).await.context("starting the engine")?;
+    // Every engine of a test shares one mark key, as replicas do: each adopts the others' Jobs.
+    engine.mark_jobs_with(Arc::new(Signer::new(&[MARK_KEY.to_vec()])?));
+    Ok(engine)
 }
+
+/// The Job mark key of every test engine.
+pub const MARK_KEY: &[u8] = b"engine-test-mark-key-0123456789abcdef";
 
 /// Polls `engine.status(job)` until `done` holds.
 pub async fn wait_verdict(

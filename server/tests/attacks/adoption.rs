@@ -1,0 +1,154 @@
+//! Adoption hijack: a tenant who may create Jobs in a shared verification namespace writes the
+//! Job of another project's next measurement first (its name is predictable, our labels are
+//! public) with a command that passes, or replaces our Job after we created it. The Job is
+//! never adopted and its result never becomes the other project's verdict: only a Job with the
+//! server's mark (`job::mark`) for that run and pod template is ours.
+
+use anyhow::{ensure, Result};
+use dispatch_api::v1::{self, Ensured, MeasurementRef};
+use dispatch_server::job::{self, mark::ANN_MARK, LABEL_RUN_UID};
+use serde_json::{json, Value};
+
+use crate::cluster_side::{finish_job, job as stored_job, jobs};
+use crate::scene::{measurement, plugin_token, Scene};
+use crate::tally::{self, Outcome};
+
+/// Both projects may run Jobs in namespace `verify` of destination `a`.
+const SHARED_NAMESPACE: &str = "policy: {rules: [\
+    {projects: [team-a, team-b], destinations: [a], namespaces: [verify]}]}";
+
+const VICTIM: (&str, &str, &str) = ("team-a", "run-a1", "uid-a1");
+const ATTACKER: (&str, &str, &str) = ("team-b", "run-b1", "uid-b1");
+
+/// Ensures `m` with the controller's token; the reply's metadata goes into `m`.
+async fn ensure_as_controller(scene: &Scene, m: &mut MeasurementRef) -> Result<()> {
+    let reply = scene
+        .post(v1::ENSURE, &plugin_token("argo-rollouts", None), m)
+        .await?;
+    ensure!(reply.status == 200, "ensure: {:?}", reply.body);
+    let ensured: Ensured = serde_json::from_value(reply.body)?;
+    m.metadata = ensured.metadata;
+    Ok(())
+}
+
+/// The victim's status after the attack: refused when it is not `Successful` and names the mark.
+async fn judge(scene: &Scene, case: &str, victim: &MeasurementRef, expect: &str) -> Result<()> {
+    let reply = scene
+        .post(v1::STATUS, &plugin_token("argo-rollouts", None), victim)
+        .await?;
+    let phase = reply.body["phase"].as_str().unwrap_or_default().to_string();
+    let message = reply.body["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let case = format!("adoption: {case}");
+    // A forged Job read as the victim's verdict is a read of what another tenant wrote into
+    // the victim's verification.
+    let outcome = Outcome {
+        refused: reply.status == 200 && phase == "Error" && message.contains(expect),
+        cross_tenant_read: phase == "Successful",
+        ..Outcome::default()
+    };
+    tally::record(&case, &outcome);
+    ensure!(
+        outcome == Outcome::refused(),
+        "{case}: {} {:?}",
+        reply.status,
+        reply.body
+    );
+    Ok(())
+}
+
+/// A Job as the Job controller leaves it after it passed.
+fn passed(mut job: Value) -> Value {
+    job["status"] = json!({"succeeded": 1, "conditions": [{
+        "type": "Complete", "status": "True", "reason": "Completed", "message": "",
+        "lastTransitionTime": "2026-01-01T00:00:00Z", "lastProbeTime": "2026-01-01T00:00:00Z"}]});
+    job
+}
+
+#[tokio::test]
+async fn a_look_alike_job_without_our_mark_is_never_the_verdict() -> Result<()> {
+    let scene = Scene::start(SHARED_NAMESPACE).await?;
+    let mut victim = measurement(VICTIM, "smoke", 1, "a");
+    let name = job::job_name(VICTIM.2, "smoke", 1);
+    scene.world.api("a").put(
+        &jobs(),
+        passed(json!({
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "namespace": "verify", "labels": {
+                job::LABEL_MANAGED: "true", LABEL_RUN_UID: VICTIM.2}},
+            "spec": {"template": {"spec": {"restartPolicy": "Never",
+                     "containers": [{"name": "c", "image": "x", "command": ["true"]}]}}}
+        })),
+    );
+    scene.world.cached("a", &name, true).await?;
+    ensure_as_controller(&scene, &mut victim).await?;
+    judge(&scene, "a look-alike Job without a mark", &victim, ANN_MARK).await
+}
+
+#[tokio::test]
+async fn the_mark_of_the_attackers_own_job_does_not_carry_over() -> Result<()> {
+    let scene = Scene::start(SHARED_NAMESPACE).await?;
+    let mut own = measurement(ATTACKER, "smoke", 1, "a");
+    ensure_as_controller(&scene, &mut own).await?;
+    let own_name = job::job_name(ATTACKER.2, "smoke", 1);
+    let genuine = serde_json::to_value(stored_job(scene.world.api("a"), &own_name)?)?;
+    ensure!(
+        job::mark::of(&genuine).is_some(),
+        "the attacker's own Job is marked: {genuine}"
+    );
+
+    // Same spec and mark, under the victim's next name and run uid.
+    let name = job::job_name(VICTIM.2, "smoke", 1);
+    let mut forged = genuine.clone();
+    forged["metadata"] = json!({"name": name, "namespace": "verify",
+        "labels": genuine["metadata"]["labels"], "annotations": genuine["metadata"]["annotations"]});
+    forged["metadata"]["labels"][LABEL_RUN_UID] = json!(VICTIM.2);
+    forged.as_object_mut().map(|o| o.remove("status"));
+    scene.world.api("a").put(&jobs(), passed(forged));
+    scene.world.cached("a", &name, true).await?;
+    let mut victim = measurement(VICTIM, "smoke", 1, "a");
+    ensure_as_controller(&scene, &mut victim).await?;
+    judge(
+        &scene,
+        "the mark of another run's Job",
+        &victim,
+        "does not verify",
+    )
+    .await
+}
+
+#[tokio::test]
+async fn our_job_replaced_with_another_command_keeps_no_verdict() -> Result<()> {
+    let scene = Scene::start(SHARED_NAMESPACE).await?;
+    let mut victim = measurement(VICTIM, "smoke", 1, "a");
+    ensure_as_controller(&scene, &mut victim).await?;
+    let name = job::job_name(VICTIM.2, "smoke", 1);
+    // Replaced under the same name, labels and mark: only the command differs.
+    let replaced = scene.world.api("a").update(&jobs(), "verify", &name, |j| {
+        j["spec"]["template"]["spec"]["containers"][0]["command"] = json!(["true"]);
+    });
+    ensure!(replaced.is_some(), "the victim's Job exists");
+    finish_job(scene.world.api("a"), &name, "Complete", "Completed", "");
+    // The cache sees the replacement before the verdict is asked for.
+    let d = scene.world.destination("a")?;
+    crate::world::eventually("the replaced Job in the cache", || {
+        let cached = d.jobs().get("verify", &name);
+        async move {
+            let command = cached
+                .and_then(|j| j.spec.clone())
+                .and_then(|s| s.template.spec)
+                .and_then(|p| p.containers[0].command.clone());
+            Ok((command == Some(vec!["true".to_string()])).then_some(()))
+        }
+    })
+    .await?;
+    judge(
+        &scene,
+        "our Job replaced with another command",
+        &victim,
+        "does not verify",
+    )
+    .await
+}
