@@ -42,6 +42,11 @@ pub enum DestState {
 }
 
 impl DestState {
+    /// Whether asking again may change it: the destination could not be reached.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Unavailable(_))
+    }
+
     /// The measurement phase this state alone would give.
     pub fn phase(&self) -> Phase {
         match self {

@@ -306,6 +306,16 @@ impl Dispatcher for EngineDispatcher {
                 // Some destination could not be reached: ensure is idempotent, let the plugin retry.
                 return Err(DispatchError::Unavailable(ensured.verdict.message));
             }
+            if ensured.verdict.phase != Phase::Running {
+                // Decided at creation: a destination refused the Job, and retrying the same Job
+                // cannot help. End the measurement now with the destination's reason (not later
+                // with "job does not exist"), and delete what was created elsewhere.
+                let report = self.engine.terminate(&ensured.job).await;
+                tracing::info!(run = %format!("{}/{}", req.run.namespace, req.run.name), metric = %req.metric,
+                               deleted = ?report.deleted, failed = ?report.failed,
+                               "a destination refused the job; the others' jobs are deleted");
+                return Err(DispatchError::Refused(ensured.verdict.message));
+            }
             let job = ensured.job.signed(&self.signer);
             let mut metadata = ensured.verdict.metadata;
             metadata.extend(job.metadata());
@@ -468,7 +478,7 @@ impl Dispatcher for EngineDispatcher {
                         jobs: records
                             .into_iter()
                             .map(|r| WorkItem {
-                                reported: r.status.is_some(),
+                                reported: r.is_reported(),
                                 name: r.name,
                                 spec: r.spec,
                             })

@@ -38,6 +38,10 @@ use dispatch_api::agent::{
 };
 pub use guard::{namespaces, AgentRefused, Guard, MissingNamespaces};
 
+/// How long the agent waits before it tries again to create a Job whose create failed
+/// transiently (5xx, timeout, 429).
+const CREATE_RETRY: Duration = Duration::from_secs(5);
+
 /// What `rollouts-dispatch agent` needs.
 #[derive(Debug, Clone)]
 pub struct AgentOptions {
@@ -295,6 +299,8 @@ async fn sync(
     // process created or adopted.
     let mut reported: HashMap<String, Option<DestState>> = HashMap::new();
     let mut started: HashSet<String> = HashSet::new();
+    // Records whose create failed transiently (5xx, timeout, 429), and when to try again.
+    let mut retry_at: HashMap<String, tokio::time::Instant> = HashMap::new();
     let Some(entry) = engine.registry().get(&destination) else {
         error!(%destination, "the agent's own cluster is not registered");
         return;
@@ -361,7 +367,10 @@ async fn sync(
                 }
             } else {
                 let mut created = None;
-                if !item.reported && !started.contains(&item.name) {
+                let backing_off = retry_at
+                    .get(&item.name)
+                    .is_some_and(|at| tokio::time::Instant::now() < *at);
+                if !item.reported && !started.contains(&item.name) && !backing_off {
                     if let Some(obj) = admitted.clone() {
                         let outcome = engine
                             .create_or_adopt(
@@ -377,8 +386,19 @@ async fn sync(
                         match outcome {
                             Outcome::Created | Outcome::Adopted => {
                                 started.insert(item.name.clone());
+                                retry_at.remove(&item.name);
                             }
-                            Outcome::NotCreated(s) => created = Some(s),
+                            Outcome::NotCreated(s) => {
+                                // The server keeps a transient failure unreported (`reported:
+                                // false`), so the create is tried again after a pause.
+                                if s.is_retryable() {
+                                    retry_at.insert(
+                                        item.name.clone(),
+                                        tokio::time::Instant::now() + CREATE_RETRY,
+                                    );
+                                }
+                                created = Some(s);
+                            }
                         }
                     }
                 }

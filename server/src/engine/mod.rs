@@ -332,7 +332,9 @@ fn api_failure(d: &Destination, what: &str, err: &kube::Error) -> DestState {
         ));
     }
     match err {
-        kube::Error::Api(s) if s.code == 403 => DestState::Error(format!(
+        // Only the authorizer's denial says "cannot <verb>"; an admission webhook, a
+        // ValidatingAdmissionPolicy or a quota answer 403 too, and their reason is the message.
+        kube::Error::Api(s) if s.code == 403 && s.message.contains(" cannot ") => DestState::Error(format!(
             "forbidden to {what}: {text}; grant the server's credentials for this destination RBAC on \
              jobs and pods (create, get, list, watch, delete) and pods/log (get)"
         )),

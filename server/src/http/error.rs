@@ -24,6 +24,11 @@ pub enum DispatchError {
     /// A foreign object is in the way (e.g. a Job of the same name that we did not create).
     #[error("{0}")]
     Conflict(String),
+    /// A destination refused the Job (its API's validation, an admission policy, a quota, a
+    /// foreign Job under our name): retrying the same Job cannot help. The message quotes the
+    /// destination's reason.
+    #[error("{0}")]
+    Refused(String),
     /// A destination cannot be reached right now; retrying may help.
     #[error("{0}")]
     Unavailable(String),
@@ -65,6 +70,9 @@ impl From<DispatchError> for ApiFailure {
             DispatchError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             DispatchError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             DispatchError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            DispatchError::Refused(_) => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "refused_by_destination")
+            }
             DispatchError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             DispatchError::TooManyPolls(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_polls"),
             DispatchError::Internal(detail) => {

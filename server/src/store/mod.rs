@@ -121,6 +121,17 @@ pub struct DispatchJob {
     pub resource_version: Option<String>,
 }
 
+impl DispatchJob {
+    /// Whether the agent reported on the Job: it was created (or refused for good) and is never
+    /// created again. A transient create failure (5xx, timeout, 429) is not such a report: the
+    /// agent tries again.
+    pub fn is_reported(&self) -> bool {
+        self.status
+            .as_ref()
+            .is_some_and(|s| !s.state.as_ref().is_some_and(DestState::is_retryable))
+    }
+}
+
 /// The record of Job `job_name` on `destination`: the Job name plus a hash of the destination,
 /// so that the records of a multi-destination measurement do not collide.
 pub fn record_name(job_name: &str, destination: &str) -> String {
@@ -411,7 +422,7 @@ pub fn work_fingerprint<'a>(jobs: impl IntoIterator<Item = &'a DispatchJob>) -> 
         count += 1;
         text.push_str(&j.name);
         text.push(if j.spec.delete { 'd' } else { '-' });
-        text.push(if j.status.is_some() { 'r' } else { '-' });
+        text.push(if j.is_reported() { 'r' } else { '-' });
         text.push(if j.spec.job.is_some() { 'j' } else { '-' });
         text.push('\n');
     }

@@ -2,7 +2,8 @@
 //! Job of another project's next measurement first (its name is predictable, our labels are
 //! public) with a command that passes, or replaces our Job after we created it. The Job is
 //! never adopted and its result never becomes the other project's verdict: only a Job with the
-//! server's mark (`job::mark`) for that run and pod template is ours.
+//! server's mark (`job::mark`) for that run and pod template is ours. A planted Job ends the
+//! victim's measurement at `ensure` (`422 refused_by_destination`); a replaced one at `status`.
 
 use anyhow::{ensure, Result};
 use dispatch_api::v1::{self, Ensured, MeasurementRef};
@@ -31,22 +32,31 @@ async fn ensure_as_controller(scene: &Scene, m: &mut MeasurementRef) -> Result<(
     Ok(())
 }
 
-/// The victim's status after the attack: refused when it is not `Successful` and names the mark.
-async fn judge(scene: &Scene, case: &str, victim: &MeasurementRef, expect: &str) -> Result<()> {
+/// The victim's call on `route` after the attack, with the controller's token. Refused: an
+/// `ensure` after a Job was planted under its name fails at once (`422
+/// refused_by_destination`); a `status` after our Job was replaced is `Error`; either names the
+/// mark (`expect`). A planted Job's result read as the victim's verdict is a cross-tenant read.
+async fn judge(
+    scene: &Scene,
+    route: &str,
+    case: &str,
+    victim: &MeasurementRef,
+    expect: &str,
+) -> Result<()> {
     let reply = scene
-        .post(v1::STATUS, &plugin_token("argo-rollouts", None), victim)
+        .post(route, &plugin_token("argo-rollouts", None), victim)
         .await?;
-    let phase = reply.body["phase"].as_str().unwrap_or_default().to_string();
-    let message = reply.body["message"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let text = |k: &str| reply.body[k].as_str().unwrap_or_default().to_string();
+    let (phase, message) = (text("phase"), text("message"));
+    let refused = if route == v1::ENSURE {
+        reply.status == 422 && text("code") == "refused_by_destination"
+    } else {
+        reply.status == 200 && phase == "Error"
+    };
     let case = format!("adoption: {case}");
-    // A forged Job read as the victim's verdict is a read of what another tenant wrote into
-    // the victim's verification.
     let outcome = Outcome {
-        refused: reply.status == 200 && phase == "Error" && message.contains(expect),
-        cross_tenant_read: phase == "Successful",
+        refused: refused && message.contains(expect),
+        cross_tenant_read: (route == v1::ENSURE && reply.status == 200) || phase == "Successful",
         ..Outcome::default()
     };
     tally::record(&case, &outcome);
@@ -70,7 +80,7 @@ fn passed(mut job: Value) -> Value {
 #[tokio::test]
 async fn a_look_alike_job_without_our_mark_is_never_the_verdict() -> Result<()> {
     let scene = Scene::start(SHARED_NAMESPACE).await?;
-    let mut victim = measurement(VICTIM, "smoke", 1, "a");
+    let victim = measurement(VICTIM, "smoke", 1, "a");
     let name = job::job_name(VICTIM.2, "smoke", 1);
     scene.world.api("a").put(
         &jobs(),
@@ -83,8 +93,14 @@ async fn a_look_alike_job_without_our_mark_is_never_the_verdict() -> Result<()> 
         })),
     );
     scene.world.cached("a", &name, true).await?;
-    ensure_as_controller(&scene, &mut victim).await?;
-    judge(&scene, "a look-alike Job without a mark", &victim, ANN_MARK).await
+    judge(
+        &scene,
+        v1::ENSURE,
+        "a look-alike Job without a mark",
+        &victim,
+        ANN_MARK,
+    )
+    .await
 }
 
 #[tokio::test]
@@ -108,10 +124,10 @@ async fn the_mark_of_the_attackers_own_job_does_not_carry_over() -> Result<()> {
     forged.as_object_mut().map(|o| o.remove("status"));
     scene.world.api("a").put(&jobs(), passed(forged));
     scene.world.cached("a", &name, true).await?;
-    let mut victim = measurement(VICTIM, "smoke", 1, "a");
-    ensure_as_controller(&scene, &mut victim).await?;
+    let victim = measurement(VICTIM, "smoke", 1, "a");
     judge(
         &scene,
+        v1::ENSURE,
         "the mark of another run's Job",
         &victim,
         "does not verify",
@@ -146,6 +162,7 @@ async fn our_job_replaced_with_another_command_keeps_no_verdict() -> Result<()> 
     .await?;
     judge(
         &scene,
+        v1::STATUS,
         "our Job replaced with another command",
         &victim,
         "does not verify",

@@ -10,8 +10,8 @@
 //! `#[ignore]`d so that a plain `cargo test` needs no cluster binaries.
 //!
 //! The tests are grouped by concern: [`jobs`] (one Job's life and verdicts), [`destinations`]
-//! (routing, credentials, Argo CD, Kargo stage, policy) and [`adoption`] (restarts, foreign Jobs,
-//! unreachable destinations); [`fixture`] starts the clusters.
+//! (routing, credentials, Argo CD, Kargo stage, policy), [`adoption`] (restarts, foreign Jobs,
+//! unreachable destinations) and [`refusals`] (a destination's API refusing the Job); [`fixture`] starts the clusters.
 
 #[path = "../engine_support/mod.rs"]
 mod engine_support;
@@ -20,3 +20,4 @@ mod adoption;
 mod destinations;
 mod fixture;
 mod jobs;
+mod refusals;

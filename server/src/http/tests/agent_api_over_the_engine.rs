@@ -135,6 +135,15 @@ async fn an_agent_picks_up_reports_and_deletes_its_destinations_jobs() {
     assert_eq!(job["metadata"]["namespace"], "verify");
     assert_eq!(spec.log_tail, 3);
 
+    // A transient create failure is not "reported": the agent tries the create again, and its
+    // work has not changed (a poll on it stays open).
+    let unavailable = DestState::Unavailable("cannot create job: HTTP 503".into());
+    assert_eq!(report(&app, &b, name, Some(unavailable)).await.accepted, 1);
+    let (_, body) = work(&app, "cluster-b", &b, serde_json::json!({})).await;
+    let retry: WorkReply = serde_json::from_slice(&body).unwrap();
+    assert!(!retry.jobs[0].reported, "{retry:?}");
+    assert_eq!(retry.fingerprint, reply.fingerprint);
+
     // A poll with the current fingerprint waits, and answers as soon as the work changes.
     let poll = {
         let app = app.clone();

@@ -71,12 +71,20 @@ fn refuse(e: &ApiError) -> Response {
 }
 
 /// Takes one use of the first fault that matches, if any.
-fn take_fault(state: &mut State, method: &str, target: &str) -> Option<u16> {
+fn take_fault(state: &mut State, method: &str, target: &str) -> Option<(u16, String)> {
     let f = state.faults.iter_mut().find(|f| {
         f.times > 0 && f.method == method && f.target.split(' ').all(|part| target.contains(part))
     })?;
     f.times -= 1;
-    Some(f.code)
+    let message = f.message.clone().unwrap_or_else(|| match f.code {
+        // What the authorizer says (a 403 from admission or a quota says something else).
+        403 => format!(
+            "scripted by the test: HTTP 403: User \"fake\" cannot {} {target}",
+            method.to_lowercase()
+        ),
+        code => format!("scripted by the test: HTTP {code}"),
+    });
+    Some((f.code, message))
 }
 
 async fn handle(
@@ -96,12 +104,10 @@ async fn handle(
             path: path.clone(),
             query: raw_query.clone(),
         });
-        if let Some(code) = take_fault(&mut state, method.as_str(), &format!("{path}?{raw_query}"))
+        if let Some((code, message)) =
+            take_fault(&mut state, method.as_str(), &format!("{path}?{raw_query}"))
         {
-            return refuse(&ApiError::new(
-                code,
-                format!("scripted by the test: HTTP {code}"),
-            ));
+            return refuse(&ApiError::new(code, message));
         }
     }
     let Some(target) = Target::parse(&path) else {

@@ -46,6 +46,8 @@ struct Fault {
     target: String,
     code: u16,
     times: usize,
+    /// the `Status` message; `None`: a default one for the code
+    message: Option<String>,
 }
 
 /// Everything behind the server, under one lock.
@@ -176,6 +178,19 @@ impl FakeApi {
             target: target.into(),
             code,
             times,
+            message: None,
+        });
+    }
+
+    /// [`FakeApi::fail`] with the `Status` message `message` (what an admission policy, a
+    /// quota or validation would say).
+    pub(crate) fn refuse_with(&self, method: &str, target: &str, code: u16, message: &str) {
+        self.shared.lock().faults.push(Fault {
+            method: method.into(),
+            target: target.into(),
+            code,
+            times: 1,
+            message: Some(message.into()),
         });
     }
 

@@ -1,0 +1,97 @@
+//! A destination that refuses the Job (validation, an admission policy, a quota, a foreign Job
+//! under our name) ends the measurement at `ensure`, quoting the destination's reason, and the
+//! Jobs already created on the other destinations are deleted; a transient refusal is retried.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Result};
+use dispatch_api::v1::{MeasurementRef, RunRef};
+use dispatch_server::dispatch::EngineDispatcher;
+use dispatch_server::http::auth::Principal;
+use dispatch_server::http::{DispatchError, Dispatcher};
+use dispatch_server::runtime::metrics::Metrics;
+use dispatch_server::signing::Signer;
+use serde_json::json;
+
+use crate::cluster_side::job_names;
+use crate::world::{eventually, World, PROJECT};
+
+/// What a ValidatingAdmissionPolicy says when it denies (kube-apiserver's wording).
+const DENIED: &str = "jobs.batch \"x\" is forbidden: ValidatingAdmissionPolicy 'no-latest' with \
+                      binding 'no-latest' denied request: images must be pinned";
+
+fn dispatcher(w: &World) -> Result<EngineDispatcher> {
+    let signer = Signer::new(&[b"refusals-test-key-0123456789abcdef0123".to_vec()])?;
+    Ok(EngineDispatcher::new(
+        w.engine.clone(),
+        Arc::new(Metrics::new()),
+        Arc::new(signer),
+    ))
+}
+
+fn measurement(uid: &str, destination: &str) -> MeasurementRef {
+    MeasurementRef {
+        run: RunRef {
+            name: "uat.verify.refused".into(),
+            namespace: PROJECT.into(),
+            uid: uid.into(),
+            ..Default::default()
+        },
+        metric: "smoke".into(),
+        index: 1,
+        block: json!({"destination": destination, "require": "all",
+            "spec": {"template": {"spec": {"restartPolicy": "Never",
+                     "containers": [{"name": "c", "image": "example.invalid/c:latest"}]}}}}),
+        metadata: Default::default(),
+    }
+}
+
+#[tokio::test]
+async fn an_admission_denial_ends_the_measurement_at_once_with_its_reason() -> Result<()> {
+    let w = World::start("").await?;
+    let d = dispatcher(&w)?;
+    w.api("a").refuse_with("POST", "/jobs", 403, DENIED);
+    let uid = "0000aaaa-aaaa-4bbb-8ccc-000000000001";
+    let refused = d
+        .ensure(&Principal::plugin("controller"), measurement(uid, "a,b"))
+        .await;
+    let Err(DispatchError::Refused(message)) = refused else {
+        bail!("expected a refusal, got {refused:?}");
+    };
+    assert!(
+        message.contains("images must be pinned"),
+        "the API's reason: {message}"
+    );
+    assert!(
+        !message.contains("grant the server's credentials"),
+        "an admission denial is not an RBAC problem: {message}"
+    );
+    // `b` created its Job before the verdict was known: it is deleted, not left behind.
+    eventually("b's job deleted", || async {
+        Ok(job_names(w.api("b")).is_empty().then_some(()))
+    })
+    .await?;
+    assert!(job_names(w.api("a")).is_empty());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_transient_refusal_is_retried_not_a_verdict() -> Result<()> {
+    let w = World::start("").await?;
+    let d = dispatcher(&w)?;
+    w.api("a").fail("POST", "/jobs", 500, 1);
+    let uid = "0000aaaa-aaaa-4bbb-8ccc-000000000002";
+    let first = d
+        .ensure(&Principal::plugin("controller"), measurement(uid, "a"))
+        .await;
+    assert!(
+        matches!(first, Err(DispatchError::Unavailable(_))),
+        "{first:?}"
+    );
+    let second = d
+        .ensure(&Principal::plugin("controller"), measurement(uid, "a"))
+        .await?;
+    assert_eq!(second.destinations, vec!["a".to_string()]);
+    assert_eq!(job_names(w.api("a")).len(), 1);
+    Ok(())
+}
