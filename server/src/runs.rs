@@ -221,6 +221,30 @@ impl Runs {
         self.state.read().unwrap_or_else(|e| e.into_inner()).synced
     }
 
+    /// Why the watch fails, if it does (its last error since the last complete list).
+    pub fn problem(&self) -> Option<String> {
+        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+        state.problem.clone()
+    }
+
+    /// Waits up to `timeout` for the first list; whether it arrived.
+    pub async fn wait_synced(&self, timeout: std::time::Duration) -> bool {
+        let mut changes = self.changed.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            changes.mark_unchanged();
+            if self.is_synced() {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, changes.changed())
+                .await
+                .is_err()
+            {
+                return self.is_synced();
+            }
+        }
+    }
+
     /// `Ok` when run `namespace/name` exists with `uid` and has `metric` with our plugin,
     /// waiting up to `wait` for a run the watch has not delivered yet.
     pub async fn confirm(
@@ -362,6 +386,10 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("`confirmRuns: false`"), "{e}");
+        assert_eq!(
+            runs.problem().as_deref(),
+            Some("analysisruns.argoproj.io is forbidden")
+        );
 
         let runs = synced(vec![run("ns", "old", "u0", json!([ours("m")]))]);
         runs.apply(Event::Apply(run("ns", "r", "u", json!([ours("m")]))));
