@@ -441,6 +441,7 @@ engine: {connectTimeout: 2s}
         )
         .unwrap();
         assert_eq!(c.destinations.len(), 2);
+        assert_eq!(c.confirm_runs, ConfirmRuns::On);
         assert!(matches!(&c.destinations[1].access, Access::Direct(d) if d.token_file.is_some()));
         let policy = c.policy.unwrap();
         assert_eq!(policy.rules.len(), 3);
