@@ -121,6 +121,13 @@ async fn requests_about_runs_that_do_not_exist_are_refused_before_any_destinatio
         destination_calls.is_empty(),
         "refused requests reached destinations: {destination_calls:?}"
     );
+    // Confirmed from the watch cache: its one list, no call to the control plane per request.
+    let lists = scene.world.clusters.cp.calls("GET", "/analysisruns");
+    ensure!(
+        lists == 1,
+        "{lists} one-off reads of analysisruns for {} requests (want the watch's one list)",
+        ROUTES.len() * cases.len()
+    );
 
     // The run that exists is served, on every route: the refusals above are about the run.
     let mut m = measurement(RUN, "smoke", 1, "a");
