@@ -229,6 +229,9 @@ can yes get stages.kargo.akuity.io team-a
 can no  list stages.kargo.akuity.io team-a
 can yes get applications.argoproj.io argocd
 can no  watch applications.argoproj.io argocd
+# server.confirmRuns (default): AnalysisRuns listed and watched in every namespace, nothing more.
+can yes list analysisruns.argoproj.io team-a
+can yes watch analysisruns.argoproj.io team-a
 can no  patch analysisruns.argoproj.io team-a
 can no  get analysisruns.argoproj.io team-a
 can yes list secrets argocd
@@ -266,8 +269,10 @@ can no  list dispatchjobs.rollouts-dispatch.io
 can no  patch dispatchjobs/status.rollouts-dispatch.io default
 can no  get secrets kstore
 can no  create jobs.batch verification
-# The orphan sweep (server.sweepOrphansEvery) lists AnalysisRuns, and nothing more on them.
+# The orphan sweep (server.sweepOrphansEvery) and server.confirmRuns list and watch AnalysisRuns,
+# and nothing more on them.
 can yes list analysisruns.argoproj.io team-a
+can yes watch analysisruns.argoproj.io team-a
 can no  delete analysisruns.argoproj.io team-a
 can no  patch analysisruns.argoproj.io team-a
 # The agent alone (agent values, agent.allowClusterWide): Jobs and logs in every namespace, Pods

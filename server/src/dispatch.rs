@@ -8,6 +8,12 @@
 //! located from the request, with the policy applied. The caller itself (agent tokens, project
 //! binding) was checked by the API before (`http::authz`).
 //!
+//! With a watch of the control plane's AnalysisRuns ([`EngineDispatcher::with_runs`], `serve`
+//! with `confirmRuns`), every measurement route first confirms that the run the request names
+//! exists with that uid and has that metric with our plugin ([`Runs::confirm`]): a run it does
+//! not confirm is `403 forbidden` before anything else, a watch that has not listed the runs yet
+//! `503 unavailable` (a retry, never a verdict).
+//!
 //! Secret values never reach the server (the plugin redacts them from messages itself), so the
 //! engine's redactor is empty here. A verdict that is `Error` only because a destination is
 //! unreachable becomes `503 unavailable`, which the plugin turns into a retry, not an error.
@@ -26,6 +32,7 @@ use crate::http::{DispatchError, Dispatcher, Principal};
 use crate::job::RunContext;
 use crate::logs::Redactor;
 use crate::logs::MAX_LOG_BYTES;
+use crate::runs::{RunError, Runs, CONFIRM_WAIT};
 use crate::runtime::metrics::Metrics;
 use crate::signing::Signer;
 use crate::store::{DispatchJobStatus, Store};
@@ -51,6 +58,8 @@ pub struct EngineDispatcher {
     signer: Arc<Signer>,
     /// set at shutdown: open long polls answer at once so that the drain does not wait for them
     stopping: tokio::sync::watch::Sender<bool>,
+    /// the control plane's AnalysisRuns, when requests are confirmed against them
+    runs: Option<Runs>,
 }
 
 /// The phase of a Job for the `jobs` metric.
@@ -87,7 +96,34 @@ impl EngineDispatcher {
             metrics,
             signer,
             stopping: tokio::sync::watch::channel(false).0,
+            runs: None,
         }
+    }
+
+    /// Serves only measurement requests whose run `runs` confirms (`confirmRuns`).
+    pub fn with_runs(mut self, runs: Runs) -> Self {
+        self.runs = Some(runs);
+        self
+    }
+
+    /// `Ok` when requests are not confirmed, or when run `run` exists on the control plane and
+    /// has `metric` with our plugin; else `403` (no such run, another uid, no such metric) or
+    /// `503` (the watch has not listed the runs yet: the plugin retries).
+    async fn confirm(&self, run: &RunRef, metric: &str) -> Result<(), DispatchError> {
+        let Some(runs) = &self.runs else {
+            return Ok(());
+        };
+        let confirmed = runs
+            .confirm(&run.namespace, &run.name, &run.uid, metric, CONFIRM_WAIT)
+            .await;
+        confirmed.map_err(|e| {
+            tracing::warn!(run = %format!("{}/{}", run.namespace, run.name), uid = %run.uid,
+                           metric, reason = %e, "refused: run not confirmed");
+            match e {
+                RunError::NotSynced { .. } => DispatchError::Unavailable(e.to_string()),
+                _ => DispatchError::Forbidden(e.to_string()),
+            }
+        })
     }
 
     /// Answers every open long poll now and every new one at once (shutdown).
@@ -300,6 +336,7 @@ impl Dispatcher for EngineDispatcher {
         req: MeasurementRef,
     ) -> BoxFuture<'a, Result<api::Ensured, DispatchError>> {
         Box::pin(async move {
+            self.confirm(&req.run, &req.metric).await?;
             let mr = Self::request(&req.run, &req.metric, req.index, &req.block)?;
             let ensured = self.engine.ensure(&mr).await.map_err(engine_error)?;
             if ensured.verdict.retryable {
@@ -342,6 +379,7 @@ impl Dispatcher for EngineDispatcher {
         req: MeasurementRef,
     ) -> BoxFuture<'a, Result<api::Verdict, DispatchError>> {
         Box::pin(async move {
+            self.confirm(&req.run, &req.metric).await?;
             let job = self.job_ref(&req).await?;
             let verdict = self
                 .engine
@@ -360,6 +398,7 @@ impl Dispatcher for EngineDispatcher {
         req: MeasurementRef,
     ) -> BoxFuture<'a, Result<api::Verdict, DispatchError>> {
         Box::pin(async move {
+            self.confirm(&req.run, &req.metric).await?;
             let job = self.job_ref(&req).await?;
             let report = self.engine.terminate(&job).await;
             all_done("deleting the Jobs", &report.failed)?;
@@ -385,6 +424,7 @@ impl Dispatcher for EngineDispatcher {
         Box::pin(async move {
             // The run's own placements, from its block with the policy applied: GC lists and
             // deletes there only, never on the rest of the registry.
+            self.confirm(&req.run, &req.metric).await?;
             let mr = Self::request(&req.run, &req.metric, 1, &req.block)?;
             let job = self.engine.locate(&mr).await.map_err(engine_error)?;
             let report = self

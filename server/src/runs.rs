@@ -157,11 +157,23 @@ impl State {
     }
 }
 
-/// The watch cache of the control plane's AnalysisRuns. Cheap to clone.
+/// The watch cache of the control plane's AnalysisRuns. Cheap to clone; the watch stops when
+/// the last clone is dropped (a restarted `serve` in a test process, `doctor`).
 #[derive(Debug, Clone)]
 pub struct Runs {
     state: Arc<RwLock<State>>,
     changed: watch::Sender<u64>,
+    /// aborts the watch task when the last handle goes (the task's own handle has none)
+    _task: Option<Arc<AbortOnDrop>>,
+}
+
+#[derive(Debug)]
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl Default for Runs {
@@ -169,17 +181,18 @@ impl Default for Runs {
         Self {
             state: Arc::default(),
             changed: watch::channel(0).0,
+            _task: None,
         }
     }
 }
 
 impl Runs {
-    /// Starts watching every AnalysisRun `client` may list; the task ends with the runtime.
+    /// Starts watching every AnalysisRun `client` may list, until the last handle is dropped.
     pub fn watch(client: kube::Client) -> Self {
-        let runs = Self::default();
+        let mut runs = Self::default();
         let api: Api<DynamicObject> = Api::all_with(client, &resource());
         let feed = runs.clone();
-        tokio::spawn(
+        let task = tokio::spawn(
             async move {
                 let mut stream = watcher::watcher(api, watcher::Config::default())
                     .default_backoff()
@@ -196,6 +209,7 @@ impl Runs {
             }
             .instrument(tracing::info_span!("analysisrun_watch")),
         );
+        runs._task = Some(Arc::new(AbortOnDrop(task.abort_handle())));
         runs
     }
 
@@ -219,6 +233,30 @@ impl Runs {
     /// Whether the first list has arrived.
     pub fn is_synced(&self) -> bool {
         self.state.read().unwrap_or_else(|e| e.into_inner()).synced
+    }
+
+    /// Why the watch fails, if it does (its last error since the last complete list).
+    pub fn problem(&self) -> Option<String> {
+        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+        state.problem.clone()
+    }
+
+    /// Waits up to `timeout` for the first list; whether it arrived.
+    pub async fn wait_synced(&self, timeout: std::time::Duration) -> bool {
+        let mut changes = self.changed.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            changes.mark_unchanged();
+            if self.is_synced() {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, changes.changed())
+                .await
+                .is_err()
+            {
+                return self.is_synced();
+            }
+        }
     }
 
     /// `Ok` when run `namespace/name` exists with `uid` and has `metric` with our plugin,
@@ -362,6 +400,10 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("`confirmRuns: false`"), "{e}");
+        assert_eq!(
+            runs.problem().as_deref(),
+            Some("analysisruns.argoproj.io is forbidden")
+        );
 
         let runs = synced(vec![run("ns", "old", "u0", json!([ours("m")]))]);
         runs.apply(Event::Apply(run("ns", "r", "u", json!([ours("m")]))));

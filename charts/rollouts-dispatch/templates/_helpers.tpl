@@ -78,6 +78,12 @@ enabled, plus an `agents` block from agents.* when agents.destinations is non-em
 {{- if and .Values.argocd.enabled (not (hasKey $config "argocd")) }}
 {{- $_ := set $config "argocd" (dict "namespace" .Values.argocd.namespace "inCluster" .Values.inCluster.enabled "defaultNamespace" .Values.argocd.defaultNamespace) }}
 {{- end }}
+{{- if .Values.server.confirmRuns }}
+{{- if not (hasKey $config "controlPlane") }}
+{{- $_ := set $config "controlPlane" dict }}
+{{- end }}
+{{- end }}
+{{- $_ := set $config "confirmRuns" (.Values.server.confirmRuns | default false) }}
 {{- if .Values.agents.destinations }}
 {{- $_ := set $config "agents" (dict "store" .Values.agents.store "namespace" .Release.Namespace "offlineAfter" .Values.agents.offlineAfter "destinations" .Values.agents.destinations) }}
 {{- end }}

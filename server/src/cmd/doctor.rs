@@ -1,6 +1,7 @@
 //! `rollouts-dispatch doctor`: validates the configuration, starts the engine and checks every
 //! destination: API server reachable, watch caches synced, and the RBAC the engine needs
-//! (SelfSubjectAccessReview). Prints a table; exit 0 when every row is fine, 1 otherwise.
+//! (SelfSubjectAccessReview), and whether the AnalysisRuns that confirm requests (`confirmRuns`)
+//! can be watched. Prints a table; exit 0 when every row is fine, 1 otherwise.
 //!
 //! Nothing secret is printed: rows show names, sources, server URLs and error messages only.
 
@@ -14,8 +15,10 @@ use k8s_openapi::api::authorization::v1::{
 };
 use kube::api::{Api, PostParams};
 
+use crate::config::ConfirmRuns;
 use crate::destinations::{Destination, Entry, Source};
 use crate::engine::Engine;
+use crate::runs::Runs;
 
 use super::{parse_duration, ConfigArgs};
 
@@ -85,6 +88,7 @@ pub(super) async fn run(args: DoctorArgs) -> ExitCode {
         }
     };
     let settings = config.engine;
+    let confirm_runs = config.confirm_runs;
     let engine = match Engine::start(config).await {
         Ok(e) => e,
         Err(e) => {
@@ -93,6 +97,7 @@ pub(super) async fn run(args: DoctorArgs) -> ExitCode {
         }
     };
     let deadline = Instant::now() + args.timeout;
+    let runs_ok = check_runs(confirm_runs, &engine, args.timeout).await;
     // Argo CD cluster Secrets (a live source) must be listed before the registry is complete.
     let _ = engine.registry().wait_sources(args.timeout).await;
     let entries = engine.registry().entries();
@@ -106,7 +111,11 @@ pub(super) async fn run(args: DoctorArgs) -> ExitCode {
     print_table(&rows);
     if rows.iter().all(|r| r.ok) {
         println!("all {} destination(s) OK", rows.len());
-        ExitCode::SUCCESS
+        if runs_ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        }
     } else {
         println!(
             "{} of {} destination(s) have problems",
@@ -114,6 +123,38 @@ pub(super) async fn run(args: DoctorArgs) -> ExitCode {
             rows.len()
         );
         ExitCode::from(1)
+    }
+}
+
+/// Prints whether measurement requests are confirmed against the control plane's AnalysisRuns
+/// (`confirmRuns`) and, when they are, whether the watch `serve` starts lists them within
+/// `timeout` (the RBAC it needs); false when it does not.
+async fn check_runs(confirm: ConfirmRuns, engine: &Engine, timeout: Duration) -> bool {
+    if let Some(why) = confirm.not_confirmed_because() {
+        println!("runs: not confirmed: {why}");
+        return true;
+    }
+    let client = match engine.control_plane_client().await {
+        Ok(c) => c,
+        Err(e) => {
+            println!("runs: cannot confirm them (confirmRuns): {e}");
+            return false;
+        }
+    };
+    let runs = Runs::watch(client);
+    if runs.wait_synced(timeout).await {
+        println!("runs: confirmed against the control plane's AnalysisRuns (confirmRuns)");
+        true
+    } else {
+        let why = runs
+            .problem()
+            .unwrap_or_else(|| format!("no answer within {timeout:?}"));
+        println!(
+            "runs: the watch of analysisruns on the control plane is not synced ({why}): every \
+             measurement request would be answered 503; the server needs list and watch on \
+             analysisruns.argoproj.io there (or `confirmRuns: false`)"
+        );
+        false
     }
 }
 

@@ -12,9 +12,10 @@ use clap::Args;
 use tokio::net::TcpListener;
 use tracing::{info, info_span, warn, Instrument};
 
-use crate::config::CallerBinding;
+use crate::config::{CallerBinding, ConfirmRuns};
 use crate::dispatch::EngineDispatcher;
 use crate::engine::Engine;
+use crate::runs::Runs;
 use crate::signing::{KeyFiles, Signer};
 
 use super::{parse_duration, AdminArgs, ConfigArgs};
@@ -150,6 +151,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_concurrent_requests,
     } = args;
     let config = config.load()?;
+    let confirm_runs = config.confirm_runs;
     let signer = Arc::new(signer(&signing_key_files, &jwt_key_files)?);
     info!(key_ids = %signer.key_ids().join(","), "Job references are signed");
     let callers = config
@@ -183,6 +185,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("binding the API port {listen}"))?;
 
     let engine = Engine::start(config).await?;
+    let runs = confirming_runs(confirm_runs, &engine).await?;
     let shutdown = shutdown_signal();
     // The admin port stays plain HTTP: kubelet probes and Prometheus scrape it from inside the
     // cluster network, and it carries no token and no secret (liveness, readiness, counters).
@@ -195,11 +198,11 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         )
         .instrument(info_span!("admin", listen = %admin_listen)),
     );
-    let dispatcher = Arc::new(EngineDispatcher::new(
-        engine.clone(),
-        metrics.clone(),
-        signer,
-    ));
+    let mut dispatcher = EngineDispatcher::new(engine.clone(), metrics.clone(), signer);
+    if let Some(runs) = &runs {
+        dispatcher = dispatcher.with_runs(runs.clone());
+    }
+    let dispatcher = Arc::new(dispatcher);
     let counts = tokio::spawn({
         let dispatcher = dispatcher.clone();
         async move {
@@ -267,6 +270,11 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     } else {
         warn!(destinations = %unsynced.join(","), "not synced yet; serving anyway, their calls will be retried");
     }
+    if let Some(runs) = &runs {
+        if !runs.wait_synced(sync_timeout).await {
+            warn!("the watch of analysisruns on the control plane has not listed them yet (may the server list and watch analysisruns.argoproj.io there?); serving anyway, measurement requests are answered 503 until it has");
+        }
+    }
     readiness.set_ready();
     shutdown.await;
     readiness.set_unready("shutting down");
@@ -279,6 +287,29 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     b??;
     info!("stopped");
     Ok(())
+}
+
+/// The watch of the control plane's AnalysisRuns that confirms every measurement request
+/// (`confirmRuns`), or `None` when runs are not confirmed, the reason logged once here.
+pub async fn confirming_runs(
+    confirm: ConfirmRuns,
+    engine: &Engine,
+) -> anyhow::Result<Option<Runs>> {
+    if let Some(why) = confirm.not_confirmed_because() {
+        warn!(
+            reason = why,
+            "AnalysisRuns are not confirmed: a measurement request is served for \
+              whichever run it names (the policy, the caller's projects and the signed Job \
+              references still apply)"
+        );
+        return Ok(None);
+    }
+    let client = engine.control_plane_client().await.context(
+        "`confirmRuns` watches the AnalysisRuns of the control plane: fix `controlPlane`, or set \
+         `confirmRuns: false`",
+    )?;
+    info!("measurement requests are confirmed against the control plane's AnalysisRuns");
+    Ok(Some(Runs::watch(client)))
 }
 
 /// The signer of Job references: the `--signing-key-file` keys, else one derived from each JWT

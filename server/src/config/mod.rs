@@ -35,6 +35,7 @@
 //!   callers:                         # TokenReview users bound to projects (none: all projects)
 //!   - {subject: "system:serviceaccount:team-a:*", projects: ["team-a"]}
 //! engine: {connectTimeout: 5s, requestTimeout: 20s}
+//! confirmRuns: true                  # default with controlPlane: only runs that exist are served
 //! agents:                            # destinations reached through `rollouts-dispatch agent`
 //!   store: kubernetes                # memory (default, one replica) | kubernetes (DispatchJobs)
 //!   namespace: rollouts-dispatch     # of the DispatchJobs; default $POD_NAMESPACE
@@ -108,6 +109,35 @@ pub struct ServerConfig {
     pub engine: EngineSettings,
     /// destinations served by agents, and where their work is kept
     pub agents: Option<AgentsConfig>,
+    /// whether measurement requests are checked against the control plane's AnalysisRuns
+    pub confirm_runs: ConfirmRuns,
+}
+
+/// Whether the server confirms, on every measurement request, that the run it names exists on
+/// the control plane with that uid and has that metric with our plugin (`confirmRuns`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfirmRuns {
+    /// from a watch of the AnalysisRuns of `controlPlane` (the default when it is given)
+    On,
+    /// `confirmRuns: false`
+    Off,
+    /// no `controlPlane` in the file: which cluster holds the runs is not known
+    NoControlPlane,
+}
+
+impl ConfirmRuns {
+    /// Why runs are not confirmed (`None` when they are): logged at start, shown by `doctor`.
+    pub fn not_confirmed_because(self) -> Option<&'static str> {
+        match self {
+            Self::On => None,
+            Self::Off => Some("`confirmRuns: false` in the config"),
+            Self::NoControlPlane => Some(
+                "the config has no `controlPlane`, so the server does not know which cluster \
+                 holds the AnalysisRuns; add `controlPlane` (`{}` for the in-cluster service \
+                 account) to confirm them",
+            ),
+        }
+    }
 }
 
 /// Where the records of agent destinations live.
@@ -308,6 +338,7 @@ impl ServerConfig {
             policy: None,
             engine: EngineSettings::default(),
             agents: None,
+            confirm_runs: ConfirmRuns::NoControlPlane,
         }
     }
 
@@ -410,6 +441,7 @@ engine: {connectTimeout: 2s}
         )
         .unwrap();
         assert_eq!(c.destinations.len(), 2);
+        assert_eq!(c.confirm_runs, ConfirmRuns::On);
         assert!(matches!(&c.destinations[1].access, Access::Direct(d) if d.token_file.is_some()));
         let policy = c.policy.unwrap();
         assert_eq!(policy.rules.len(), 3);

@@ -13,9 +13,9 @@ use serde::Deserialize;
 use crate::podsecurity::{default_service_accounts, Level, UnknownLevel};
 
 use super::{
-    Access, AgentDestinationConfig, AgentsConfig, ArgoCdConfig, CallerBinding, DestinationConfig,
-    DirectAccess, EngineSettings, KubeconfigContexts, PolicyConfig, PolicyRule, SecretValue,
-    ServerConfig, StoreKind,
+    Access, AgentDestinationConfig, AgentsConfig, ArgoCdConfig, CallerBinding, ConfirmRuns,
+    DestinationConfig, DirectAccess, EngineSettings, KubeconfigContexts, PolicyConfig, PolicyRule,
+    SecretValue, ServerConfig, StoreKind,
 };
 
 /// A key of the file that cannot be used: its path (`destinations[1].server`) and what is wrong
@@ -108,6 +108,13 @@ pub(crate) enum Problem {
          what), or drop them to allow every project everywhere"
     )]
     AllowAllAndRules,
+    #[error(
+        "`true` needs `controlPlane`: runs are confirmed against the AnalysisRuns of the control \
+         plane, and without `controlPlane` the server does not know which cluster that is. Add \
+         `controlPlane` (`controlPlane: {{}}` for the in-cluster service account, else a \
+         `kubeconfig` or a `server`), or remove `confirmRuns`"
+    )]
+    ConfirmRunsWithoutControlPlane,
 }
 
 /// Why a string cannot be a destination name ([`check_destination_name`]).
@@ -152,6 +159,7 @@ pub(super) struct RawConfig {
     policy: Option<RawPolicy>,
     engine: Option<RawEngine>,
     agents: Option<RawAgents>,
+    confirm_runs: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -305,6 +313,17 @@ impl RawDestination {
 impl RawConfig {
     /// The typed configuration, or the first key that cannot be used.
     pub(super) fn validate(self, origin: &str) -> Result<ServerConfig, InvalidField> {
+        let confirm_runs = match (self.confirm_runs, self.control_plane.is_some()) {
+            (Some(false), _) => ConfirmRuns::Off,
+            (None | Some(true), true) => ConfirmRuns::On,
+            (None, false) => ConfirmRuns::NoControlPlane,
+            (Some(true), false) => {
+                return Err(invalid(
+                    "confirmRuns",
+                    Problem::ConfirmRunsWithoutControlPlane,
+                ))
+            }
+        };
         let control_plane = match self.control_plane {
             None => Access::Infer,
             Some(a) => a.validate("controlPlane", true)?,
@@ -477,6 +496,7 @@ impl RawConfig {
             policy,
             engine,
             agents,
+            confirm_runs,
         })
     }
 }

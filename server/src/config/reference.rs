@@ -78,6 +78,7 @@ pub fn reference() -> Vec<FieldDoc> {
         f("policy", "object", Unset("unset: nothing is dispatched, every measurement is refused (deny by default; a warning at start)"), "which Kargo projects may run Jobs on which destinations and namespaces, and with which pod security"),
         f("engine", "object", Unset("the defaults below"), "timeouts of the dispatch engine"),
         f("agents", "object", Unset("unset: no agent destinations"), "destinations reached through `rollouts-dispatch agent` (clusters that can only dial out; the server holds no credentials for them)"),
+        f("confirmRuns", "bool", Value("true"), "with `controlPlane`: every measurement request (run, resume, terminate, garbage collection) is served only when its AnalysisRun exists on the control plane with that namespace, name and uid and has that metric with the rollouts-dispatch/job plugin, from a watch of analysisruns (needs list and watch on `analysisruns.argoproj.io` there; until the watch has listed them, requests are answered 503 and retried). Without `controlPlane` runs are not confirmed (logged at start, shown by `doctor`), and `true` is an error; `false` turns it off"),
     ];
     for (key, ty, default, description) in ACCESS_FIELDS {
         docs.push(f(&format!("controlPlane.{key}"), ty, default, description));
@@ -196,7 +197,7 @@ mod tests {
 
     use super::*;
     use crate::config::raw::RawConfig;
-    use crate::config::{Access, ServerConfig, StoreKind};
+    use crate::config::{Access, ConfirmRuns, ServerConfig, StoreKind};
 
     /// A value of a documented type that the raw structs accept.
     fn example(ty: &str) -> Json {
@@ -415,6 +416,7 @@ agents: {destinations: [{name: e}]}
                     v == rule.automount_service_account_token.to_string()
                 }
                 "policy.allowAll" => v == c.policy.as_ref().unwrap().allow_all.to_string(),
+                "confirmRuns" => v == (c.confirm_runs == ConfirmRuns::On).to_string(),
                 "engine.connectTimeout" => dur(v) == c.engine.connect_timeout,
                 "engine.requestTimeout" => dur(v) == c.engine.request_timeout,
                 "engine.cacheWait" => dur(v) == c.engine.cache_wait,
@@ -441,7 +443,7 @@ agents: {destinations: [{name: e}]}
             );
             checked += 1;
         }
-        assert_eq!(checked, 17);
+        assert_eq!(checked, 18);
         // without a file, or without an `engine:` section, the engine defaults are the same
         assert_eq!(ServerConfig::embedded_default().engine, c.engine);
         assert_eq!(ServerConfig::parse("", "test").unwrap().engine, c.engine);

@@ -18,6 +18,8 @@ impl Engine {
             policy,
             engine: settings,
             agents,
+            // read by `serve`, which watches the runs (`cmd::serve::confirming_runs`)
+            confirm_runs: _,
         } = config;
         let policy = Policy::new(policy.as_ref(), &origin);
         if let Some(w) = policy.warning() {
@@ -207,6 +209,12 @@ impl Engine {
     /// How long an agent may be silent before it is shown as not connected.
     pub fn agent_offline_after(&self) -> Duration {
         self.inner.offline_after
+    }
+
+    /// The client of the control plane (built once, on first use), for the server's own
+    /// watches there: the AnalysisRuns that confirm measurement requests (`runs`).
+    pub async fn control_plane_client(&self) -> Result<kube::Client, ControlPlaneError> {
+        self.control_plane().await
     }
 
     /// The config file (for messages).

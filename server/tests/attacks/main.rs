@@ -18,6 +18,9 @@
 //!   allowlist, `insecure` TLS: refused or surfaced, and no Job through a broken destination.
 //! * [`references`]: forged, replayed and edited Job references (`dispatch-ref`) → 403, no
 //!   destination call; the genuine reference still works.
+//! * [`runs`]: with `confirmRuns`, requests about a run that does not exist on the control plane,
+//!   with another uid, or with a metric that does not use the plugin → 403 on every measurement
+//!   route, no destination call; before the watch of AnalysisRuns has listed them → 503 (retry).
 //! * [`authz`]: every route × every caller (plugin JWTs bound to a project or to all, agents of
 //!   their own, another or an unknown destination) → the exact status code; TokenReview users
 //!   bound by `policy.callers`; a seeded property that no request reaches a placement the policy
@@ -48,6 +51,7 @@ mod authz;
 mod budgets;
 mod podsecurity;
 mod references;
+mod runs;
 mod scene;
 mod secrets;
 mod tally;

@@ -2,7 +2,9 @@
 //! `engine_fast/world.rs`) behind the real `/v1` router, served on a loopback port, and the
 //! tokens of every kind of caller.
 //!
-//! Each case builds its own scene, so cases share nothing and run in parallel.
+//! Each case builds its own scene, so cases share nothing and run in parallel. A scene serves
+//! every request whatever run it names unless it is started with [`Scene::serve_confirming`]
+//! (`confirmRuns`: the runs must then exist as AnalysisRuns on the fake control plane).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -61,12 +63,36 @@ impl Scene {
         auth: Arc<dyn Authenticator>,
         metrics: Arc<Metrics>,
     ) -> Result<Self> {
+        Self::serve_dispatcher(world, auth, metrics, None).await
+    }
+
+    /// `world`'s engine (its configuration was the default plus `extra`) behind the API the
+    /// way `serve` wires it with `confirmRuns`: every measurement request is confirmed against
+    /// the AnalysisRuns of the fake control plane `world.clusters.cp`, watched from now on
+    /// (`cmd::serve::confirming_runs`). Script the control plane before calling this.
+    pub(crate) async fn serve_confirming(world: World, extra: &str) -> Result<Self> {
+        let yaml = world.clusters.config("", extra);
+        let config = dispatch_server::config::ServerConfig::parse(&yaml, "scene.yaml")?;
+        let runs = dispatch_server::cmd::serve::confirming_runs(config.confirm_runs, &world.engine)
+            .await?;
+        let jwt = JwtAuthenticator::new(&[KEY.to_vec()], [REVOKED_JTI.to_string()]);
+        Self::serve_dispatcher(world, Arc::new(jwt), Arc::new(Metrics::new()), runs).await
+    }
+
+    /// `world`'s engine behind the API, its requests confirmed by `runs` when given.
+    async fn serve_dispatcher(
+        world: World,
+        auth: Arc<dyn Authenticator>,
+        metrics: Arc<Metrics>,
+        runs: Option<dispatch_server::runs::Runs>,
+    ) -> Result<Self> {
+        let mut dispatcher =
+            EngineDispatcher::new(world.engine.clone(), metrics.clone(), Arc::new(signer()));
+        if let Some(runs) = runs {
+            dispatcher = dispatcher.with_runs(runs);
+        }
         let state = AppState {
-            dispatcher: Arc::new(EngineDispatcher::new(
-                world.engine.clone(),
-                metrics.clone(),
-                Arc::new(signer()),
-            )),
+            dispatcher: Arc::new(dispatcher),
             auth,
             metrics,
         };

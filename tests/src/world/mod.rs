@@ -7,7 +7,9 @@
 //! how `rollouts-dispatch` runs, the `D` of [`World<D>`]:
 //!
 //! * [`Direct`] ([`World::start`]): one `rollouts-dispatch serve` in this process, with both
-//!   destinations in its config (their kubeconfigs) and policy `kargo-demo → cluster-*`.
+//!   destinations in its config (their kubeconfigs), policy `kargo-demo → cluster-*`, and
+//!   `control` as its `controlPlane`, so every request is confirmed against the real
+//!   controller's AnalysisRuns (`confirmRuns`).
 //! * [`agents::Agents`] ([`World::start_with_agent`]): two server replicas (real processes) on
 //!   the Kubernetes store behind a TCP front; `a` direct, `b` reachable only through its agent.
 //!
@@ -77,10 +79,12 @@ impl World<Direct> {
         std::fs::write(
             &config,
             format!(
-                "destinations:\n\
+                "controlPlane: {{kubeconfig: {}}}\n\
+                 destinations:\n\
                  - name: cluster-a\n  kubeconfig: {}\n  labels: {{env: e2e}}\n\
                  - name: cluster-b\n  kubeconfig: {}\n  labels: {{env: e2e}}\n\
                  policy:\n  rules:\n  - projects: [\"{PROJECT}\", \"{TENANT_B}\"]\n    destinations: [\"cluster-*\"]\n",
+                control.kubeconfig.display(),
                 a.kubeconfig.display(),
                 b.kubeconfig.display()
             ),

@@ -138,3 +138,29 @@ fn every_mistake_names_file_and_field() {
         assert!(e.contains(needle), "{text}: {e}");
     }
 }
+
+#[test]
+fn runs_are_confirmed_when_the_control_plane_is_known() {
+    let confirm = |text: &str| parse(text).map(|c| c.confirm_runs);
+    assert_eq!(confirm("controlPlane: {}"), Ok(ConfirmRuns::On));
+    assert_eq!(
+        confirm("controlPlane: {kubeconfig: /cp}\nconfirmRuns: true"),
+        Ok(ConfirmRuns::On)
+    );
+    assert_eq!(
+        confirm("controlPlane: {}\nconfirmRuns: false"),
+        Ok(ConfirmRuns::Off)
+    );
+    assert_eq!(confirm("confirmRuns: false"), Ok(ConfirmRuns::Off));
+    assert_eq!(confirm(""), Ok(ConfirmRuns::NoControlPlane));
+    let why = ConfirmRuns::NoControlPlane.not_confirmed_because().unwrap();
+    assert!(why.contains("controlPlane"), "{why}");
+    assert_eq!(ConfirmRuns::On.not_confirmed_because(), None);
+
+    let e = parse("confirmRuns: true").unwrap_err();
+    assert!(
+        e.contains("t.yaml: confirmRuns: `true` needs `controlPlane`")
+            && e.contains("`controlPlane: {}`"),
+        "{e}"
+    );
+}
