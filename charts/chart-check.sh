@@ -118,6 +118,8 @@ has cluster-scope "--insecure-plaintext"; hasnt cluster-scope "--tls-cert"
 has kubernetes-store "kind: Certificate"; hasnt kubernetes-store "type: kubernetes.io/tls"
 has agent-namespaced "--ca-file=/var/run/secrets/rollouts-dispatch/agent-ca/ca.crt"
 has agent-namespaced "--namespaces=edge-jobs"; has agent-namespaced "--pod-security=restricted"
+# The in-cluster destination is limited to inCluster.namespaces (its caches watch only those).
+has test "inClusterNamespaces:"; hasnt cluster-scope "inClusterNamespaces"
 echo "chart: helm template ok ($refused invalid value sets refused) in $(since "$t")"
 
 # --- RBAC golden test: every grant of every rendering against charts/rbac-allowlist.txt ---------
@@ -242,6 +244,9 @@ can no  get secrets default
 can yes create jobs.batch verification
 can yes delete jobs.batch team-a
 can yes list pods verification
+can yes watch jobs.batch team-a
+can no  list pods
+can no  watch jobs.batch
 can no  get pods verification
 can yes get pods/log verification
 can no  create jobs.batch default
@@ -252,6 +257,8 @@ can no  create dispatchjobs.rollouts-dispatch.io "$NAMESPACE"
 # The agent of the test values: its own ServiceAccount, none of the server's grants.
 as "$NAMESPACE" "$RELEASE-agent"
 can yes create jobs.batch default
+can yes watch pods default
+can no  watch pods
 can no  create jobs.batch verification
 can no  list secrets argocd
 can no  get secrets "$NAMESPACE"
@@ -297,8 +304,8 @@ can no  create pods/exec verification
 can no  get configmaps edge
 can no  create dispatchjobs.rollouts-dispatch.io edge
 can no  create tokenreviews.authentication.k8s.io
-# The agent with agent.namespaces: [edge-jobs, verification]: Jobs and logs in those namespaces
-# only; its caches still list and watch Jobs and Pods everywhere (until it watches per namespace).
+# The agent with agent.namespaces: [edge-jobs, verification]: Jobs, Pods and logs in those
+# namespaces only; its caches list and watch each of them (--namespaces), never the cluster.
 as edge2 edge-agent
 can yes create jobs.batch edge-jobs
 can yes get jobs.batch edge-jobs
@@ -307,9 +314,15 @@ can no  get jobs.batch default
 can no  get pods edge-jobs
 can yes list pods edge-jobs
 can yes watch pods verification
+can yes list jobs.batch verification
+can yes watch jobs.batch edge-jobs
 can yes get pods/log edge-jobs
-can yes list jobs.batch
-can yes watch pods
+can no  list jobs.batch
+can no  watch jobs.batch
+can no  list pods
+can no  watch pods
+can no  list pods default
+can no  list jobs.batch kube-system
 can no  create jobs.batch default
 can no  create jobs.batch edge2
 can no  delete jobs.batch default

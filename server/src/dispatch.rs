@@ -284,9 +284,9 @@ fn engine_error(e: EngineError) -> DispatchError {
         EngineError::UnknownDestination { .. } | EngineError::NoMatch { .. } => {
             DispatchError::UnknownDestination(message)
         }
-        EngineError::Denied(_) | EngineError::PodSecurity { .. } => {
-            DispatchError::Forbidden(message)
-        }
+        EngineError::Denied(_)
+        | EngineError::PodSecurity { .. }
+        | EngineError::OutsideNamespaces { .. } => DispatchError::Forbidden(message),
         EngineError::Stage(_) => DispatchError::NotFound(message),
         EngineError::InvalidJob { .. } | EngineError::TooManyPlacements { .. } => {
             DispatchError::InvalidBlock(message)

@@ -71,12 +71,18 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
-{{/* The server configuration file: .Values.config, plus an `argocd` block from argocd.* when
-enabled, plus an `agents` block from agents.* when agents.destinations is non-empty. */}}
+{{/* The server configuration file: .Values.config, plus an `argocd` block from argocd.* (and
+inCluster.namespaces as its inClusterNamespaces) when enabled, plus an `agents` block from agents.* when agents.destinations is non-empty. */}}
 {{- define "rollouts-dispatch.config" -}}
 {{- $config := deepCopy (.Values.config | default dict) }}
 {{- if and .Values.argocd.enabled (not (hasKey $config "argocd")) }}
-{{- $_ := set $config "argocd" (dict "namespace" .Values.argocd.namespace "inCluster" .Values.inCluster.enabled "defaultNamespace" .Values.argocd.defaultNamespace) }}
+{{- $argocd := dict "namespace" .Values.argocd.namespace "inCluster" .Values.inCluster.enabled "defaultNamespace" .Values.argocd.defaultNamespace }}
+{{- if and .Values.inCluster.enabled .Values.inCluster.namespaces }}
+{{- /* The in-cluster destination is limited to the namespaces its Roles cover: its caches watch
+each of them, and a placement elsewhere is refused (server/src/destinations/argocd.rs, in_cluster_spec). */}}
+{{- $_ := set $argocd "inClusterNamespaces" .Values.inCluster.namespaces }}
+{{- end }}
+{{- $_ := set $config "argocd" $argocd }}
 {{- end }}
 {{- if .Values.server.confirmRuns }}
 {{- if not (hasKey $config "controlPlane") }}

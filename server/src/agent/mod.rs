@@ -70,6 +70,23 @@ pub struct AgentOptions {
 }
 
 impl AgentOptions {
+    /// The namespaces the Job and Pod caches watch, one watch each: those of `--namespaces`
+    /// when it lists exact names (the agent never acts elsewhere, so it needs no cluster-wide
+    /// read). `None` (a watch over every namespace): no `--namespaces` (the agent's own
+    /// namespace is then its only one, but its RBAC was granted cluster-wide), or globs in it.
+    pub fn watched_namespaces(&self) -> Option<Vec<String>> {
+        let given = namespaces(&self.namespaces, None).ok()?;
+        given
+            .iter()
+            .all(|n| crate::config::check_namespaces(Some(std::slice::from_ref(n)), None).is_ok())
+            .then(|| {
+                let mut unique = given.clone();
+                unique.sort();
+                unique.dedup();
+                unique
+            })
+    }
+
     /// The agent's checks; `pod_namespace` is `$POD_NAMESPACE`.
     pub fn guard(&self, pod_namespace: Option<String>) -> Result<Guard, MissingNamespaces> {
         Ok(Guard {
@@ -183,7 +200,12 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         ),
     };
     let client = server_client(&opts, reload::CHECK_EVERY)?;
-    let engine = Engine::start_local(&destination, "default", EngineSettings::default()).await?;
+    let watched = opts.watched_namespaces();
+    if watched.is_none() && !opts.namespaces.is_empty() {
+        warn!(namespaces = ?guard.namespaces, "--namespaces has globs: the Job and Pod caches watch \
+              every namespace (cluster-wide list and watch); list exact names to watch only those");
+    }
+    let engine = Engine::start_local(&destination, watched, EngineSettings::default()).await?;
     let metrics = Arc::new(Metrics::new());
     let readiness = Readiness::new("the cluster's Jobs are not listed yet");
     let admin_listener = TcpListener::bind(opts.admin_listen)
@@ -458,6 +480,30 @@ mod tests {
         }
         assert!(backoff(1) < Duration::from_millis(750));
         assert!(backoff(10) >= Duration::from_secs(15));
+    }
+
+    #[test]
+    fn exact_namespaces_are_watched_each_globs_or_none_cluster_wide() {
+        let opts = |namespaces: &[&str]| AgentOptions {
+            server: "https://s".into(),
+            token_file: "/t".into(),
+            ca_file: None,
+            insecure_plaintext: false,
+            destination: None,
+            admin_listen: "127.0.0.1:0".parse().unwrap(),
+            poll_wait: Duration::from_secs(1),
+            namespaces: namespaces.iter().map(|n| n.to_string()).collect(),
+            pod_security: Level::Restricted,
+            service_accounts: vec![],
+            automount_service_account_token: false,
+        };
+        assert_eq!(
+            opts(&["b", " a", "b"]).watched_namespaces(),
+            Some(vec!["a".to_string(), "b".to_string()])
+        );
+        assert_eq!(opts(&["a", "team-*"]).watched_namespaces(), None);
+        assert_eq!(opts(&["*"]).watched_namespaces(), None);
+        assert_eq!(opts(&[]).watched_namespaces(), None);
     }
 
     #[test]

@@ -38,7 +38,8 @@ const CHECKS: [(&str, &str, &str, &str, bool); 7] = [
     ("create", "batch", "jobs", "", true),
     ("delete", "batch", "jobs", "", true),
     ("get", "", "pods", "log", true),
-    // The watch caches list and watch across all namespaces.
+    // The watch caches list and watch across all namespaces, or in each namespace of a
+    // destination limited to `namespaces`.
     ("list", "batch", "jobs", "", false),
     ("watch", "batch", "jobs", "", false),
     ("list", "", "pods", "", false),
@@ -200,7 +201,7 @@ async fn check(entry: &Entry, deadline: Instant, call_timeout: Duration) -> Row 
     };
     row.reachable = "yes".into();
     let (missing, synced) = tokio::join!(
-        rbac(&client, &d.namespace, call_timeout),
+        rbac(&client, &d.namespace, d.namespaces.as_deref(), call_timeout),
         d.wait_synced(deadline.saturating_duration_since(Instant::now()))
     );
     let mut problems = Vec::new();
@@ -253,50 +254,83 @@ enum ReviewError {
     Timeout(Duration),
 }
 
+/// Where each check of [`CHECKS`] is asked: the namespaced ones in `namespace`, the watches of
+/// the caches cluster-wide (`None`), or in each of `watched` for a limited destination.
+fn check_scopes<'a>(
+    namespace: &'a str,
+    watched: Option<&'a [String]>,
+) -> Vec<(
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    Option<&'a str>,
+)> {
+    CHECKS
+        .iter()
+        .flat_map(|&(verb, group, resource, sub, namespaced)| {
+            let scopes: Vec<Option<&str>> = match (namespaced, watched) {
+                (true, _) => vec![Some(namespace)],
+                (false, None) => vec![None],
+                (false, Some(list)) => list.iter().map(|n| Some(n.as_str())).collect(),
+            };
+            scopes
+                .into_iter()
+                .map(move |ns| (verb, group, resource, sub, ns))
+        })
+        .collect()
+}
+
 /// The checks of [`CHECKS`] that are denied, as `verb resource` strings.
 async fn rbac(
     client: &kube::Client,
     namespace: &str,
+    watched: Option<&[String]>,
     timeout: Duration,
 ) -> Result<Vec<String>, ReviewError> {
     let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
-    let reviews = CHECKS
-        .iter()
-        .map(|(verb, group, resource, sub, namespaced)| {
-            let api = api.clone();
-            let review = SelfSubjectAccessReview {
-                spec: SelfSubjectAccessReviewSpec {
-                    resource_attributes: Some(ResourceAttributes {
-                        verb: Some((*verb).to_string()),
-                        group: Some((*group).to_string()),
-                        resource: Some((*resource).to_string()),
-                        subresource: (!sub.is_empty()).then(|| (*sub).to_string()),
-                        namespace: namespaced.then(|| namespace.to_string()),
-                        ..ResourceAttributes::default()
-                    }),
-                    ..SelfSubjectAccessReviewSpec::default()
-                },
-                ..SelfSubjectAccessReview::default()
-            };
-            let what = format!(
-                "{verb} {resource}{}{}",
-                if sub.is_empty() {
-                    String::new()
-                } else {
-                    format!("/{sub}")
-                },
-                if *namespaced { "" } else { " (all namespaces)" }
-            );
-            async move {
-                match tokio::time::timeout(timeout, api.create(&PostParams::default(), &review))
-                    .await
-                {
-                    Ok(Ok(r)) => Ok((what, r.status.is_some_and(|s| s.allowed))),
-                    Ok(Err(e)) => Err(ReviewError::Api(e)),
-                    Err(_) => Err(ReviewError::Timeout(timeout)),
+    let reviews =
+        check_scopes(namespace, watched)
+            .into_iter()
+            .map(|(verb, group, resource, sub, scope)| {
+                let api = api.clone();
+                let review = SelfSubjectAccessReview {
+                    spec: SelfSubjectAccessReviewSpec {
+                        resource_attributes: Some(ResourceAttributes {
+                            verb: Some(verb.to_string()),
+                            group: Some(group.to_string()),
+                            resource: Some(resource.to_string()),
+                            subresource: (!sub.is_empty()).then(|| sub.to_string()),
+                            namespace: scope.map(str::to_string),
+                            ..ResourceAttributes::default()
+                        }),
+                        ..SelfSubjectAccessReviewSpec::default()
+                    },
+                    ..SelfSubjectAccessReview::default()
+                };
+                let what = format!(
+                    "{verb} {resource}{}{}",
+                    if sub.is_empty() {
+                        String::new()
+                    } else {
+                        format!("/{sub}")
+                    },
+                    match scope {
+                        Some(ns) if ns != namespace => format!(" (namespace {ns})"),
+                        Some(_) => String::new(),
+                        None => " (all namespaces)".to_string(),
+                    }
+                );
+                async move {
+                    match tokio::time::timeout(timeout, api.create(&PostParams::default(), &review))
+                        .await
+                    {
+                        Ok(Ok(r)) => Ok((what, r.status.is_some_and(|s| s.allowed))),
+                        Ok(Err(e)) => Err(ReviewError::Api(e)),
+                        Err(_) => Err(ReviewError::Timeout(timeout)),
+                    }
                 }
-            }
-        });
+            });
     let results = futures::future::join_all(reviews).await;
     let mut missing = Vec::new();
     for r in results {
@@ -373,6 +407,26 @@ pub fn render_table(rows: &[Row]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_limited_destination_is_checked_per_namespace_never_cluster_wide() {
+        let all = check_scopes("verify", None);
+        assert_eq!(all.len(), CHECKS.len());
+        assert!(all
+            .iter()
+            .any(|c| c.0 == "watch" && c.2 == "pods" && c.4.is_none()));
+        let watched = ["verify".to_string(), "smoke".to_string()];
+        let limited = check_scopes("verify", Some(&watched));
+        assert!(limited.iter().all(|c| c.4.is_some()), "{limited:?}");
+        for ns in ["verify", "smoke"] {
+            assert!(limited
+                .iter()
+                .any(|c| c.0 == "watch" && c.2 == "jobs" && c.4 == Some(ns)));
+        }
+        assert!(!limited
+            .iter()
+            .any(|c| c.0 == "create" && c.4 == Some("smoke")));
+    }
 
     #[test]
     fn table_is_aligned() {

@@ -55,7 +55,9 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use raw::RawConfig;
-pub use raw::{check_destination_name, InvalidName};
+pub use raw::{
+    check_destination_name, check_namespaces, InvalidName, InvalidNamespace, InvalidNamespaces,
+};
 pub use reference::{reference, reference_markdown, FieldDefault, FieldDoc};
 
 /// A configuration that cannot be used: one message naming the file and the field.
@@ -224,8 +226,13 @@ pub struct DestinationConfig {
     pub name: String,
     /// labels for `destinationSelector`
     pub labels: BTreeMap<String, String>,
-    /// the default namespace of Jobs there (`None`: the kubeconfig context's, else `default`)
+    /// the default namespace of Jobs there (`None`: the first of `namespaces`, else the
+    /// kubeconfig context's, else `default`)
     pub namespace: Option<String>,
+    /// the only namespaces Jobs may run in there; its caches watch each of them instead of the
+    /// whole cluster (`None`: every namespace, watched cluster-wide). Never empty; holds
+    /// `namespace` when that is given.
+    pub namespaces: Option<Vec<String>>,
     /// how to reach it
     pub access: Access,
 }
@@ -251,6 +258,9 @@ pub struct ArgoCdConfig {
     /// the implicit `in-cluster` destination, the control plane itself (default true, like
     /// Argo CD's `cluster.inClusterEnabled`)
     pub in_cluster: bool,
+    /// the only namespaces Jobs may run in on `in-cluster`, each watched on its own instead of
+    /// the whole cluster (`None`: every namespace)
+    pub in_cluster_namespaces: Option<Vec<String>>,
     /// default namespace of Jobs on these destinations (default `default`; a Secret may set
     /// annotation `rollouts-dispatch.io/namespace`)
     pub default_namespace: String,

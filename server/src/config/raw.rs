@@ -47,6 +47,8 @@ pub(crate) enum Problem {
     Label(#[from] InvalidLabel),
     #[error(transparent)]
     Namespace(#[from] InvalidNamespace),
+    #[error(transparent)]
+    Namespaces(#[from] InvalidNamespaces),
     #[error("{0:?} is used twice; names must be unique")]
     Duplicate(String),
     #[error(
@@ -143,11 +145,6 @@ pub(crate) enum InvalidLabel {
     Value { key: String, value: String },
 }
 
-/// A string that is not a Kubernetes namespace name.
-#[derive(Debug, thiserror::Error)]
-#[error("{0:?} is not a valid namespace name (lowercase letters, digits and '-', at most 63)")]
-pub(crate) struct InvalidNamespace(String);
-
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(super) struct RawConfig {
@@ -208,6 +205,7 @@ struct RawDestination {
     #[serde(default)]
     labels: BTreeMap<String, String>,
     namespace: Option<String>,
+    namespaces: Option<Vec<String>>,
     kubeconfig: Option<PathBuf>,
     context: Option<String>,
     server: Option<String>,
@@ -240,6 +238,7 @@ struct RawKubeconfigContexts {
 struct RawArgoCd {
     namespace: Option<String>,
     in_cluster: Option<bool>,
+    in_cluster_namespaces: Option<Vec<String>>,
     default_namespace: Option<String>,
     #[serde(default)]
     exec_providers: Vec<String>,
@@ -289,8 +288,17 @@ struct RawEngine {
     log_timeout: Option<String>,
 }
 
+/// `name`, `labels`, `namespace`, `namespaces` and the access of a destination.
+type DestinationParts = (
+    String,
+    BTreeMap<String, String>,
+    Option<String>,
+    Option<Vec<String>>,
+    RawAccess,
+);
+
 impl RawDestination {
-    fn split(self) -> (String, BTreeMap<String, String>, Option<String>, RawAccess) {
+    fn split(self) -> DestinationParts {
         let access = RawAccess {
             kubeconfig: self.kubeconfig,
             context: self.context,
@@ -306,7 +314,13 @@ impl RawDestination {
             insecure: self.insecure,
             tls_server_name: self.tls_server_name,
         };
-        (self.name, self.labels, self.namespace, access)
+        (
+            self.name,
+            self.labels,
+            self.namespace,
+            self.namespaces,
+            access,
+        )
     }
 }
 
@@ -332,7 +346,7 @@ impl RawConfig {
         let mut names = BTreeSet::new();
         for (i, d) in self.destinations.into_iter().enumerate() {
             let at = format!("destinations[{i}]");
-            let (name, labels, namespace, access) = d.split();
+            let (name, labels, namespace, namespaces, access) = d.split();
             check_destination_name(&name).map_err(|e| invalid(format!("{at}.name"), e))?;
             if !names.insert(name.clone()) {
                 return Err(invalid(format!("{at}.name"), Problem::Duplicate(name)));
@@ -340,11 +354,14 @@ impl RawConfig {
             check_labels(&labels).map_err(|e| invalid(format!("{at}.labels"), e))?;
             check_namespace(namespace.as_deref())
                 .map_err(|e| invalid(format!("{at}.namespace"), e))?;
+            check_namespaces(namespaces.as_deref(), namespace.as_deref())
+                .map_err(|e| invalid(format!("{at}.namespaces"), e))?;
             let access = access.validate(&at, false)?;
             destinations.push(DestinationConfig {
                 name,
                 labels,
                 namespace,
+                namespaces,
                 access,
             });
         }
@@ -386,9 +403,12 @@ impl RawConfig {
                         Problem::BadCommand(a.exec_providers[i].clone()),
                     ));
                 }
+                check_namespaces(a.in_cluster_namespaces.as_deref(), None)
+                    .map_err(|e| invalid("argocd.inClusterNamespaces", e))?;
                 Some(ArgoCdConfig {
                     namespace,
                     in_cluster: a.in_cluster.unwrap_or(true),
+                    in_cluster_namespaces: a.in_cluster_namespaces,
                     default_namespace,
                     exec_providers: a.exec_providers,
                 })
@@ -722,23 +742,9 @@ fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), InvalidLabel> {
     Ok(())
 }
 
-fn check_namespace(ns: Option<&str>) -> Result<(), InvalidNamespace> {
-    match ns {
-        None => Ok(()),
-        Some(ns)
-            if !ns.is_empty()
-                && ns.len() <= 63
-                && ns
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !ns.starts_with('-')
-                && !ns.ends_with('-') =>
-        {
-            Ok(())
-        }
-        Some(ns) => Err(InvalidNamespace(ns.to_string())),
-    }
-}
+mod namespaces;
+use namespaces::check_namespace;
+pub use namespaces::{check_namespaces, InvalidNamespace, InvalidNamespaces};
 
 #[cfg(test)]
 mod tests;

@@ -86,7 +86,8 @@ pub fn reference() -> Vec<FieldDoc> {
     docs.extend([
         f("destinations[].name", "string", Required, "its name in `destination:`; unique, no commas or white space, not `stage`"),
         f("destinations[].labels", "string map", Unset("no labels"), "labels for `destinationSelector`"),
-        f("destinations[].namespace", "string", Unset("the kubeconfig context's namespace, else `default`"), "default namespace of Jobs there"),
+        f("destinations[].namespace", "string", Unset("the first of `namespaces`, else the kubeconfig context's namespace, else `default`"), "default namespace of Jobs there; with `namespaces`, one of them"),
+        f("destinations[].namespaces", "list of strings", Unset("every namespace: Jobs and Pods are listed and watched cluster-wide"), "the only namespaces Jobs may run in there (namespace names, no globs, at least one): its Jobs and Pods are listed and watched in each of them, so its credentials need no cluster-wide read, and a measurement placed in another namespace gets `Error` naming the destination, the namespace and this key, before any call to the destination"),
     ]);
     for (key, ty, default, description) in ACCESS_FIELDS {
         docs.push(f(&format!("destinations[].{key}"), ty, default, description));
@@ -98,7 +99,8 @@ pub fn reference() -> Vec<FieldDoc> {
         f("kubeconfigContexts.namespace", "string", Unset("`default`"), "default namespace of Jobs when the context has none"),
         f("argocd.namespace", "string", Value("argocd"), "namespace of Argo CD and its cluster Secrets"),
         f("argocd.inCluster", "bool", Value("true"), "the implicit `in-cluster` destination, the control plane itself (like Argo CD's `cluster.inClusterEnabled`)"),
-        f("argocd.defaultNamespace", "string", Value("default"), "default namespace of Jobs on these destinations; a Secret may override it with annotation `rollouts-dispatch.io/namespace`"),
+        f("argocd.inClusterNamespaces", "list of strings", Unset("every namespace: watched cluster-wide"), "the only namespaces Jobs may run in on `in-cluster` (namespace names), each watched on its own, so the server needs no cluster-wide read of Jobs and Pods there; its default namespace is `defaultNamespace` when listed, else the first"),
+        f("argocd.defaultNamespace", "string", Value("default"), "default namespace of Jobs on these destinations; a Secret may override it with annotation `rollouts-dispatch.io/namespace`, and limit the destination to namespaces with annotation `rollouts-dispatch.io/namespaces: a,b` (like `destinations[].namespaces`; the default is then `defaultNamespace` when listed, else the first)"),
         f("argocd.execProviders", "list of strings", Unset("none: a Secret with `execProviderConfig` is refused (its destination is broken)"), "the commands a cluster Secret's `execProviderConfig` may run inside the server, exactly as its `command` gives them (e.g. `/usr/local/bin/gke-gcloud-auth-plugin`); anyone who can write Secrets in the Argo CD namespace chooses the command"),
         f("policy.allowAll", "bool", Value("false"), "`true`: every project may use every destination and namespace, with the default pod security (`restricted`, service account `default`, no API token); a warning at start; excludes `rules`"),
         f("policy.rules", "list of objects", Unset("none: nothing is dispatched (a warning at start)"), "allow rules; any matching rule allows; when several match, the most permissive `podSecurity` applies and their `serviceAccounts` and `automountServiceAccountToken` add up"),

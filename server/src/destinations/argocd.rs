@@ -6,7 +6,10 @@
 //! `https://kubernetes.default.svc` without credentials is the control plane itself, and without
 //! any Secret for it Argo CD's implicit `in-cluster` destination exists (unless disabled).
 //! Secret labels become destination labels; annotation `rollouts-dispatch.io/namespace` sets the
-//! default namespace.
+//! default namespace, and `rollouts-dispatch.io/namespaces` (comma-separated) limits the
+//! destination to those namespaces: its caches watch each of them instead of the whole cluster,
+//! and a placement elsewhere is refused (`argocd.inClusterNamespaces` does the same for the
+//! implicit `in-cluster`).
 //!
 //! What a Secret may not do here, although Argo CD would accept it (the field meanings are
 //! Argo CD's `ClusterConfig`, pkg/apis/application/v1alpha1/types.go:2520-2544 at 37ee0097cf):
@@ -32,7 +35,7 @@ use serde_json::{json, Map, Value};
 
 use super::client::{config_from_kubeconfig, single_kubeconfig, AccessError};
 use super::{DestinationSpec, Source, SpecError, IN_CLUSTER_NAME, IN_CLUSTER_SERVER};
-use crate::config::ArgoCdConfig;
+use crate::config::{check_namespaces, ArgoCdConfig};
 use crate::job::fnv1a;
 
 /// The label that marks Argo CD cluster Secrets.
@@ -41,6 +44,8 @@ pub const SECRET_TYPE_LABEL: &str = "argocd.argoproj.io/secret-type";
 pub const CLUSTER_SELECTOR: &str = "argocd.argoproj.io/secret-type=cluster";
 /// Annotation on a cluster Secret: default namespace of Jobs on that destination.
 pub const NAMESPACE_ANNOTATION: &str = "rollouts-dispatch.io/namespace";
+/// Annotation on a cluster Secret: the only namespaces (comma-separated) Jobs may run in there.
+pub const NAMESPACES_ANNOTATION: &str = "rollouts-dispatch.io/namespaces";
 
 /// Why the credentials of an Argo CD cluster Secret cannot be used, and which Secret to fix.
 #[derive(Debug, thiserror::Error)]
@@ -120,6 +125,15 @@ pub enum SecretProblem {
         name: String,
         /// `namespace/name` of every Secret that claims it
         secrets: Vec<String>,
+    },
+    /// Annotation `rollouts-dispatch.io/namespaces` cannot be used.
+    #[error("annotation {NAMESPACES_ANNOTATION} {value:?} {source}")]
+    Namespaces {
+        /// the annotation's value
+        value: String,
+        /// what is wrong with it
+        #[source]
+        source: crate::config::InvalidNamespaces,
     },
     /// The kubeconfig made from the Secret cannot be used (e.g. an exec command is missing).
     #[error(transparent)]
@@ -209,13 +223,32 @@ pub async fn spec_from_secret(
         }
     };
     let labels = meta.labels.clone().unwrap_or_default();
-    let namespace = meta
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(NAMESPACE_ANNOTATION))
-        .cloned()
-        .unwrap_or_else(|| settings.default_namespace.clone());
-    let mut hashed = serde_json::to_vec(&(&data, &labels, &namespace)).unwrap_or_default();
+    let annotation = |key: &str| meta.annotations.as_ref().and_then(|a| a.get(key)).cloned();
+    let explicit = annotation(NAMESPACE_ANNOTATION);
+    let limit = annotation(NAMESPACES_ANNOTATION);
+    let (namespaces, limit_problem) = match &limit {
+        None => (None, None),
+        Some(value) => {
+            let list: Vec<String> = value
+                .split(',')
+                .map(|n| n.trim().to_string())
+                .filter(|n| !n.is_empty())
+                .collect();
+            match check_namespaces(Some(&list), explicit.as_deref()) {
+                Ok(()) => (Some(list), None),
+                Err(source) => (
+                    None,
+                    Some(SecretProblem::Namespaces {
+                        value: value.clone(),
+                        source,
+                    }),
+                ),
+            }
+        }
+    };
+    let namespace =
+        explicit.unwrap_or_else(|| default_in(namespaces.as_deref(), &settings.default_namespace));
+    let mut hashed = serde_json::to_vec(&(&data, &labels, &namespace, &limit)).unwrap_or_default();
     hashed.extend_from_slice(secret_name.as_bytes());
     let fingerprint = fnv1a(&hashed);
 
@@ -226,6 +259,9 @@ pub async fn spec_from_secret(
         .map(|s| s.trim_end_matches('/').to_string())
         .unwrap_or_default();
     let config = async {
+        if let Some(problem) = limit_problem {
+            return Err(problem);
+        }
         let name = name.clone().ok_or(SecretProblem::MissingName)?;
         if server.is_empty() {
             return Err(SecretProblem::MissingServer);
@@ -265,6 +301,7 @@ pub async fn spec_from_secret(
         name: name.unwrap_or(secret_name),
         labels,
         namespace,
+        namespaces,
         server,
         source,
         fingerprint,
@@ -383,12 +420,25 @@ fn check_pem(field: &'static str, b64: &str) -> Result<(), SecretProblem> {
     Ok(())
 }
 
+/// The default namespace of a destination limited to `namespaces`: `default` when listed (or
+/// when not limited), else the first listed.
+fn default_in(namespaces: Option<&[String]>, default: &str) -> String {
+    match namespaces {
+        Some(list) if !list.iter().any(|n| n == default) => {
+            list.first().cloned().unwrap_or_else(|| default.to_string())
+        }
+        _ => default.to_string(),
+    }
+}
+
 /// The implicit `in-cluster` destination: the control plane.
 pub fn in_cluster_spec(settings: &ArgoCdConfig, control_plane: &kube::Config) -> DestinationSpec {
+    let namespaces = settings.in_cluster_namespaces.clone();
     DestinationSpec {
         name: IN_CLUSTER_NAME.into(),
         labels: BTreeMap::new(),
-        namespace: settings.default_namespace.clone(),
+        namespace: default_in(namespaces.as_deref(), &settings.default_namespace),
+        namespaces,
         server: IN_CLUSTER_SERVER.into(),
         source: Source::ArgoCdInCluster,
         fingerprint: 0,
@@ -408,6 +458,7 @@ mod tests {
         ArgoCdConfig {
             namespace: "argocd".into(),
             in_cluster: true,
+            in_cluster_namespaces: None,
             default_namespace: "default".into(),
             exec_providers: vec!["sh".into(), "no-such-helper".into()],
         }
@@ -466,6 +517,54 @@ mod tests {
         assert_eq!(c.cluster_url.to_string(), "https://10.0.0.1:6443/");
         assert!(c.root_cert.is_some());
         assert!(!c.accept_invalid_certs);
+    }
+
+    #[tokio::test]
+    async fn an_annotation_limits_the_destination_to_namespaces() {
+        let limited = |namespace: Option<&str>, namespaces: &str| {
+            let mut s = secret(&[("name", "prod"), ("server", IN_CLUSTER_SERVER)]);
+            let a = s.metadata.annotations.as_mut().unwrap();
+            a.remove(NAMESPACE_ANNOTATION);
+            if let Some(ns) = namespace {
+                a.insert(NAMESPACE_ANNOTATION.into(), ns.into());
+            }
+            a.insert(NAMESPACES_ANNOTATION.into(), namespaces.into());
+            s
+        };
+        let s = spec_from_secret(&limited(None, "verify, smoke"), &settings(), &cp()).await;
+        assert_eq!(s.namespaces, Some(vec!["verify".into(), "smoke".into()]));
+        assert_eq!(
+            s.namespace, "verify",
+            "`default` is not listed: the first is"
+        );
+        assert!(s.config.is_ok());
+        let s = spec_from_secret(&limited(Some("smoke"), "verify,smoke"), &settings(), &cp()).await;
+        assert_eq!(s.namespace, "smoke");
+        for (namespace, value, needle) in [
+            (
+                Some("other"),
+                "verify",
+                "does not list the destination's default namespace \"other\"",
+            ),
+            (None, "Verify", "item 0"),
+            (None, " , ", "is empty"),
+        ] {
+            let s = spec_from_secret(&limited(namespace, value), &settings(), &cp()).await;
+            let e = s.config.unwrap_err().to_string();
+            assert!(
+                e.contains(NAMESPACES_ANNOTATION)
+                    && e.contains(needle)
+                    && e.contains("fix the Argo CD cluster Secret argocd/cluster-prod"),
+                "{e}"
+            );
+        }
+        let mut in_cluster = settings();
+        in_cluster.in_cluster_namespaces = Some(vec!["a".into(), "default".into()]);
+        let s = in_cluster_spec(&in_cluster, &cp());
+        assert_eq!(
+            (s.namespace.as_str(), s.namespaces.as_ref().map(Vec::len)),
+            ("default", Some(2))
+        );
     }
 
     #[tokio::test]

@@ -5,6 +5,12 @@
 //! tails) — so that every lookup is a hash-map read. It tracks whether the first list finished
 //! ([`Cache::is_ready`]) and whether the watch is failing ([`Cache::failing_for`]), so that the
 //! engine knows when the cache is authoritative and when it must ask the API server instead.
+//!
+//! A cache is fed by one watch over every namespace, or — for a destination limited to
+//! namespaces (`namespaces` of a config destination, the agent's `--namespaces`) — by one watch
+//! per namespace, so that its credentials need no cluster-wide list or watch. Each watch relists
+//! its own namespace only; the cache is ready when every watch has listed once, and a failing
+//! watch of any namespace makes the whole cache non-authoritative.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
@@ -13,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kube::api::Api;
+use kube::core::NamespaceResourceScope;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::Resource;
@@ -28,8 +35,10 @@ pub type GroupFn<K> = fn(&K) -> Option<String>;
 struct State<K> {
     objects: HashMap<Key, Arc<K>>,
     groups: HashMap<String, HashSet<Key>>,
-    /// objects of a relist in progress; swapped in at `InitDone`
-    relist: Option<HashMap<Key, Arc<K>>>,
+    /// per watch: objects of a relist in progress; swapped in at its `InitDone`
+    relists: Vec<Option<HashMap<Key, Arc<K>>>>,
+    /// per watch: whether its first list finished
+    listed: Vec<bool>,
 }
 
 /// A watch whose last error is older than this is considered healthy again: a failing watch
@@ -44,12 +53,15 @@ struct Health {
     last_error: Option<String>,
 }
 
-/// The cache. Cheap to share (`Arc`); the watch task holds one reference.
+/// The cache. Cheap to share (`Arc`); each watch task holds one reference.
 pub struct Cache<K> {
     kind: &'static str,
     destination: String,
+    /// what each watch covers: one namespace, or `None` for all of them
+    scopes: Vec<Option<String>>,
     state: RwLock<State<K>>,
-    health: Mutex<Health>,
+    /// per watch
+    health: Mutex<Vec<Health>>,
     ready: watch::Sender<bool>,
     group_of: GroupFn<K>,
 }
@@ -66,22 +78,69 @@ impl<K> Debug for Cache<K> {
 
 impl<K> Cache<K>
 where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static,
 {
-    /// An empty, not yet ready cache.
-    pub fn new(kind: &'static str, destination: &str, group_of: GroupFn<K>) -> Self {
+    /// An empty, not yet ready cache fed by one watch per namespace of `namespaces`, or by one
+    /// watch over every namespace (`None`).
+    pub fn new(
+        kind: &'static str,
+        destination: &str,
+        group_of: GroupFn<K>,
+        namespaces: Option<&[String]>,
+    ) -> Self {
+        let scopes: Vec<Option<String>> = match namespaces {
+            None => vec![None],
+            Some(list) => list.iter().map(|ns| Some(ns.clone())).collect(),
+        };
+        let watches = scopes.len();
         Self {
             kind,
             destination: destination.to_string(),
+            scopes,
             state: RwLock::new(State {
                 objects: HashMap::new(),
                 groups: HashMap::new(),
-                relist: None,
+                relists: (0..watches).map(|_| None).collect(),
+                listed: vec![false; watches],
             }),
-            health: Mutex::new(Health::default()),
-            ready: watch::channel(false).0,
+            health: Mutex::new((0..watches).map(|_| Health::default()).collect()),
+            // No namespace to watch: nothing to wait for.
+            ready: watch::channel(watches == 0).0,
             group_of,
         }
+    }
+
+    /// Starts the watches (one per namespace, or one over all) with `selector`; the caller
+    /// aborts the tasks to stop them.
+    pub fn spawn(
+        self: &Arc<Self>,
+        client: &kube::Client,
+        selector: &str,
+    ) -> Vec<tokio::task::AbortHandle> {
+        self.scopes
+            .iter()
+            .enumerate()
+            .map(|(i, scope)| {
+                let api: Api<K> = match scope {
+                    Some(ns) => Api::namespaced(client.clone(), ns),
+                    None => Api::all(client.clone()),
+                };
+                tokio::spawn(self.clone().run(i, api, selector.to_string())).abort_handle()
+            })
+            .collect()
+    }
+
+    /// Whether a Job or Pod in `namespace` would be seen by this cache.
+    pub fn watches(&self, namespace: &str) -> bool {
+        self.scopes
+            .iter()
+            .any(|s| s.as_deref().is_none_or(|ns| ns == namespace))
     }
 
     /// The object `namespace/name`, if cached.
@@ -155,15 +214,27 @@ where
         ok
     }
 
-    /// How long the watch has been failing, and the last error (`None`: healthy).
+    /// How long a watch has been failing, and its last error (`None`: every watch healthy).
+    /// With several watches, the one failing longest, its error prefixed with its namespace.
     pub fn failing_for(&self) -> Option<(Duration, String)> {
-        let h = self.health.lock().unwrap_or_else(|e| e.into_inner());
-        match (h.failing_since, h.last_error_at) {
-            (Some(since), Some(last)) if last.elapsed() < FAILING_WINDOW => {
-                Some((since.elapsed(), h.last_error.clone().unwrap_or_default()))
-            }
-            _ => None,
-        }
+        let health = self.health.lock().unwrap_or_else(|e| e.into_inner());
+        health
+            .iter()
+            .zip(&self.scopes)
+            .filter_map(|(h, scope)| match (h.failing_since, h.last_error_at) {
+                (Some(since), Some(last)) if last.elapsed() < FAILING_WINDOW => {
+                    let error = h.last_error.clone().unwrap_or_default();
+                    Some((
+                        since.elapsed(),
+                        match scope {
+                            Some(ns) => format!("namespace {ns}: {error}"),
+                            None => error,
+                        },
+                    ))
+                }
+                _ => None,
+            })
+            .max_by_key(|(d, _)| *d)
     }
 
     /// Ready, and the watch is not failing: a miss means the object does not exist (or was
@@ -172,38 +243,53 @@ where
         self.is_ready() && self.failing_for().is_none()
     }
 
-    /// Feeds the cache from a label-selected watch until the task is aborted.
-    pub async fn run(self: Arc<Self>, api: Api<K>, selector: &str) {
-        let config = watcher::Config::default().labels(selector);
+    /// Feeds the cache from watch `index` (label-selected) until the task is aborted.
+    async fn run(self: Arc<Self>, index: usize, api: Api<K>, selector: String) {
+        let config = watcher::Config::default().labels(&selector);
         let mut stream = watcher::watcher(api, config).default_backoff().boxed();
         while let Some(item) = stream.next().await {
             match item {
                 Ok(event) => {
-                    self.recovered();
-                    self.handle(event);
+                    self.recovered(index);
+                    self.handle(index, event);
                 }
-                Err(e) => self.failed(e.to_string()),
+                Err(e) => self.failed(index, e.to_string()),
             }
         }
     }
 
-    fn recovered(&self) {
-        let mut h = self.health.lock().unwrap_or_else(|e| e.into_inner());
+    fn namespace_of(&self, index: usize) -> &str {
+        self.scopes
+            .get(index)
+            .and_then(|s| s.as_deref())
+            .unwrap_or("*")
+    }
+
+    fn recovered(&self, index: usize) {
+        let mut health = self.health.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(h) = health.get_mut(index) else {
+            return;
+        };
         if let Some(since) = h.failing_since.take() {
             tracing::info!(destination = %self.destination, kind = self.kind,
+                           namespace = self.namespace_of(index),
                            failed_for = ?since.elapsed(), "watch recovered");
         }
         h.last_error = None;
         h.last_error_at = None;
     }
 
-    fn failed(&self, error: String) {
-        let mut h = self.health.lock().unwrap_or_else(|e| e.into_inner());
+    fn failed(&self, index: usize, error: String) {
+        let mut health = self.health.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(h) = health.get_mut(index) else {
+            return;
+        };
         let stale = h
             .last_error_at
             .is_none_or(|t| t.elapsed() >= FAILING_WINDOW);
         if h.failing_since.is_none() || stale {
-            tracing::warn!(destination = %self.destination, kind = self.kind, %error,
+            tracing::warn!(destination = %self.destination, kind = self.kind,
+                           namespace = self.namespace_of(index), %error,
                            "watch failing; retrying with backoff");
             h.failing_since = Some(Instant::now());
         }
@@ -211,8 +297,8 @@ where
         h.last_error_at = Some(Instant::now());
     }
 
-    /// Applies one watch event.
-    pub fn handle(&self, event: Event<K>) {
+    /// Applies one event of watch `index`.
+    pub fn handle(&self, index: usize, event: Event<K>) {
         let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
         match event {
             Event::Apply(obj) => {
@@ -226,24 +312,46 @@ where
                     remove(&mut state, self.group_of, &key);
                 }
             }
-            Event::Init => state.relist = Some(HashMap::new()),
+            Event::Init => {
+                if let Some(r) = state.relists.get_mut(index) {
+                    *r = Some(HashMap::new());
+                }
+            }
             Event::InitApply(obj) => {
-                if let (Some(key), Some(relist)) = (key_of(&obj), state.relist.as_mut()) {
+                let key = key_of(&obj);
+                if let (Some(key), Some(Some(relist))) = (key, state.relists.get_mut(index)) {
                     relist.insert(key, Arc::new(slim(obj)));
                 }
             }
             Event::InitDone => {
-                let objects = state.relist.take().unwrap_or_default();
+                let fresh = state
+                    .relists
+                    .get_mut(index)
+                    .and_then(Option::take)
+                    .unwrap_or_default();
+                // A relist replaces what this watch covers, and nothing the others cover.
+                match self.scopes.get(index).and_then(|s| s.as_deref()) {
+                    None => state.objects = fresh,
+                    Some(ns) => {
+                        state.objects.retain(|(o, _), _| o != ns);
+                        state.objects.extend(fresh);
+                    }
+                }
                 let mut groups: HashMap<String, HashSet<Key>> = HashMap::new();
-                for (key, obj) in &objects {
+                for (key, obj) in &state.objects {
                     if let Some(g) = (self.group_of)(obj) {
                         groups.entry(g).or_default().insert(key.clone());
                     }
                 }
-                state.objects = objects;
                 state.groups = groups;
+                if let Some(l) = state.listed.get_mut(index) {
+                    *l = true;
+                }
+                let all_listed = state.listed.iter().all(|l| *l);
                 drop(state);
-                self.ready.send_replace(true);
+                if all_listed {
+                    self.ready.send_replace(true);
+                }
             }
         }
     }
@@ -320,36 +428,36 @@ mod tests {
 
     #[tokio::test]
     async fn events_maintain_objects_and_groups() {
-        let cache = Cache::new("ConfigMap", "d", group_of);
+        let cache = Cache::new("ConfigMap", "d", group_of, None);
         assert!(!cache.is_ready() && !cache.is_authoritative());
         assert!(!cache.wait_ready(Duration::from_millis(10)).await);
-        cache.handle(Event::Init);
-        cache.handle(Event::InitApply(cm("a", "x", "g1")));
+        cache.handle(0, Event::Init);
+        cache.handle(0, Event::InitApply(cm("a", "x", "g1")));
         assert!(
             cache.get("a", "x").is_none(),
             "a relist is invisible until InitDone"
         );
-        cache.handle(Event::InitDone);
+        cache.handle(0, Event::InitDone);
         assert!(cache.wait_ready(Duration::from_millis(10)).await);
         assert!(cache.is_authoritative());
         assert_eq!(cache.group("g1").len(), 1);
 
-        cache.handle(Event::Apply(cm("a", "y", "g1")));
-        cache.handle(Event::Apply(cm("b", "x", "g2")));
+        cache.handle(0, Event::Apply(cm("a", "y", "g1")));
+        cache.handle(0, Event::Apply(cm("b", "x", "g2")));
         assert_eq!(cache.group("g1").len(), 2);
         // An object that changes group moves.
-        cache.handle(Event::Apply(cm("a", "y", "g2")));
+        cache.handle(0, Event::Apply(cm("a", "y", "g2")));
         assert_eq!(cache.group("g1").len(), 1);
         assert_eq!(cache.group("g2").len(), 2);
-        cache.handle(Event::Delete(cm("a", "y", "g2")));
+        cache.handle(0, Event::Delete(cm("a", "y", "g2")));
         assert_eq!(cache.group("g2").len(), 1);
         assert_eq!(cache.len(), 2);
 
         // A relist replaces everything at once.
-        cache.handle(Event::Init);
-        cache.handle(Event::InitApply(cm("c", "z", "g3")));
+        cache.handle(0, Event::Init);
+        cache.handle(0, Event::InitApply(cm("c", "z", "g3")));
         assert_eq!(cache.len(), 2);
-        cache.handle(Event::InitDone);
+        cache.handle(0, Event::InitDone);
         assert_eq!(cache.len(), 1);
         assert!(cache.group("g1").is_empty() && cache.group("g3").len() == 1);
         assert!(cache.get("c", "z").is_some());
@@ -357,15 +465,58 @@ mod tests {
 
     #[test]
     fn health_tracks_failures() {
-        let cache: Cache<ConfigMap> = Cache::new("ConfigMap", "d", group_of);
-        cache.handle(Event::Init);
-        cache.handle(Event::InitDone);
+        let cache: Cache<ConfigMap> = Cache::new("ConfigMap", "d", group_of, None);
+        cache.handle(0, Event::Init);
+        cache.handle(0, Event::InitDone);
         assert!(cache.is_authoritative());
-        cache.failed("connection refused".into());
+        cache.failed(0, "connection refused".into());
         let (_, e) = cache.failing_for().unwrap();
         assert_eq!(e, "connection refused");
         assert!(!cache.is_authoritative());
-        cache.recovered();
+        cache.recovered(0);
         assert!(cache.is_authoritative());
+    }
+
+    #[tokio::test]
+    async fn one_watch_per_namespace_each_relisting_its_own() {
+        let namespaces = ["a".to_string(), "b".to_string()];
+        let cache = Cache::new("ConfigMap", "d", group_of, Some(&namespaces));
+        assert!(cache.watches("a") && cache.watches("b") && !cache.watches("c"));
+        cache.handle(0, Event::Init);
+        cache.handle(0, Event::InitApply(cm("a", "x", "g1")));
+        cache.handle(0, Event::InitDone);
+        assert!(
+            !cache.is_ready() && !cache.is_authoritative(),
+            "ready only when every namespace's watch has listed"
+        );
+        assert!(cache.get("a", "x").is_some(), "what is listed is visible");
+        cache.handle(1, Event::Init);
+        cache.handle(1, Event::InitApply(cm("b", "y", "g1")));
+        cache.handle(1, Event::InitDone);
+        assert!(cache.wait_ready(Duration::from_millis(10)).await);
+        assert_eq!(cache.group("g1").len(), 2);
+
+        // A relist of namespace a replaces a's objects and keeps b's.
+        cache.handle(0, Event::Init);
+        cache.handle(0, Event::InitApply(cm("a", "z", "g2")));
+        cache.handle(0, Event::InitDone);
+        assert!(cache.get("a", "x").is_none() && cache.get("a", "z").is_some());
+        assert!(cache.get("b", "y").is_some());
+        assert_eq!(cache.group("g1").len(), 1);
+
+        // One namespace's failing watch shows, named, and the other's recovery does not hide it.
+        cache.failed(1, "forbidden".into());
+        cache.recovered(0);
+        let (_, e) = cache.failing_for().unwrap();
+        assert_eq!(e, "namespace b: forbidden");
+        assert!(!cache.is_authoritative());
+        cache.recovered(1);
+        assert!(cache.is_authoritative());
+    }
+
+    #[test]
+    fn the_cluster_wide_watch_sees_every_namespace() {
+        let cache: Cache<ConfigMap> = Cache::new("ConfigMap", "d", group_of, None);
+        assert!(cache.watches("anything"));
     }
 }

@@ -17,6 +17,7 @@
 //! A destination whose credentials cannot be used is registered as [`Broken`]: measurements
 //! that target it get its error instead of "unknown destination".
 
+mod agent;
 pub mod argocd;
 pub mod cache;
 pub mod client;
@@ -24,13 +25,12 @@ pub mod stage;
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, SystemTime};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use dispatch_api::selector::Selector;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::Api;
 use tokio::sync::watch;
 
 use crate::config::{
@@ -38,6 +38,7 @@ use crate::config::{
 };
 use crate::job::{LABEL_RUN_UID, MANAGED_SELECTOR};
 use crate::policy::glob_match;
+pub use agent::AgentDestination;
 use cache::Cache;
 use client::{AccessError, RequestCounter};
 
@@ -95,6 +96,23 @@ impl Source {
         }
     }
 
+    /// The setting that limits a destination of this source to namespaces, for messages.
+    pub fn namespaces_key(&self) -> String {
+        match self {
+            Self::Config { index } => format!("`destinations[{index}].namespaces`"),
+            Self::ArgoCd { namespace, secret } => format!(
+                "annotation `{}` of Argo CD cluster Secret {namespace}/{secret}",
+                argocd::NAMESPACES_ANNOTATION
+            ),
+            Self::ArgoCdInCluster => "`argocd.inClusterNamespaces`".to_string(),
+            Self::Kubeconfig { .. } => "`namespaces` (kubeconfig contexts have none)".to_string(),
+            Self::Agent { index } => {
+                format!("the agent's `--namespaces` (agents.destinations[{index}])")
+            }
+            Self::Local => "the agent's `--namespaces`".to_string(),
+        }
+    }
+
     /// Whether Argo CD defines it.
     pub fn is_argocd(&self) -> bool {
         matches!(self, Self::ArgoCd { .. } | Self::ArgoCdInCluster)
@@ -137,6 +155,9 @@ pub struct DestinationSpec {
     pub labels: BTreeMap<String, String>,
     /// default namespace of Jobs
     pub namespace: String,
+    /// the namespaces its Jobs may run in, and the only ones its caches watch (`None`: every
+    /// namespace, watched cluster-wide)
+    pub namespaces: Option<Vec<String>>,
     /// API server URL (no trailing `/`), for messages and Argo CD matching
     pub server: String,
     /// where it comes from
@@ -155,6 +176,8 @@ pub struct Destination {
     pub labels: BTreeMap<String, String>,
     /// default namespace of Jobs
     pub namespace: String,
+    /// the only namespaces its Jobs may run in and its caches watch (`None`: every namespace)
+    pub namespaces: Option<Vec<String>>,
     /// API server URL
     pub server: String,
     /// where it comes from
@@ -223,20 +246,21 @@ impl Destination {
                            "TLS verification is off for this destination: {INSECURE_WARNING}");
         }
         let client = client::client(config, settings, &counter)?;
-        let jobs = Arc::new(Cache::new("Job", &spec.name, job_group));
-        let pods = Arc::new(Cache::new("Pod", &spec.name, pod_group));
-        let tasks = vec![
-            tokio::spawn(jobs.clone().run(Api::all(client.clone()), MANAGED_SELECTOR))
-                .abort_handle(),
-            tokio::spawn(pods.clone().run(Api::all(client.clone()), MANAGED_SELECTOR))
-                .abort_handle(),
-        ];
+        // Limited to namespaces: one watch per namespace, so that no cluster-wide list or watch
+        // (of every Pod of the cluster, plain env values included) is needed.
+        let watched = spec.namespaces.as_deref();
+        let jobs = Arc::new(Cache::new("Job", &spec.name, job_group, watched));
+        let pods = Arc::new(Cache::new("Pod", &spec.name, pod_group, watched));
+        let mut tasks = jobs.spawn(&client, MANAGED_SELECTOR);
+        tasks.extend(pods.spawn(&client, MANAGED_SELECTOR));
         tracing::info!(destination = %spec.name, server = %spec.server, source = %spec.source,
-                       namespace = %spec.namespace, "destination registered");
+                       namespace = %spec.namespace, watched = ?spec.namespaces,
+                       "destination registered");
         Ok(Self {
             name: spec.name.clone(),
             labels: spec.labels.clone(),
             namespace: spec.namespace.clone(),
+            namespaces: spec.namespaces.clone(),
             server: spec.server.clone(),
             source: spec.source.clone(),
             insecure,
@@ -261,6 +285,11 @@ impl Destination {
     /// The Pod cache.
     pub fn pods(&self) -> &Cache<Pod> {
         &self.pods
+    }
+
+    /// Whether its caches see Jobs and Pods in `namespace` (every namespace unless limited).
+    pub fn watches(&self, namespace: &str) -> bool {
+        self.jobs.watches(namespace) && self.pods.watches(namespace)
     }
 
     /// The cached Pods of Job `namespace/name`.
@@ -310,97 +339,14 @@ pub struct Broken {
     pub labels: BTreeMap<String, String>,
     /// default namespace of Jobs
     pub namespace: String,
+    /// the only namespaces its Jobs may run in (`None`: every namespace)
+    pub namespaces: Option<Vec<String>>,
     /// API server URL, if known
     pub server: String,
     /// where it comes from
     pub source: Source,
     /// why it cannot be used, and how to fix it
     pub error: String,
-}
-
-/// A destination reached through its agent: the server only knows when it last heard from it.
-#[derive(Debug)]
-pub struct AgentDestination {
-    /// the name
-    pub name: String,
-    /// labels
-    pub labels: BTreeMap<String, String>,
-    /// default namespace of Jobs
-    pub namespace: String,
-    /// where it comes from
-    pub source: Source,
-    presence: Mutex<Presence>,
-}
-
-#[derive(Debug, Default)]
-struct Presence {
-    /// long polls of this destination's agent(s) open on this replica right now
-    polling: usize,
-    last_contact: Option<SystemTime>,
-    subject: Option<String>,
-}
-
-impl AgentDestination {
-    /// A destination nobody has heard from yet.
-    pub fn new(
-        name: &str,
-        labels: BTreeMap<String, String>,
-        namespace: &str,
-        index: usize,
-    ) -> Self {
-        Self {
-            name: name.to_string(),
-            labels,
-            namespace: namespace.to_string(),
-            source: Source::Agent { index },
-            presence: Mutex::new(Presence::default()),
-        }
-    }
-
-    fn presence(&self) -> std::sync::MutexGuard<'_, Presence> {
-        self.presence.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Records a request of the agent `subject`; `poll`: +1 when a long poll starts, -1 when it
-    /// ends, 0 for other calls.
-    pub fn contact(&self, subject: &str, poll: isize) {
-        let mut p = self.presence();
-        p.last_contact = Some(SystemTime::now());
-        if p.subject.as_deref() != Some(subject) {
-            p.subject = Some(subject.to_string());
-        }
-        p.polling = p.polling.saturating_add_signed(poll);
-    }
-
-    /// Starts a long poll of the agent `subject` unless `max` are open on this replica already
-    /// (checked and counted under one lock, so concurrent polls cannot slip past the cap).
-    /// On `true`, end it with `contact(subject, -1)`.
-    pub fn start_poll(&self, subject: &str, max: usize) -> bool {
-        let mut p = self.presence();
-        p.last_contact = Some(SystemTime::now());
-        if p.polling >= max {
-            return false;
-        }
-        p.polling += 1;
-        if p.subject.as_deref() != Some(subject) {
-            p.subject = Some(subject.to_string());
-        }
-        true
-    }
-
-    /// When this replica last heard from the agent.
-    pub fn last_contact(&self) -> Option<SystemTime> {
-        self.presence().last_contact
-    }
-
-    /// Whether the agent is polling this replica now, or was heard from within `offline_after`.
-    pub fn connected(&self, offline_after: Duration) -> bool {
-        let p = self.presence();
-        p.polling > 0
-            || p.last_contact
-                .and_then(|t| t.elapsed().ok())
-                .is_some_and(|e| e < offline_after)
-    }
 }
 
 /// A registry entry.
@@ -437,6 +383,15 @@ impl Entry {
             Self::Ready(d) => &d.namespace,
             Self::Broken(b) => &b.namespace,
             Self::Agent(a) => &a.namespace,
+        }
+    }
+    /// The only namespaces its Jobs may run in (`None`: any; an agent destination's agent
+    /// checks its own `--namespaces`).
+    pub fn namespaces(&self) -> Option<&[String]> {
+        match self {
+            Self::Ready(d) => d.namespaces.as_deref(),
+            Self::Broken(b) => b.namespaces.as_deref(),
+            Self::Agent(_) => None,
         }
     }
     /// The server URL (empty for an agent destination: the server cannot reach it).
@@ -692,6 +647,7 @@ fn broken(spec: &DestinationSpec, error: &dyn std::error::Error) -> Broken {
         name: spec.name.clone(),
         labels: spec.labels.clone(),
         namespace: spec.namespace.clone(),
+        namespaces: spec.namespaces.clone(),
         server: spec.server.clone(),
         source: spec.source.clone(),
         // The message alone: it already names the cause, and it is what users see.
@@ -708,15 +664,20 @@ pub async fn spec_from_config(index: usize, d: &DestinationConfig) -> Destinatio
         .as_ref()
         .map(|c| c.cluster_url.to_string().trim_end_matches('/').to_string())
         .unwrap_or_default();
+    // Limited to namespaces: the first is the default (the config checked that an explicit
+    // `namespace` is one of them).
+    let first = d.namespaces.as_ref().and_then(|n| n.first()).cloned();
     let namespace = d
         .namespace
         .clone()
+        .or(first)
         .or_else(|| config.as_ref().ok().map(|c| c.default_namespace.clone()))
         .unwrap_or_else(|| "default".into());
     DestinationSpec {
         name: d.name.clone(),
         labels: d.labels.clone(),
         namespace,
+        namespaces: d.namespaces.clone(),
         server,
         source: Source::Config { index },
         fingerprint: 0,
@@ -762,6 +723,7 @@ pub async fn specs_from_kubeconfig(
             name: name.clone(),
             labels: k.labels.clone(),
             namespace,
+            namespaces: None,
             server,
             source: Source::Kubeconfig {
                 path: shown.clone(),

@@ -357,6 +357,7 @@ mod tests {
                 name: name.into(),
                 labels: BTreeMap::new(),
                 namespace: "default".into(),
+                namespaces: None,
                 server: server.into(),
                 source,
                 fingerprint: 0,

@@ -8,6 +8,7 @@ fn spec(name: &str, source: Source, server: &str, ok: bool) -> DestinationSpec {
         name: name.into(),
         labels: BTreeMap::from([("env".to_string(), "prod".to_string())]),
         namespace: "default".into(),
+        namespaces: None,
         server: server.into(),
         source,
         fingerprint: 1,
@@ -57,10 +58,11 @@ async fn precedence_and_replacement() {
 
 #[tokio::test]
 async fn config_specs_take_the_namespace() {
-    let d = DestinationConfig {
+    let mut d = DestinationConfig {
         name: "edge".into(),
         labels: BTreeMap::new(),
         namespace: Some("verify".into()),
+        namespaces: None,
         access: Access::Direct(Box::new(DirectAccess {
             server: "https://10.0.0.1:6443".into(),
             token: Some(SecretValue::new("t")),
@@ -72,4 +74,11 @@ async fn config_specs_take_the_namespace() {
     assert_eq!(s.server, "https://10.0.0.1:6443");
     assert_eq!(s.source.to_string(), "config destinations[2]");
     assert!(s.config.is_ok());
+    assert_eq!(s.namespaces, None);
+    // Limited to namespaces without a `namespace`: the first is the default.
+    d.namespace = None;
+    d.namespaces = Some(vec!["smoke".into(), "verify".into()]);
+    let s = spec_from_config(2, &d).await;
+    assert_eq!(s.namespace, "smoke");
+    assert_eq!(s.namespaces, d.namespaces);
 }

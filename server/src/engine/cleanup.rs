@@ -173,9 +173,13 @@ impl Engine {
             .registry
             .entries()
             .into_iter()
-            .filter_map(|e| match e {
-                Entry::Ready(d) => Some((d, None)),
-                Entry::Broken(_) | Entry::Agent(_) => None,
+            .flat_map(|e| match e {
+                // Limited to namespaces: each of them, as its credentials may list no other.
+                Entry::Ready(d) => match d.namespaces.clone() {
+                    Some(list) => list.into_iter().map(|ns| (d.clone(), Some(ns))).collect(),
+                    None => vec![(d, None)],
+                },
+                Entry::Broken(_) | Entry::Agent(_) => Vec::new(),
             })
             .collect();
         self.gc_on(run_uid, metric, direct, None, limit).await

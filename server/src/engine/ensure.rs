@@ -180,26 +180,38 @@ impl Engine {
         };
         let project = &req.run.namespace;
         let mut allowed = Vec::new();
-        let mut denied = Vec::new();
+        let mut denied: Vec<EngineError> = Vec::new();
         for e in candidates {
             let ns = req
                 .config
                 .namespace
                 .clone()
                 .unwrap_or_else(|| e.namespace().to_string());
+            // A destination limited to namespaces (its credentials and caches cover only
+            // those) refuses the others before the policy is asked and before any API call.
+            if let Some(limit) = e.namespaces().filter(|l| !l.contains(&ns)) {
+                denied.push(EngineError::OutsideNamespaces {
+                    destination: e.name().to_string(),
+                    namespace: ns,
+                    allowed: limit.join(", "),
+                    key: e.source().namespaces_key(),
+                    origin: self.inner.origin.clone(),
+                });
+                continue;
+            }
             match self.inner.policy.check(project, e.name(), &ns) {
                 Ok(()) => allowed.push((e, ns)),
-                Err(d) => denied.push(d),
+                Err(d) => denied.push(d.into()),
             }
         }
         match (selector, denied.into_iter().next()) {
             // A selector may span destinations of several teams: keep the allowed ones.
             (Some(sel), Some(d)) if !allowed.is_empty() => {
-                tracing::info!(selector = %sel, project = %project, skipped = %d.destination,
-                               "policy excludes destinations the selector matched");
+                tracing::info!(selector = %sel, project = %project, skipped = %d,
+                               "policy or namespaces exclude destinations the selector matched");
                 Ok(allowed)
             }
-            (_, Some(d)) => Err(d.into()),
+            (_, Some(d)) => Err(d),
             (_, None) => Ok(allowed),
         }
     }

@@ -211,6 +211,24 @@ pub enum EngineError {
         #[source]
         refused: crate::podsecurity::Refused,
     },
+    /// the destination is limited to namespaces, and this is not one of them
+    #[error(
+        "destination {destination:?} is limited to namespaces {allowed} ({key} in {origin}); \
+         namespace {namespace:?} is not one of them: set the block's `namespace` to one of them, \
+         or add {namespace:?} to {key}"
+    )]
+    OutsideNamespaces {
+        /// the destination
+        destination: String,
+        /// the namespace asked for (the block's, else the destination's default)
+        namespace: String,
+        /// the destination's namespaces
+        allowed: String,
+        /// the setting that limits it (`destinations[0].namespaces`, an Argo CD annotation…)
+        key: String,
+        /// the config file
+        origin: String,
+    },
     /// the engine cannot start
     #[error("cannot start the dispatch engine: {0}")]
     Start(String),

@@ -131,10 +131,11 @@ impl Engine {
 
     /// The engine of an agent: one destination, `name`, the cluster the agent runs in
     /// (in-cluster credentials, else `$KUBECONFIG`), with the same Job caches and verdict code
-    /// as the server's direct destinations.
+    /// as the server's direct destinations. `namespaces`: the only namespaces its caches watch
+    /// (one watch each, so the agent needs no cluster-wide read); `None`: every namespace.
     pub async fn start_local(
         name: &str,
-        namespace: &str,
+        namespaces: Option<Vec<String>>,
         settings: EngineSettings,
     ) -> Result<Self, EngineError> {
         let config = client::config_for(&crate::config::Access::Infer, name)
@@ -145,10 +146,17 @@ impl Engine {
                 ))
             })?;
         let registry = Arc::new(Registry::new(settings, false));
+        // The agent names the namespace of every Job it creates; this default is never used.
+        let namespace = namespaces
+            .as_ref()
+            .and_then(|n| n.first())
+            .map_or("default", String::as_str)
+            .to_string();
         registry.insert(DestinationSpec {
             name: name.to_string(),
             labels: BTreeMap::new(),
-            namespace: namespace.to_string(),
+            namespace,
+            namespaces,
             server: config.cluster_url.to_string(),
             source: Source::Local,
             fingerprint: 0,

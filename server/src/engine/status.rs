@@ -157,6 +157,11 @@ impl Engine {
         namespace: &str,
         name: &str,
     ) -> Option<(Arc<Job>, Vec<Arc<Pod>>)> {
+        if !d.watches(namespace) {
+            // A destination limited to namespaces does not watch this one (a reference signed
+            // before the limit): its caches know nothing there, ask the API server.
+            return None;
+        }
         if !d.jobs().is_ready() || !d.pods().is_ready() {
             // Only while the first list is on its way; a failing watch does not make us wait.
             if d.jobs().failing_for().is_none() {

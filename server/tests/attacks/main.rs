@@ -31,6 +31,9 @@
 //! * [`adoption`]: Jobs made to look like ours (our labels, the next predictable name, a mark
 //!   copied from another Job, our Job replaced after creation) are never adopted and never
 //!   become another project's verdict.
+//! * [`namespaces`]: a placement outside a destination's `namespaces` (by the block's
+//!   namespace, a selector, or the status route) → 403 naming the destination, the namespace
+//!   and the key, no destination call, even when the policy allows every namespace.
 //! * [`tls`]: plain HTTP to the TLS port, clients refusing `http://`, the agent's pinned CA,
 //!   certificate, JWT key and revocation rotation on disk without a restart.
 
@@ -49,6 +52,7 @@ mod argocd;
 mod authn;
 mod authz;
 mod budgets;
+mod namespaces;
 mod podsecurity;
 mod references;
 mod runs;

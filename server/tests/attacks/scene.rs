@@ -331,3 +331,19 @@ impl ServedScene {
         format!("https://localhost:{}", self.addr.port())
     }
 }
+
+impl Scene {
+    /// [`Scene::start`] with `more_destinations` (YAML list items, e.g. a destination on a fake
+    /// cluster of the case's own) after `a` and `b`.
+    pub(crate) async fn start_with_destinations(
+        more_destinations: &str,
+        extra: &str,
+    ) -> Result<Self> {
+        let world = crate::world::Clusters::start()
+            .await?
+            .engine(more_destinations, extra, true)
+            .await?;
+        let jwt = JwtAuthenticator::new(&[KEY.to_vec()], [REVOKED_JTI.to_string()]);
+        Self::serve_with(world, Arc::new(jwt), Arc::new(Metrics::new())).await
+    }
+}

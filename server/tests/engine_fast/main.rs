@@ -20,6 +20,7 @@ mod create;
 mod failures;
 mod fake_api;
 mod log_secrets;
+mod namespaces;
 mod refusals;
 mod stage;
 mod status;

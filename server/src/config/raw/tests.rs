@@ -164,3 +164,54 @@ fn runs_are_confirmed_when_the_control_plane_is_known() {
         "{e}"
     );
 }
+
+#[test]
+fn destinations_limited_to_namespaces() {
+    let c = parse(
+        "destinations: [{name: a, kubeconfig: /k, namespaces: [verify, smoke]}, \
+         {name: b, kubeconfig: /k, namespace: smoke, namespaces: [verify, smoke]}, \
+         {name: c, kubeconfig: /k}]\n\
+         argocd: {inClusterNamespaces: [verify]}",
+    )
+    .unwrap();
+    let limits: Vec<_> = c
+        .destinations
+        .iter()
+        .map(|d| d.namespaces.clone())
+        .collect();
+    let both = Some(vec!["verify".to_string(), "smoke".to_string()]);
+    assert_eq!(limits, [both.clone(), both, None]);
+    assert_eq!(
+        c.argocd.unwrap().in_cluster_namespaces,
+        Some(vec!["verify".to_string()])
+    );
+    for (text, needle) in [
+        (
+            "destinations: [{name: a, kubeconfig: /k, namespaces: []}]",
+            "destinations[0].namespaces: is empty: list at least one namespace",
+        ),
+        (
+            "destinations: [{name: a, kubeconfig: /k, namespaces: [ok, 'team-*']}]",
+            "destinations[0].namespaces: item 1: \"team-*\" is not a valid namespace name",
+        ),
+        (
+            "destinations: [{name: a, kubeconfig: /k, namespaces: [Verify]}]",
+            "destinations[0].namespaces: item 0",
+        ),
+        (
+            "destinations: [{name: a, kubeconfig: /k, namespaces: [x, x]}]",
+            "destinations[0].namespaces: lists \"x\" twice",
+        ),
+        (
+            "destinations: [{name: a, kubeconfig: /k, namespace: default, namespaces: [verify]}]",
+            "destinations[0].namespaces: does not list the destination's default namespace \"default\"",
+        ),
+        (
+            "argocd: {inClusterNamespaces: []}",
+            "argocd.inClusterNamespaces: is empty",
+        ),
+    ] {
+        let e = parse(text).unwrap_err();
+        assert!(e.contains(needle), "{text}: {e}");
+    }
+}

@@ -137,6 +137,8 @@ fn duplicate_spec(name: &str, claimants: &[&Secret], settings: &ArgoCdConfig) ->
             .and_then(|a| a.get(NAMESPACE_ANNOTATION))
             .cloned()
             .unwrap_or_else(|| settings.default_namespace.clone()),
+        // Broken: nothing runs there, so no limit to tell.
+        namespaces: None,
         server: server.trim().trim_end_matches('/').to_string(),
         fingerprint: fnv1a(secret_names.join(",").as_bytes()),
         config: Err(SpecError::from(SecretError {
