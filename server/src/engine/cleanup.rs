@@ -233,22 +233,32 @@ impl Engine {
                 Some(ns) => Api::namespaced(d.client().clone(), ns),
                 None => Api::all(d.client().clone()),
             };
-            let params = ListParams::default()
-                .labels(&format!("{LABEL_RUN_UID}={run_uid},{MANAGED_SELECTOR}"));
             let timeout = self.inner.settings.request_timeout;
-            match tokio::time::timeout(timeout, api.list(&params)).await {
-                Ok(Ok(l)) => l.items.into_iter().map(Arc::new).collect(),
-                Ok(Err(e)) => {
-                    return Err(CleanupError::Destination(api_failure(d, "list jobs", &e)))
-                }
-                Err(_) => {
-                    return Err(CleanupError::Destination(no_answer(
-                        d,
-                        "list jobs",
-                        timeout,
-                    )))
+            let mut found: Vec<Arc<Job>> = Vec::new();
+            // Our label, then Argo's for Jobs created before ours (`job::run_uid_of`).
+            for key in [LABEL_RUN_UID, LABEL_ARGO_RUN_UID] {
+                let params =
+                    ListParams::default().labels(&format!("{key}={run_uid},{MANAGED_SELECTOR}"));
+                let items = match tokio::time::timeout(timeout, api.list(&params)).await {
+                    Ok(Ok(l)) => l.items,
+                    Ok(Err(e)) => {
+                        return Err(CleanupError::Destination(api_failure(d, "list jobs", &e)))
+                    }
+                    Err(_) => {
+                        return Err(CleanupError::Destination(no_answer(
+                            d,
+                            "list jobs",
+                            timeout,
+                        )))
+                    }
+                };
+                for j in items {
+                    if !found.iter().any(|f| f.metadata.uid == j.metadata.uid) {
+                        found.push(Arc::new(j));
+                    }
                 }
             }
+            found
         };
         jobs.retain(|j| {
             let in_namespace =

@@ -33,8 +33,8 @@ use crate::destinations::{
     self, argocd, stage, AgentDestination, Destination, DestinationSpec, Entry, Registry, Source,
 };
 use crate::job::{
-    self, JobInput, Ownership, RunContext, ANN_MEASUREMENT, ANN_METRIC, LABEL_RUN_UID,
-    MANAGED_SELECTOR,
+    self, JobInput, Ownership, RunContext, ANN_MEASUREMENT, ANN_METRIC, LABEL_ARGO_RUN_UID,
+    LABEL_RUN_UID, MANAGED_SELECTOR,
 };
 use crate::logs::{self, FailedContainer, Redactor};
 use crate::podsecurity;

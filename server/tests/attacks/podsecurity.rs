@@ -495,7 +495,7 @@ async fn the_agent_refuses_what_its_own_flags_do_not_allow() -> Result<()> {
     cases.push((
         "forged record of another run",
         other_run,
-        "analysisrun.argoproj.io/uid",
+        "rollouts-dispatch.io/run-uid",
     ));
 
     for (what, spec, needle) in cases {
