@@ -10,6 +10,7 @@ use dispatch_api::block::JobConfig;
 use k8s_openapi::api::batch::v1::Job;
 use serde_json::{json, Map, Value};
 
+pub mod lifecycle;
 pub mod mark;
 
 /// Label: the AnalysisRun's UID. Our own key, not Argo Rollouts': the controller's built-in job

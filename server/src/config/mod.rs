@@ -35,6 +35,7 @@
 //!   callers:                         # TokenReview users bound to projects (none: all projects)
 //!   - {subject: "system:serviceaccount:team-a:*", projects: ["team-a"]}
 //! engine: {connectTimeout: 5s, requestTimeout: 20s}
+//! jobs: {ttlAfterFinished: 1h, retention: 24h}   # Job TTL unless the template sets one; sweep
 //! agents:                            # destinations reached through `rollouts-dispatch agent`
 //!   store: kubernetes                # memory (default, one replica) | kubernetes (DispatchJobs)
 //!   namespace: rollouts-dispatch     # of the DispatchJobs; default $POD_NAMESPACE
@@ -108,6 +109,30 @@ pub struct ServerConfig {
     pub engine: EngineSettings,
     /// destinations served by agents, and where their work is kept
     pub agents: Option<AgentsConfig>,
+    /// how long our Jobs stay once done
+    pub jobs: JobsSettings,
+}
+
+/// How long our Jobs stay once done (`jobs:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobsSettings {
+    /// `spec.ttlSecondsAfterFinished` of every Job whose template sets none: the destination's
+    /// TTL controller deletes the Job (and its Pods) this long after it finished. Long enough
+    /// that the verdict is read first: Argo resumes a measurement within seconds of its
+    /// `resumeAt`, so an hour leaves room for a controller or server outage.
+    pub ttl_after_finished: Duration,
+    /// the orphan sweep deletes the Jobs (and agent records) of AnalysisRuns that completed
+    /// longer ago than this
+    pub retention: Duration,
+}
+
+impl Default for JobsSettings {
+    fn default() -> Self {
+        Self {
+            ttl_after_finished: Duration::from_secs(3600),
+            retention: Duration::from_secs(24 * 3600),
+        }
+    }
 }
 
 /// Where the records of agent destinations live.
@@ -308,6 +333,7 @@ impl ServerConfig {
             policy: None,
             engine: EngineSettings::default(),
             agents: None,
+            jobs: JobsSettings::default(),
         }
     }
 
@@ -400,6 +426,31 @@ engine: {connectTimeout: 2s}
         assert_eq!(c.policy.unwrap().rules[0].namespaces, vec!["*"]);
         assert_eq!(c.engine.connect_timeout, Duration::from_secs(2));
         assert_eq!(c.engine.request_timeout, Duration::from_secs(20));
+        assert_eq!(c.jobs, JobsSettings::default());
+    }
+
+    #[test]
+    fn jobs_settings_are_durations_of_a_minute_or_more() {
+        let c = parse("jobs: {ttlAfterFinished: 2h, retention: 30m}").unwrap();
+        assert_eq!(c.jobs.ttl_after_finished, Duration::from_secs(7200));
+        assert_eq!(c.jobs.retention, Duration::from_secs(1800));
+        for (text, needle) in [
+            (
+                "jobs: {ttlAfterFinished: 10s}",
+                "jobs.ttlAfterFinished: must be at least 1m",
+            ),
+            (
+                "jobs: {retention: 0s}",
+                "jobs.retention: must be at least 1m",
+            ),
+            (
+                "jobs: {retention: soon}",
+                "jobs.retention: \"soon\" is not a duration",
+            ),
+        ] {
+            let e = parse(text).unwrap_err();
+            assert!(e.contains(needle), "{text}: {e}");
+        }
     }
 
     #[test]

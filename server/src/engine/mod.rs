@@ -27,7 +27,7 @@ use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, PostParams, Preconditions,
 };
 
-use crate::config::{EngineSettings, ServerConfig, StoreKind};
+use crate::config::{EngineSettings, JobsSettings, ServerConfig, StoreKind};
 use crate::destinations::client::{self, RequestCounter};
 use crate::destinations::{
     self, argocd, stage, AgentDestination, Destination, DestinationSpec, Entry, Registry, Source,
@@ -246,6 +246,11 @@ struct Inner {
     /// the agent's engine: it holds no key, and compares Jobs with the marked spec the server
     /// sent instead (`job::mark::check`)
     marks_sent: bool,
+    /// TTL of finished Jobs, retention of completed runs' Jobs (`jobs:`)
+    jobs: JobsSettings,
+    /// the control plane's API server URL (no trailing `/`), when its credentials resolve: a
+    /// destination at that URL is the cluster of the AnalysisRuns (`Engine::on_control_plane`)
+    control_plane_url: Option<String>,
 }
 
 impl std::fmt::Debug for Inner {

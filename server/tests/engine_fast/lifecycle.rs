@@ -10,7 +10,7 @@ use serde_json::json;
 
 use crate::cluster_side::{analysis_run, finish_job, job_names, jobs};
 use crate::fake_api::FakeApi;
-use crate::world::{block, eventually, request, run, World, NS, PROJECT};
+use crate::world::{block, eventually, request, run, Clusters, World, NS, PROJECT};
 
 /// Rewrites Job `name`'s labels (and its pods') as a server before `LABEL_RUN_UID` wrote them:
 /// the run UID under Argo's key only.
@@ -92,5 +92,108 @@ async fn jobs_labelled_with_argos_key_before_our_label_stay_ours() -> Result<()>
     let t = w.engine.terminate(&made[1]).await;
     assert_eq!(t.deleted, vec!["a"], "{t:?}");
     assert!(job_names(w.api("a")).is_empty());
+    Ok(())
+}
+
+#[tokio::test]
+async fn every_job_gets_a_ttl_and_only_one_beside_its_run_an_owner() -> Result<()> {
+    let clusters = Clusters::start().await?;
+    // `home` is the control plane's own API server under another name.
+    let home = format!(
+        r#"- {{name: home, server: "{}", token: cp-token, namespace: {PROJECT}}}"#,
+        clusters.cp.url()
+    );
+    let w = clusters
+        .engine(
+            &home,
+            "jobs: {ttlAfterFinished: 2h}\nagents: {destinations: [{name: edge, namespace: verify}]}",
+            true,
+        )
+        .await?;
+    let r = run(32);
+    let created = |destination: &str, name: &str| -> Result<serde_json::Value> {
+        let api = if destination == "home" {
+            &w.clusters.cp
+        } else {
+            w.api(destination)
+        };
+        let ns = if destination == "home" { PROJECT } else { NS };
+        api.get(&jobs(), ns, name)
+            .ok_or_else(|| anyhow::anyhow!("no job {ns}/{name} on {destination}"))
+    };
+
+    // On the control plane, in the run's namespace: owned by the run.
+    let beside = w
+        .engine
+        .ensure(&request(
+            &r,
+            "m",
+            1,
+            block(json!({"destination": "home,a"}))?,
+        ))
+        .await?
+        .job;
+    let owned = created("home", &beside.name)?;
+    assert_eq!(
+        owned["metadata"]["ownerReferences"],
+        json!([{"apiVersion": "argoproj.io/v1alpha1", "kind": "AnalysisRun",
+                 "name": r.name, "uid": r.uid, "controller": false, "blockOwnerDeletion": false}])
+    );
+    assert_eq!(owned["spec"]["ttlSecondsAfterFinished"], 7200);
+    // Another cluster, the run's namespace name notwithstanding: no owner there.
+    let on_a = created("a", &beside.name)?;
+    assert!(on_a["metadata"].get("ownerReferences").is_none(), "{on_a}");
+    assert_eq!(on_a["spec"]["ttlSecondsAfterFinished"], 7200);
+
+    // On the control plane in another namespace: no owner (it must share the run's namespace).
+    let elsewhere = w
+        .engine
+        .ensure(&request(
+            &r,
+            "m",
+            2,
+            block(json!({"destination": "home", "namespace": NS}))?,
+        ))
+        .await?
+        .job;
+    let job = w
+        .clusters
+        .cp
+        .get(&jobs(), NS, &elsewhere.name)
+        .expect("created in verify");
+    assert!(job["metadata"].get("ownerReferences").is_none(), "{job}");
+
+    // The template's own TTL wins; the agent gets the TTL in the spec it is sent, no owner.
+    let mut config = block(json!({"destination": "a,edge"}))?;
+    config
+        .spec
+        .insert("ttlSecondsAfterFinished".into(), 60.into());
+    let own_ttl = w.engine.ensure(&request(&r, "m", 3, config)).await?.job;
+    assert_eq!(
+        created("a", &own_ttl.name)?["spec"]["ttlSecondsAfterFinished"],
+        60
+    );
+    let record = w
+        .engine
+        .store()
+        .expect("agents")
+        .get(&dispatch_server::store::record_name(&own_ttl.name, "edge"))
+        .expect("a record for edge");
+    let sent = record.spec.job.expect("the record carries the Job");
+    assert_eq!(sent["spec"]["ttlSecondsAfterFinished"], 60);
+    assert!(sent["metadata"].get("ownerReferences").is_none());
+    let plain = w
+        .engine
+        .ensure(&request(&r, "m", 4, block(json!({"destination": "edge"}))?))
+        .await?
+        .job;
+    let sent = w
+        .engine
+        .store()
+        .expect("agents")
+        .get(&dispatch_server::store::record_name(&plain.name, "edge"))
+        .and_then(|r| r.spec.job)
+        .expect("the record carries the Job");
+    assert_eq!(sent["spec"]["ttlSecondsAfterFinished"], 7200);
     Ok(())
 }
