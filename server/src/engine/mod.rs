@@ -49,11 +49,13 @@ mod ensure;
 mod job_ref;
 mod start;
 mod status;
+mod sweep;
 
 pub use cleanup::CleanupError;
 pub use job_ref::{
     Expected, JobRef, JobRefError, Placement, RefRefused, JOB_NAMESPACE_KEY, JOB_NAME_KEY, REF_KEY,
 };
+pub use sweep::{SweepReason, SweepReport};
 
 /// `(destination, namespace, pod, container)`
 type LogKey = (String, String, String, String);

@@ -234,6 +234,12 @@ impl Engine {
                 .is_some_and(|cp| cp == d.server.trim_end_matches('/'))
     }
 
+    /// Whether credentials for the control plane resolved at start (`controlPlane`, else
+    /// in-cluster or the kubeconfig): the sweep is on by default only then.
+    pub fn has_control_plane(&self) -> bool {
+        self.inner.control_plane_url.is_some()
+    }
+
     /// How long our Jobs stay once done (`jobs:` of the config).
     pub fn jobs_settings(&self) -> JobsSettings {
         self.inner.jobs

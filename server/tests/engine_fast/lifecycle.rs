@@ -3,12 +3,13 @@
 //! control plane, and the sweep of Jobs of deleted runs and of runs completed long ago.
 
 use anyhow::Result;
+use dispatch_server::engine::SweepReason;
 use dispatch_server::job::{LABEL_ARGO_RUN_UID, LABEL_RUN_UID};
 use dispatch_server::logs::Redactor;
 use dispatch_server::Phase;
 use serde_json::json;
 
-use crate::cluster_side::{analysis_run, finish_job, job_names, jobs};
+use crate::cluster_side::{analysis_run, analysis_runs, finish_job, job_names, jobs};
 use crate::fake_api::FakeApi;
 use crate::world::{block, eventually, request, run, Clusters, World, NS, PROJECT};
 
@@ -85,7 +86,11 @@ async fn jobs_labelled_with_argos_key_before_our_label_stay_ours() -> Result<()>
     let swept = w.engine.sweep_orphans().await.map_err(anyhow::Error::msg)?;
     assert_eq!(
         swept.deleted,
-        vec![("a".to_string(), format!("{NS}/{}", made[2].name))],
+        vec![(
+            "a".to_string(),
+            format!("{NS}/{}", made[2].name),
+            SweepReason::DeletedRun
+        )],
         "{swept:?}"
     );
     // Terminate deletes it.
@@ -195,5 +200,76 @@ async fn every_job_gets_a_ttl_and_only_one_beside_its_run_an_owner() -> Result<(
         .and_then(|r| r.spec.job)
         .expect("the record carries the Job");
     assert_eq!(sent["spec"]["ttlSecondsAfterFinished"], 7200);
+    Ok(())
+}
+
+/// AnalysisRun `name` of [`PROJECT`] as Argo leaves it once finished: phase `Successful` and
+/// `completedAt`.
+fn completed_run(cp: &FakeApi, name: &str, uid: &str, completed_at: &str) {
+    cp.put(
+        &analysis_runs(),
+        json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "AnalysisRun",
+            "metadata": {"name": name, "namespace": PROJECT, "uid": uid},
+            "spec": {"metrics": []},
+            "status": {"phase": "Successful", "completedAt": completed_at}
+        }),
+    );
+}
+
+#[tokio::test]
+async fn the_sweep_deletes_jobs_of_runs_completed_before_the_retention() -> Result<()> {
+    const AGENTS: &str = "agents: {destinations: [{name: edge, namespace: verify}]}";
+    let w = World::start(&format!("jobs: {{retention: 1h}}\n{AGENTS}")).await?;
+    let (old, young, running) = (run(33), run(34), run(35));
+    // Completed long before the retention; completed just now; not finished.
+    completed_run(&w.clusters.cp, &old.name, &old.uid, "2020-01-01T00:00:00Z");
+    let now = k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    completed_run(&w.clusters.cp, &young.name, &young.uid, &now);
+    analysis_run(&w.clusters.cp, PROJECT, &running.name, &running.uid);
+    let config = block(json!({"destination": "a,edge"}))?;
+    let mut made = Vec::new();
+    for r in [&old, &young, &running] {
+        let job = w
+            .engine
+            .ensure(&request(r, "m", 1, config.clone()))
+            .await?
+            .job;
+        w.cached("a", &job.name, true).await?;
+        made.push(job);
+    }
+
+    let report = w.engine.sweep_orphans().await.map_err(anyhow::Error::msg)?;
+    let mut deleted = report.deleted.clone();
+    deleted.sort();
+    let at = |d: &str| {
+        (
+            d.to_string(),
+            format!("{NS}/{}", made[0].name),
+            SweepReason::Retention,
+        )
+    };
+    assert_eq!(deleted, vec![at("a"), at("edge")], "{report:?}");
+    assert!(report.failed.is_empty(), "{report:?}");
+    let mut left = vec![made[1].name.clone(), made[2].name.clone()];
+    left.sort();
+    assert_eq!(
+        job_names(w.api("a")),
+        left,
+        "the young and the running run's Jobs stay"
+    );
+    let store = w.engine.store().expect("agents");
+    let record = |j: &dispatch_server::engine::JobRef| {
+        store
+            .get(&dispatch_server::store::record_name(&j.name, "edge"))
+            .expect("a record")
+    };
+    assert!(
+        record(&made[0]).spec.delete,
+        "the agent is asked to delete it"
+    );
+    assert!(!record(&made[1]).spec.delete && !record(&made[2]).spec.delete);
     Ok(())
 }
