@@ -234,6 +234,16 @@ fn escalations() -> Vec<(&'static str, Patches, &'static str)> {
             "spec.template.metadata.labels[\"rollouts-dispatch.io/kargo-project\"]",
         ),
         (
+            // Argo's job provider would count the pod's Job as the victim run's in its
+            // GarbageCollect and delete the victim's oldest Jobs (job::LABEL_RUN_UID).
+            "reserved label analysisrun.argoproj.io/uid of another run",
+            vec![(
+                "/spec/template/metadata".into(),
+                json!({"labels": {"analysisrun.argoproj.io/uid": "victim-run-uid"}}),
+            )],
+            "spec.template.metadata.labels[\"analysisrun.argoproj.io/uid\"]",
+        ),
+        (
             "init container privileged",
             vec![(
                 pod("/initContainers"),
