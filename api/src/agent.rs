@@ -102,7 +102,7 @@ pub struct DispatchJobSpec {
     pub namespace: String,
     /// name of the Job (the same on every destination of the measurement)
     pub job_name: String,
-    /// UID of the AnalysisRun: the Job's `analysisrun.argoproj.io/uid` label
+    /// UID of the AnalysisRun: the Job's `rollouts-dispatch.io/run-uid` label
     pub run_uid: String,
     /// `namespace/name` of the AnalysisRun, for people
     #[serde(default)]

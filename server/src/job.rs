@@ -10,10 +10,20 @@ use dispatch_api::block::JobConfig;
 use k8s_openapi::api::batch::v1::Job;
 use serde_json::{json, Map, Value};
 
+pub mod lifecycle;
 pub mod mark;
 
-/// Label: the AnalysisRun's UID (same key as Argo Rollouts' built-in job provider).
-pub const LABEL_RUN_UID: &str = "analysisrun.argoproj.io/uid";
+/// Label: the AnalysisRun's UID. Our own key, not Argo Rollouts': the controller's built-in job
+/// provider lists every Job carrying its `analysisrun.argoproj.io/uid` label with that run's UID
+/// in `GarbageCollect` and deletes all but the newest `limit` of them, whatever their metric
+/// (argo-rollouts metricproviders/job/job.go:334-352, its informer selects on the key alone:
+/// cmd/rollouts-controller/main.go:186), so on the controller's cluster it would count and
+/// delete our Jobs too.
+pub const LABEL_RUN_UID: &str = "rollouts-dispatch.io/run-uid";
+/// Label: the AnalysisRun's UID under Argo Rollouts' key, which Jobs created before
+/// [`LABEL_RUN_UID`] carry. Read (never written) so that those Jobs stay ours: adopted, deleted
+/// by terminate, gc and the sweep ([`run_uid_of`]).
+pub const LABEL_ARGO_RUN_UID: &str = "analysisrun.argoproj.io/uid";
 /// Label: `true` on every Job and Pod this project creates; the watch caches select on it.
 pub const LABEL_MANAGED: &str = "rollouts-dispatch.io/managed";
 /// Label: the destination name, made label-safe (see [`destination_label_value`]).
@@ -402,14 +412,25 @@ pub enum Ownership {
     Foreign(String),
 }
 
+/// The run UID in `labels`: [`LABEL_RUN_UID`], else (a Job created before it) Argo's
+/// [`LABEL_ARGO_RUN_UID`]. Never Argo's when ours is there, whatever it says: a template cannot
+/// move one of our Jobs to another run with it.
+pub fn run_uid_of(labels: &BTreeMap<String, String>) -> Option<(&'static str, &str)> {
+    [LABEL_RUN_UID, LABEL_ARGO_RUN_UID]
+        .into_iter()
+        .find_map(|k| labels.get(k).map(|v| (k, v.as_str())))
+}
+
 /// Decides [`Ownership`] of `job` for the run `run_uid`.
 pub fn ownership(job: &Job, run_uid: &str) -> Ownership {
     let labels = job.metadata.labels.as_ref();
-    let get = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
-    match (get(LABEL_MANAGED), get(LABEL_RUN_UID)) {
-        (Some("true"), Some(uid)) if uid == run_uid => Ownership::Ours,
-        (Some("true"), Some(uid)) => Ownership::Foreign(format!(
-            "it belongs to another AnalysisRun (label {LABEL_RUN_UID}={uid})"
+    let managed = labels
+        .and_then(|l| l.get(LABEL_MANAGED))
+        .map(String::as_str);
+    match (managed, labels.and_then(run_uid_of)) {
+        (Some("true"), Some((_, uid))) if uid == run_uid => Ownership::Ours,
+        (Some("true"), Some((key, uid))) => Ownership::Foreign(format!(
+            "it belongs to another AnalysisRun (label {key}={uid})"
         )),
         _ => Ownership::Foreign(format!(
             "it was not created by rollouts-dispatch (no label {MANAGED_SELECTOR})"
@@ -585,6 +606,12 @@ mod tests {
         assert_eq!(meta["name"], format!("{UID}.alb-e2e.3"));
         assert_eq!(meta["namespace"], "verification");
         assert_eq!(meta["labels"][LABEL_RUN_UID], UID);
+        assert_eq!(LABEL_RUN_UID, "rollouts-dispatch.io/run-uid");
+        // Never Argo's key: its job provider's GarbageCollect would count (and delete) the Job.
+        assert!(meta["labels"].get(LABEL_ARGO_RUN_UID).is_none());
+        assert!(job["spec"]["template"]["metadata"]["labels"]
+            .get(LABEL_ARGO_RUN_UID)
+            .is_none());
         // Our managed label wins over the user's.
         assert_eq!(meta["labels"][LABEL_MANAGED], "true");
         assert_eq!(meta["labels"][LABEL_DESTINATION], "prod-eu");
@@ -722,5 +749,32 @@ mod tests {
             .unwrap()
             .insert(LABEL_RUN_UID.into(), UID.into());
         assert_eq!(ownership(&job, UID), Ownership::Ours);
+    }
+
+    #[test]
+    fn jobs_labelled_before_our_own_label_stay_ours() {
+        let mut job = Job::default();
+        let labels = |pairs: &[(&str, &str)]| {
+            Some(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect::<BTreeMap<_, _>>(),
+            )
+        };
+        // Created before the change: Argo's key only.
+        job.metadata.labels = labels(&[(LABEL_MANAGED, "true"), (LABEL_ARGO_RUN_UID, UID)]);
+        assert_eq!(ownership(&job, UID), Ownership::Ours);
+        assert!(matches!(ownership(&job, "other"),
+            Ownership::Foreign(r) if r.contains(LABEL_ARGO_RUN_UID)));
+        // Ours decides when both are there: Argo's key cannot move a Job to another run.
+        job.metadata.labels = labels(&[
+            (LABEL_MANAGED, "true"),
+            (LABEL_RUN_UID, UID),
+            (LABEL_ARGO_RUN_UID, "victim"),
+        ]);
+        assert_eq!(ownership(&job, UID), Ownership::Ours);
+        assert!(matches!(ownership(&job, "victim"),
+            Ownership::Foreign(r) if r.contains(LABEL_RUN_UID)));
     }
 }

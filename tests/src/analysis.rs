@@ -50,7 +50,7 @@ pub fn name(run: &DynamicObject) -> &str {
     run.metadata.name.as_deref().unwrap_or_default()
 }
 
-/// The run's UID (what our Jobs carry as `analysisrun.argoproj.io/uid`).
+/// The run's UID (what our Jobs carry as `rollouts-dispatch.io/run-uid`).
 pub fn uid(run: &DynamicObject) -> String {
     run.metadata.uid.clone().unwrap_or_default()
 }

@@ -13,7 +13,10 @@ use crate::cluster::Cluster;
 use crate::wait::eventually;
 
 /// The label our Jobs carry: the UID of the AnalysisRun they measure for.
-pub const RUN_UID_LABEL: &str = "analysisrun.argoproj.io/uid";
+pub const RUN_UID_LABEL: &str = "rollouts-dispatch.io/run-uid";
+/// Argo Rollouts' label with the run UID: on the built-in job provider's Jobs (ours no longer
+/// carry it, see server/src/job.rs `LABEL_RUN_UID`).
+pub const ARGO_RUN_UID_LABEL: &str = "analysisrun.argoproj.io/uid";
 
 /// Every Job on `cluster` (any namespace) of the run with UID `uid`, including Jobs that are
 /// being deleted.

@@ -12,7 +12,7 @@ use anyhow::{bail, Result};
 use dispatch_tests::analysis::{is_finished, phase};
 use dispatch_tests::block::Block;
 use dispatch_tests::kargo::{Verification, PROJECT};
-use dispatch_tests::objects::RUN_UID_LABEL;
+use dispatch_tests::objects::{ARGO_RUN_UID_LABEL, RUN_UID_LABEL};
 use dispatch_tests::summary;
 use dispatch_tests::world::World;
 use k8s_openapi::api::batch::v1::Job;
@@ -82,7 +82,9 @@ async fn verdict_latency_against_the_builtin_job_provider() -> Result<()> {
     }
     let jobs_a: Api<Job> = Api::all(a.client().await?);
     let jobs_control: Api<Job> = Api::all(client.clone());
+    // Ours on `a`, the built-in provider's (Argo's label) on the control plane.
     let by_uid = ListParams::default().labels(RUN_UID_LABEL);
+    let by_argo_uid = ListParams::default().labels(ARGO_RUN_UID_LABEL);
     let mut job_done: HashMap<String, Instant> = HashMap::new(); // run uid → first seen Complete
     let mut run_done: HashMap<String, (Instant, String)> = HashMap::new(); // run name → when, phase
     let deadline = Instant::now() + Duration::from_secs(240);
@@ -95,9 +97,9 @@ async fn verdict_latency_against_the_builtin_job_provider() -> Result<()> {
             );
         }
         let now = Instant::now();
-        for api in [&jobs_a, &jobs_control] {
+        for (api, params) in [(&jobs_a, &by_uid), (&jobs_control, &by_argo_uid)] {
             for j in api
-                .list(&by_uid)
+                .list(params)
                 .await?
                 .items
                 .iter()
@@ -107,7 +109,7 @@ async fn verdict_latency_against_the_builtin_job_provider() -> Result<()> {
                     .metadata
                     .labels
                     .as_ref()
-                    .and_then(|l| l.get(RUN_UID_LABEL))
+                    .and_then(|l| l.get(RUN_UID_LABEL).or_else(|| l.get(ARGO_RUN_UID_LABEL)))
                 {
                     job_done.entry(uid.clone()).or_insert(now);
                 }

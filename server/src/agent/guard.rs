@@ -10,6 +10,7 @@
 use dispatch_api::agent::DispatchJobSpec;
 use serde_json::Value;
 
+use crate::job;
 use crate::podsecurity::{self, Profile, Refused};
 use crate::policy::glob_match;
 
@@ -88,7 +89,10 @@ impl Guard {
             }
         }
         let mut job = job.clone();
-        let ours = podsecurity::our_labels(&spec.run_uid, destination);
+        let mut ours = podsecurity::our_labels(&spec.run_uid, destination);
+        // A server from before `job::LABEL_RUN_UID` labels its Jobs with Argo's key: accepted
+        // with this record's run UID only, so an agent can be upgraded before its server.
+        ours.push((job::LABEL_ARGO_RUN_UID.to_string(), spec.run_uid.clone()));
         podsecurity::enforce(&mut job, &self.profile, &ours)?;
         Ok(Some(job))
     }
@@ -142,7 +146,7 @@ mod tests {
 
     fn spec(namespace: &str, pod: Value) -> DispatchJobSpec {
         let labels = json!({
-            "analysisrun.argoproj.io/uid": UID, "rollouts-dispatch.io/managed": "true",
+            "rollouts-dispatch.io/run-uid": UID, "rollouts-dispatch.io/managed": "true",
             "rollouts-dispatch.io/destination": "edge"});
         DispatchJobSpec {
             destination: "edge".into(),
@@ -195,7 +199,26 @@ mod tests {
         let mut s = spec("verify", plain());
         s.run_uid = "another-run".into();
         let e = g.admit("edge", &s).unwrap_err().to_string();
-        assert!(e.contains("analysisrun.argoproj.io/uid"), "{e}");
+        assert!(e.contains("rollouts-dispatch.io/run-uid"), "{e}");
+    }
+
+    #[test]
+    fn a_server_from_before_our_label_is_still_served() {
+        let g = guard(Level::Restricted);
+        let legacy = |uid: &str| {
+            let mut s = spec("verify", plain());
+            for at in ["/metadata/labels", "/spec/template/metadata/labels"] {
+                let labels = s.job.as_mut().unwrap().pointer_mut(at).unwrap();
+                let labels = labels.as_object_mut().unwrap();
+                labels.remove(job::LABEL_RUN_UID);
+                labels.insert(job::LABEL_ARGO_RUN_UID.into(), json!(uid));
+            }
+            s
+        };
+        assert!(g.admit("edge", &legacy(UID)).is_ok());
+        // With this record's run UID only.
+        let e = g.admit("edge", &legacy("another-run")).unwrap_err();
+        assert!(e.to_string().contains(job::LABEL_ARGO_RUN_UID), "{e}");
     }
 
     #[test]

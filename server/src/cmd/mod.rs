@@ -7,6 +7,7 @@ pub mod destinations;
 pub mod doctor;
 pub mod run;
 pub mod serve;
+pub mod sweep;
 pub mod token;
 
 use std::net::SocketAddr;

@@ -96,9 +96,9 @@ pub struct ServeArgs {
     /// How long to wait for destinations to sync before reporting ready anyway.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub sync_timeout: Duration,
-    /// Every this long, delete the Jobs whose AnalysisRun no longer exists on the control plane
-    /// (needs list on analysisruns there). Off by default: only enable it when no other control
-    /// plane's runs create Jobs on the same destinations.
+    /// Every this long, delete the Jobs whose AnalysisRun no longer exists on the control plane,
+    /// or completed longer ago than `jobs.retention` (needs list on analysisruns there); only Jobs
+    /// marked by this server. Default 5m when the control plane's credentials resolve; 0: off.
     #[arg(long, env = "ROLLOUTS_DISPATCH_SWEEP_ORPHANS_EVERY", value_parser = parse_duration)]
     pub sweep_orphans_every: Option<Duration>,
     /// Most connections open at once on the API port; beyond it new connections wait in the
@@ -214,20 +214,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
         .instrument(info_span!("publish_gauges"))
     });
-    let sweeper = sweep_orphans_every.filter(|d| !d.is_zero()).map(|every| {
-        let engine = engine.clone();
-        tokio::spawn(
-            async move {
-                loop {
-                    tokio::time::sleep(every).await;
-                    if let Err(e) = engine.sweep_orphans().await {
-                        warn!(error = %e, "orphan sweep failed; retrying at the next interval");
-                    }
-                }
-            }
-            .instrument(info_span!("orphan_sweep", every_s = every.as_secs())),
-        )
-    });
+    let sweeper = super::sweep::interval(sweep_orphans_every, engine.has_control_plane())
+        .map(|every| super::sweep::spawn(engine.clone(), metrics.clone(), every));
     // Open long polls of agents answer at once on shutdown, so that the drain does not wait.
     tokio::spawn({
         let dispatcher = dispatcher.clone();

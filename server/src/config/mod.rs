@@ -36,6 +36,7 @@
 //!   - {subject: "system:serviceaccount:team-a:*", projects: ["team-a"]}
 //! engine: {connectTimeout: 5s, requestTimeout: 20s}
 //! confirmRuns: true                  # default with controlPlane: only runs that exist are served
+//! jobs: {ttlAfterFinished: 1h, retention: 24h}   # Job TTL unless the template sets one; sweep
 //! agents:                            # destinations reached through `rollouts-dispatch agent`
 //!   store: kubernetes                # memory (default, one replica) | kubernetes (DispatchJobs)
 //!   namespace: rollouts-dispatch     # of the DispatchJobs; default $POD_NAMESPACE
@@ -113,6 +114,8 @@ pub struct ServerConfig {
     pub agents: Option<AgentsConfig>,
     /// whether measurement requests are checked against the control plane's AnalysisRuns
     pub confirm_runs: ConfirmRuns,
+    /// how long our Jobs stay once done
+    pub jobs: JobsSettings,
 }
 
 /// Whether the server confirms, on every measurement request, that the run it names exists on
@@ -138,6 +141,28 @@ impl ConfirmRuns {
                  holds the AnalysisRuns; add `controlPlane` (`{}` for the in-cluster service \
                  account) to confirm them",
             ),
+        }
+    }
+}
+
+/// How long our Jobs stay once done (`jobs:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobsSettings {
+    /// `spec.ttlSecondsAfterFinished` of every Job whose template sets none: the destination's
+    /// TTL controller deletes the Job (and its Pods) this long after it finished. Long enough
+    /// that the verdict is read first: Argo resumes a measurement within seconds of its
+    /// `resumeAt`, so an hour leaves room for a controller or server outage.
+    pub ttl_after_finished: Duration,
+    /// the orphan sweep deletes the Jobs (and agent records) of AnalysisRuns that completed
+    /// longer ago than this
+    pub retention: Duration,
+}
+
+impl Default for JobsSettings {
+    fn default() -> Self {
+        Self {
+            ttl_after_finished: Duration::from_secs(3600),
+            retention: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -349,6 +374,7 @@ impl ServerConfig {
             engine: EngineSettings::default(),
             agents: None,
             confirm_runs: ConfirmRuns::NoControlPlane,
+            jobs: JobsSettings::default(),
         }
     }
 
@@ -441,6 +467,31 @@ engine: {connectTimeout: 2s}
         assert_eq!(c.policy.unwrap().rules[0].namespaces, vec!["*"]);
         assert_eq!(c.engine.connect_timeout, Duration::from_secs(2));
         assert_eq!(c.engine.request_timeout, Duration::from_secs(20));
+        assert_eq!(c.jobs, JobsSettings::default());
+    }
+
+    #[test]
+    fn jobs_settings_are_durations_of_a_minute_or_more() {
+        let c = parse("jobs: {ttlAfterFinished: 2h, retention: 30m}").unwrap();
+        assert_eq!(c.jobs.ttl_after_finished, Duration::from_secs(7200));
+        assert_eq!(c.jobs.retention, Duration::from_secs(1800));
+        for (text, needle) in [
+            (
+                "jobs: {ttlAfterFinished: 10s}",
+                "jobs.ttlAfterFinished: must be at least 1m",
+            ),
+            (
+                "jobs: {retention: 0s}",
+                "jobs.retention: must be at least 1m",
+            ),
+            (
+                "jobs: {retention: soon}",
+                "jobs.retention: \"soon\" is not a duration",
+            ),
+        ] {
+            let e = parse(text).unwrap_err();
+            assert!(e.contains(needle), "{text}: {e}");
+        }
     }
 
     #[test]

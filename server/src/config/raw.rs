@@ -14,8 +14,8 @@ use crate::podsecurity::{default_service_accounts, Level, UnknownLevel};
 
 use super::{
     Access, AgentDestinationConfig, AgentsConfig, ArgoCdConfig, CallerBinding, ConfirmRuns,
-    DestinationConfig, DirectAccess, EngineSettings, KubeconfigContexts, PolicyConfig, PolicyRule,
-    SecretValue, ServerConfig, StoreKind,
+    DestinationConfig, DirectAccess, EngineSettings, JobsSettings, KubeconfigContexts,
+    PolicyConfig, PolicyRule, SecretValue, ServerConfig, StoreKind,
 };
 
 /// A key of the file that cannot be used: its path (`destinations[1].server`) and what is wrong
@@ -74,6 +74,8 @@ pub(crate) enum Problem {
     Zero,
     #[error("must be at least 1s")]
     UnderOneSecond,
+    #[error("must be at least 1m, so that the verdict is read before the Job goes")]
+    UnderOneMinute,
     #[error("{0:?} is not a store; use memory (one replica) or kubernetes")]
     UnknownStore(String),
     #[error("only allowed with `server`; with a kubeconfig the credentials come from the file")]
@@ -157,6 +159,14 @@ pub(super) struct RawConfig {
     engine: Option<RawEngine>,
     agents: Option<RawAgents>,
     confirm_runs: Option<bool>,
+    jobs: Option<RawJobs>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawJobs {
+    ttl_after_finished: Option<String>,
+    retention: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -507,6 +517,7 @@ impl RawConfig {
             None => None,
             Some(a) => Some(validate_agents(a, &names)?),
         };
+        let jobs = validate_jobs(self.jobs)?;
         Ok(ServerConfig {
             origin: origin.to_string(),
             control_plane,
@@ -517,6 +528,7 @@ impl RawConfig {
             engine,
             agents,
             confirm_runs,
+            jobs,
         })
     }
 }
@@ -644,6 +656,38 @@ fn validate_callers(raw: Vec<RawCaller>) -> Result<Vec<CallerBinding>, InvalidFi
         });
     }
     Ok(out)
+}
+
+fn validate_jobs(raw: Option<RawJobs>) -> Result<JobsSettings, InvalidField> {
+    let mut jobs = JobsSettings::default();
+    let Some(raw) = raw else {
+        return Ok(jobs);
+    };
+    for (field, value, slot) in [
+        (
+            "ttlAfterFinished",
+            raw.ttl_after_finished,
+            &mut jobs.ttl_after_finished,
+        ),
+        ("retention", raw.retention, &mut jobs.retention),
+    ] {
+        let Some(v) = value else { continue };
+        let d = parse_go_duration(&v).map_err(|source| {
+            invalid(
+                format!("jobs.{field}"),
+                Problem::NotADuration {
+                    value: v.clone(),
+                    example: "1h",
+                    source,
+                },
+            )
+        })?;
+        if d < Duration::from_secs(60) {
+            return Err(invalid(format!("jobs.{field}"), Problem::UnderOneMinute));
+        }
+        *slot = d;
+    }
+    Ok(jobs)
 }
 
 fn validate_agents(a: RawAgents, direct: &BTreeSet<String>) -> Result<AgentsConfig, InvalidField> {

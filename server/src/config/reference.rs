@@ -79,6 +79,7 @@ pub fn reference() -> Vec<FieldDoc> {
         f("engine", "object", Unset("the defaults below"), "timeouts of the dispatch engine"),
         f("agents", "object", Unset("unset: no agent destinations"), "destinations reached through `rollouts-dispatch agent` (clusters that can only dial out; the server holds no credentials for them)"),
         f("confirmRuns", "bool", Value("true"), "with `controlPlane`: every measurement request (run, resume, terminate, garbage collection) is served only when its AnalysisRun exists on the control plane with that namespace, name and uid and has that metric with the rollouts-dispatch/job plugin, from a watch of analysisruns (needs list and watch on `analysisruns.argoproj.io` there; until the watch has listed them, requests are answered 503 and retried). Without `controlPlane` runs are not confirmed (logged at start, shown by `doctor`), and `true` is an error; `false` turns it off"),
+        f("jobs", "object", Unset("the defaults below"), "how long our Jobs stay once done"),
     ];
     for (key, ty, default, description) in ACCESS_FIELDS {
         docs.push(f(&format!("controlPlane.{key}"), ty, default, description));
@@ -124,6 +125,8 @@ pub fn reference() -> Vec<FieldDoc> {
         f("agents.destinations[].name", "string", Required, "its name in `destination:` and in the agent's token; unique, not also in `destinations`"),
         f("agents.destinations[].labels", "string map", Unset("no labels"), "labels for `destinationSelector`"),
         f("agents.destinations[].namespace", "string", Value("default"), "default namespace of Jobs there"),
+        f("jobs.ttlAfterFinished", "duration", Value("1h"), "`spec.ttlSecondsAfterFinished` of every Job whose template sets none (the template's wins): the destination deletes the Job and its Pods this long after it finished; at least 1m, long enough that the verdict is read first"),
+        f("jobs.retention", "duration", Value("24h"), "the orphan sweep (`serve --sweep-orphans-every`) deletes the Jobs and agent records of AnalysisRuns that completed longer ago than this, as well as those of deleted runs; at least 1m"),
     ]);
     docs
 }
@@ -382,6 +385,7 @@ argocd: {}
 policy: {rules: [{projects: [p], destinations: [d]}]}
 engine: {}
 agents: {destinations: [{name: e}]}
+jobs: {}
 "#,
             "test",
         )
@@ -433,6 +437,8 @@ agents: {destinations: [{name: e}]}
                 }
                 "agents.offlineAfter" => dur(v) == agents.offline_after,
                 "agents.destinations[].namespace" => v == agents.destinations[0].namespace,
+                "jobs.ttlAfterFinished" => dur(v) == c.jobs.ttl_after_finished,
+                "jobs.retention" => dur(v) == c.jobs.retention,
                 other => panic!(
                     "{other}: documented default {v} is checked by no test; add it to \
                      documented_defaults_are_what_parse_applies"
@@ -445,7 +451,7 @@ agents: {destinations: [{name: e}]}
             );
             checked += 1;
         }
-        assert_eq!(checked, 18);
+        assert_eq!(checked, 20);
         // without a file, or without an `engine:` section, the engine defaults are the same
         assert_eq!(ServerConfig::embedded_default().engine, c.engine);
         assert_eq!(ServerConfig::parse("", "test").unwrap().engine, c.engine);

@@ -36,7 +36,7 @@ use tokio::sync::watch;
 use crate::config::{
     check_destination_name, DestinationConfig, EngineSettings, KubeconfigContexts,
 };
-use crate::job::{LABEL_RUN_UID, MANAGED_SELECTOR};
+use crate::job::MANAGED_SELECTOR;
 use crate::policy::glob_match;
 pub use agent::AgentDestination;
 use cache::Cache;
@@ -210,9 +210,10 @@ impl Drop for Destination {
     }
 }
 
-/// The run UID a Job of ours belongs to (its `analysisrun.argoproj.io/uid` label).
+/// The run UID a Job of ours belongs to (`job::run_uid_of`: our label, else Argo's on Jobs
+/// created before ours).
 pub(crate) fn job_group(job: &Job) -> Option<String> {
-    job.metadata.labels.as_ref()?.get(LABEL_RUN_UID).cloned()
+    crate::job::run_uid_of(job.metadata.labels.as_ref()?).map(|(_, uid)| uid.to_string())
 }
 
 fn pod_group(pod: &Pod) -> Option<String> {

@@ -1,5 +1,5 @@
-//! Cleanup: `terminate` (foreground delete on every placement), `gc` (keep the newest Jobs
-//! of a run on its placements) and the orphan sweep (Jobs whose AnalysisRun is gone).
+//! Cleanup: `terminate` (foreground delete on every placement) and `gc` (keep the newest Jobs
+//! of a run on its placements); the sweep of what nobody else removes is in `sweep`.
 
 use super::*;
 
@@ -237,22 +237,32 @@ impl Engine {
                 Some(ns) => Api::namespaced(d.client().clone(), ns),
                 None => Api::all(d.client().clone()),
             };
-            let params = ListParams::default()
-                .labels(&format!("{LABEL_RUN_UID}={run_uid},{MANAGED_SELECTOR}"));
             let timeout = self.inner.settings.request_timeout;
-            match tokio::time::timeout(timeout, api.list(&params)).await {
-                Ok(Ok(l)) => l.items.into_iter().map(Arc::new).collect(),
-                Ok(Err(e)) => {
-                    return Err(CleanupError::Destination(api_failure(d, "list jobs", &e)))
-                }
-                Err(_) => {
-                    return Err(CleanupError::Destination(no_answer(
-                        d,
-                        "list jobs",
-                        timeout,
-                    )))
+            let mut found: Vec<Arc<Job>> = Vec::new();
+            // Our label, then Argo's for Jobs created before ours (`job::run_uid_of`).
+            for key in [LABEL_RUN_UID, LABEL_ARGO_RUN_UID] {
+                let params =
+                    ListParams::default().labels(&format!("{key}={run_uid},{MANAGED_SELECTOR}"));
+                let items = match tokio::time::timeout(timeout, api.list(&params)).await {
+                    Ok(Ok(l)) => l.items,
+                    Ok(Err(e)) => {
+                        return Err(CleanupError::Destination(api_failure(d, "list jobs", &e)))
+                    }
+                    Err(_) => {
+                        return Err(CleanupError::Destination(no_answer(
+                            d,
+                            "list jobs",
+                            timeout,
+                        )))
+                    }
+                };
+                for j in items {
+                    if !found.iter().any(|f| f.metadata.uid == j.metadata.uid) {
+                        found.push(Arc::new(j));
+                    }
                 }
             }
+            found
         };
         jobs.retain(|j| {
             let in_namespace =
@@ -317,94 +327,4 @@ pub(super) fn measurement_of(job_name: &str) -> u32 {
         .next()
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
-}
-
-impl Engine {
-    /// Deletes the Jobs (and asks agents to delete the Jobs) whose AnalysisRun no longer exists
-    /// on the control plane: a run deleted while its Jobs ran, or Jobs of measurements that a
-    /// crash left behind after their run went away. Argo calls `GarbageCollect` only for runs
-    /// that exist, so without this nothing would ever remove them.
-    ///
-    /// The Jobs and records are snapshotted *before* the runs are listed: a Job exists only after
-    /// its run, so a Job in the snapshot whose run is missing from the later list is an orphan —
-    /// never a Job of a run created in between. Only Jobs of ours (labels, run UID) are deleted.
-    #[tracing::instrument(name = "sweep_orphans", skip_all)]
-    pub async fn sweep_orphans(&self) -> Result<GcReport, CleanupError> {
-        let direct: Vec<(Arc<Destination>, Vec<Arc<Job>>)> = self
-            .inner
-            .registry
-            .entries()
-            .into_iter()
-            .filter_map(|e| match e {
-                // A cache that is not authoritative may miss Jobs; the next sweep gets them.
-                Entry::Ready(d) if d.jobs().is_authoritative() => {
-                    let jobs = d.jobs().all();
-                    Some((d, jobs))
-                }
-                _ => None,
-            })
-            .collect();
-        let records = self
-            .inner
-            .store
-            .as_ref()
-            .map(|s| s.all())
-            .unwrap_or_default();
-        let cp = self.control_plane().await?;
-        let runs: Api<DynamicObject> = Api::all_with(cp, &crate::runs::resource());
-        let timeout = self.inner.settings.request_timeout;
-        let live: std::collections::HashSet<String> =
-            match tokio::time::timeout(timeout, runs.list_metadata(&ListParams::default())).await {
-                Ok(Ok(list)) => list
-                    .items
-                    .into_iter()
-                    .filter_map(|r| r.metadata.uid)
-                    .collect(),
-                Ok(Err(e)) => return Err(CleanupError::ListRuns(client::describe(&e))),
-                Err(_) => return Err(CleanupError::ListRunsTimeout),
-            };
-        let mut report = GcReport::default();
-        for (d, jobs) in direct {
-            for j in jobs {
-                let Some(uid) = destinations::job_group(&j) else {
-                    continue;
-                };
-                if live.contains(&uid) || j.metadata.deletion_timestamp.is_some() {
-                    continue;
-                }
-                let what = format!(
-                    "{}/{}",
-                    j.metadata.namespace.as_deref().unwrap_or_default(),
-                    j.metadata.name.as_deref().unwrap_or_default()
-                );
-                match self.delete_job(&d, &j, &uid).await {
-                    Ok(true) => report.deleted.push((d.name.clone(), what)),
-                    Ok(false) => {}
-                    Err(e) => report.failed.push((d.name.clone(), e.to_string())),
-                }
-            }
-        }
-        if let Some(store) = &self.inner.store {
-            for r in records {
-                if live.contains(&r.spec.run_uid) || r.spec.delete {
-                    continue;
-                }
-                match store.request_delete(&r.name).await {
-                    Ok(()) => report.deleted.push((
-                        r.spec.destination.clone(),
-                        format!("{}/{}", r.spec.namespace, r.spec.job_name),
-                    )),
-                    Err(store::StoreError::NotFound(_)) => {}
-                    Err(e) => report
-                        .failed
-                        .push((r.spec.destination.clone(), e.to_string())),
-                }
-            }
-        }
-        if !report.deleted.is_empty() || !report.failed.is_empty() {
-            tracing::info!(deleted = ?report.deleted, failed = ?report.failed,
-                           "orphan sweep: Jobs of AnalysisRuns that no longer exist");
-        }
-        Ok(report)
-    }
 }

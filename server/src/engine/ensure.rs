@@ -45,6 +45,10 @@ impl Engine {
                     refused,
                 }
             })?;
+            job::lifecycle::set_ttl(&mut obj, self.inner.jobs.ttl_after_finished);
+            if job::lifecycle::owned_by_run(self.on_control_plane(entry), namespace, &req.run) {
+                job::lifecycle::set_owner(&mut obj, &req.run);
+            }
             job::mark::stamp(&mut obj, self.marker(), &req.run.uid);
             objects.push(obj);
         }

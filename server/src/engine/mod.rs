@@ -27,14 +27,14 @@ use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, PostParams, Preconditions,
 };
 
-use crate::config::{EngineSettings, ServerConfig, StoreKind};
+use crate::config::{EngineSettings, JobsSettings, ServerConfig, StoreKind};
 use crate::destinations::client::{self, RequestCounter};
 use crate::destinations::{
     self, argocd, stage, AgentDestination, Destination, DestinationSpec, Entry, Registry, Source,
 };
 use crate::job::{
-    self, JobInput, Ownership, RunContext, ANN_MEASUREMENT, ANN_METRIC, LABEL_RUN_UID,
-    MANAGED_SELECTOR,
+    self, JobInput, Ownership, RunContext, ANN_MEASUREMENT, ANN_METRIC, LABEL_ARGO_RUN_UID,
+    LABEL_RUN_UID, MANAGED_SELECTOR,
 };
 use crate::logs::{self, FailedContainer, Redactor};
 use crate::podsecurity;
@@ -49,11 +49,13 @@ mod ensure;
 mod job_ref;
 mod start;
 mod status;
+mod sweep;
 
 pub use cleanup::CleanupError;
 pub use job_ref::{
     Expected, JobRef, JobRefError, Placement, RefRefused, JOB_NAMESPACE_KEY, JOB_NAME_KEY, REF_KEY,
 };
+pub use sweep::{SweepReason, SweepReport};
 
 /// `(destination, namespace, pod, container)`
 type LogKey = (String, String, String, String);
@@ -264,6 +266,11 @@ struct Inner {
     /// the agent's engine: it holds no key, and compares Jobs with the marked spec the server
     /// sent instead (`job::mark::check`)
     marks_sent: bool,
+    /// TTL of finished Jobs, retention of completed runs' Jobs (`jobs:`)
+    jobs: JobsSettings,
+    /// the control plane's API server URL (no trailing `/`), when its credentials resolve: a
+    /// destination at that URL is the cluster of the AnalysisRuns (`Engine::on_control_plane`)
+    control_plane_url: Option<String>,
 }
 
 impl std::fmt::Debug for Inner {

@@ -20,6 +20,7 @@ impl Engine {
             agents,
             // read by `serve`, which watches the runs (`cmd::serve::confirming_runs`)
             confirm_runs: _,
+            jobs,
         } = config;
         let policy = Policy::new(policy.as_ref(), &origin);
         if let Some(w) = policy.warning() {
@@ -107,6 +108,12 @@ impl Engine {
                 ));
             }
         }
+        // Owner references need to know which destination is the control plane; without
+        // credentials for it (a laptop without a kubeconfig) none is.
+        let control_plane_url = client::config_for(&control_plane_access, "control-plane")
+            .await
+            .ok()
+            .map(|c| c.cluster_url.to_string().trim_end_matches('/').to_string());
         tracing::info!(destinations = ?registry.names(), %origin, "dispatch engine started");
         Ok(Self {
             inner: Arc::new(Inner {
@@ -125,6 +132,8 @@ impl Engine {
                 offline_after,
                 marker: std::sync::OnceLock::new(),
                 marks_sent: false,
+                jobs,
+                control_plane_url,
             }),
         })
     }
@@ -184,6 +193,10 @@ impl Engine {
                 offline_after: Duration::from_secs(60),
                 marker: std::sync::OnceLock::new(),
                 marks_sent: true,
+                // The agent creates the Jobs the server built (TTL included); its cluster is
+                // never the control plane.
+                jobs: crate::config::JobsSettings::default(),
+                control_plane_url: None,
             }),
         })
     }
@@ -212,6 +225,34 @@ impl Engine {
     /// The records of agent destinations (`None` without `agents` in the config).
     pub fn store(&self) -> Option<&Arc<dyn Store>> {
         self.inner.store.as_ref()
+    }
+
+    /// Whether `entry` is the control plane's cluster, where the AnalysisRuns are: Argo CD's
+    /// implicit `in-cluster` destination (built from the control plane's own credentials), or a
+    /// destination whose API server URL is the control plane's. Two URLs for one cluster (an
+    /// external name and the in-cluster service) are not recognised: such Jobs get no owner
+    /// reference and are left to their TTL and the sweep, never deleted for a missing owner.
+    pub fn on_control_plane(&self, entry: &Entry) -> bool {
+        let Entry::Ready(d) = entry else {
+            return false;
+        };
+        d.source == Source::ArgoCdInCluster
+            || self
+                .inner
+                .control_plane_url
+                .as_deref()
+                .is_some_and(|cp| cp == d.server.trim_end_matches('/'))
+    }
+
+    /// Whether credentials for the control plane resolved at start (`controlPlane`, else
+    /// in-cluster or the kubeconfig): the sweep is on by default only then.
+    pub fn has_control_plane(&self) -> bool {
+        self.inner.control_plane_url.is_some()
+    }
+
+    /// How long our Jobs stay once done (`jobs:` of the config).
+    pub fn jobs_settings(&self) -> JobsSettings {
+        self.inner.jobs
     }
 
     /// How long an agent may be silent before it is shown as not connected.

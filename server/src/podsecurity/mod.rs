@@ -30,7 +30,9 @@ use std::str::FromStr;
 
 use serde_json::{json, Map, Value};
 
-use crate::job::{destination_label_value, LABEL_DESTINATION, LABEL_MANAGED, LABEL_RUN_UID};
+use crate::job::{
+    destination_label_value, LABEL_ARGO_RUN_UID, LABEL_DESTINATION, LABEL_MANAGED, LABEL_RUN_UID,
+};
 
 /// A Pod Security Standards level, ordered from the strictest to the most permissive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -224,8 +226,11 @@ impl Refused {
 
 /// Label prefixes (and whole keys) that belong to rollouts-dispatch and the Job controller: a pod
 /// carrying them could pass for one of ours, or for another Job's pod (and match its Services).
+/// Argo Rollouts' run-uid key is reserved too: its job provider's `GarbageCollect` would count a
+/// Job carrying it as one of that run's and delete it (see `job::LABEL_RUN_UID`).
 pub const RESERVED_LABEL_PREFIXES: &[&str] = &[
     "rollouts-dispatch.io/",
+    LABEL_ARGO_RUN_UID,
     "batch.kubernetes.io/",
     "controller-uid",
     "job-name",

@@ -117,6 +117,10 @@ fn cases() -> Vec<(Value, &'static str, Option<Level>)> {
         (with("/spec/template/metadata/labels/rollouts-dispatch.io~1extra", json!("x")), "spec.template.metadata.labels[\"rollouts-dispatch.io/extra\"]", None),
         (with("/spec/template/metadata/labels/rollouts-dispatch.io~1destination", json!("b")), "spec.template.metadata.labels[\"rollouts-dispatch.io/destination\"]", None),
         (with("/metadata/labels/analysisrun.argoproj.io~1uid", json!("other-run")), "metadata.labels[\"analysisrun.argoproj.io/uid\"]", None),
+        (with("/metadata/labels/analysisrun.argoproj.io~1uid", json!(UID)), "metadata.labels[\"analysisrun.argoproj.io/uid\"]", None),
+        (with("/spec/template/metadata/labels/analysisrun.argoproj.io~1uid", json!(UID)), "spec.template.metadata.labels[\"analysisrun.argoproj.io/uid\"]", None),
+        (with("/metadata/labels/rollouts-dispatch.io~1run-uid", json!("other-run")), "metadata.labels[\"rollouts-dispatch.io/run-uid\"]", None),
+        (with("/spec/template/metadata/labels/rollouts-dispatch.io~1run-uid", json!("other-run")), "spec.template.metadata.labels[\"rollouts-dispatch.io/run-uid\"]", None),
     ]
 }
 

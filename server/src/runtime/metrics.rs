@@ -48,11 +48,20 @@ pub struct Metrics {
     verdict_latency: Histogram,
     agent_connected: Family<DestinationLabels, Gauge>,
     agent_reports: Family<DestinationLabels, Counter>,
+    jobs_swept: Family<SweptLabels, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DestinationLabels {
     destination: String,
+}
+
+/// `reason` is `deleted_run` or `retention` (`engine::SweepReason`); destinations are the
+/// registry's: a fixed set per configuration.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SweptLabels {
+    destination: String,
+    reason: &'static str,
 }
 
 impl Default for Metrics {
@@ -109,7 +118,16 @@ impl Metrics {
             "Job states reported by agents, by destination",
             agent_reports.clone(),
         );
+        let jobs_swept = Family::<SweptLabels, Counter>::default();
+        registry.register(
+            "jobs_swept",
+            "Jobs deleted by the sweep (agent destinations: deletions asked of the agent), by \
+             destination and reason (deleted_run: the AnalysisRun is gone; retention: it completed \
+             longer ago than jobs.retention)",
+            jobs_swept.clone(),
+        );
         Self {
+            jobs_swept,
             agent_connected,
             agent_reports,
             registry: Mutex::new(registry),
@@ -151,6 +169,16 @@ impl Metrics {
                 destination: destination.into(),
             })
             .inc_by(n);
+    }
+
+    /// Counts a Job the sweep deleted on `destination`, for `reason` (`engine::SweepReason`).
+    pub fn count_swept(&self, destination: &str, reason: &'static str) {
+        self.jobs_swept
+            .get_or_create(&SweptLabels {
+                destination: destination.into(),
+                reason,
+            })
+            .inc();
     }
 
     /// Sets the number of Jobs in `phase` on `destination`.
@@ -230,6 +258,21 @@ mod tests {
             .filter(|l| l.starts_with("rollouts_dispatch_http_requests_total{"))
             .map(str::to_string)
             .collect()
+    }
+
+    #[test]
+    fn swept_jobs_are_counted_by_destination_and_reason() {
+        let m = Metrics::new();
+        m.count_swept("a", "retention");
+        m.count_swept("a", "retention");
+        m.count_swept("b", "deleted_run");
+        let text = m.encode();
+        for line in [
+            "rollouts_dispatch_jobs_swept_total{destination=\"a\",reason=\"retention\"} 2",
+            "rollouts_dispatch_jobs_swept_total{destination=\"b\",reason=\"deleted_run\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
     }
 
     #[tokio::test]

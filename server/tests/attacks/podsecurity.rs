@@ -234,6 +234,16 @@ fn escalations() -> Vec<(&'static str, Patches, &'static str)> {
             "spec.template.metadata.labels[\"rollouts-dispatch.io/kargo-project\"]",
         ),
         (
+            // Argo's job provider would count the pod's Job as the victim run's in its
+            // GarbageCollect and delete the victim's oldest Jobs (job::LABEL_RUN_UID).
+            "reserved label analysisrun.argoproj.io/uid of another run",
+            vec![(
+                "/spec/template/metadata".into(),
+                json!({"labels": {"analysisrun.argoproj.io/uid": "victim-run-uid"}}),
+            )],
+            "spec.template.metadata.labels[\"analysisrun.argoproj.io/uid\"]",
+        ),
+        (
             "init container privileged",
             vec![(
                 pod("/initContainers"),
@@ -495,7 +505,7 @@ async fn the_agent_refuses_what_its_own_flags_do_not_allow() -> Result<()> {
     cases.push((
         "forged record of another run",
         other_run,
-        "analysisrun.argoproj.io/uid",
+        "rollouts-dispatch.io/run-uid",
     ));
 
     for (what, spec, needle) in cases {

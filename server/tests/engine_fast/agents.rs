@@ -171,7 +171,12 @@ async fn gc_and_the_orphan_sweep_ask_agents_to_delete() -> Result<()> {
     assert!(record_of(&w, &jobs[0])?.spec.delete && !record_of(&w, &jobs[2])?.spec.delete);
 
     let sweep = w.engine.sweep_orphans().await.map_err(anyhow::Error::msg)?;
-    assert_eq!(sweep.deleted, vec![at(&orphan)], "{sweep:?}");
+    let (d, j) = at(&orphan);
+    assert_eq!(
+        sweep.deleted,
+        vec![(d, j, dispatch_server::engine::SweepReason::DeletedRun)],
+        "{sweep:?}"
+    );
     assert!(record_of(&w, &orphan)?.spec.delete);
     assert!(!record_of(&w, &jobs[2])?.spec.delete, "its run exists");
     Ok(())

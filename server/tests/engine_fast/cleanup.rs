@@ -1,8 +1,9 @@
 //! What removes Jobs: `Engine::terminate` (foreground deletion on every destination),
 //! `Engine::gc` (the newest `limit` Jobs of a run are kept) and `Engine::sweep_orphans` (Jobs
-//! whose AnalysisRun is gone from the control plane).
+//! whose AnalysisRun is gone from the control plane; runs completed long ago: `lifecycle`).
 
 use anyhow::Result;
+use dispatch_server::engine::SweepReason::DeletedRun;
 use dispatch_server::job::{self, LABEL_MANAGED, LABEL_RUN_UID};
 use dispatch_server::logs::Redactor;
 use dispatch_server::Phase;
@@ -182,7 +183,8 @@ async fn the_orphan_sweep_deletes_jobs_whose_analysis_run_is_gone() -> Result<()
         "someone-elses",
         json!({LABEL_RUN_UID: gone.uid}),
     );
-    // Ours by its labels, of a run that never existed here: an orphan too.
+    // Our labels, of a run that never existed here, but not our mark: another control plane's
+    // server (or a person) made it, and its run is not on our control plane: never swept.
     let stray = job::job_name("ghost", "m", 1);
     foreign_job(
         w.api("b"),
@@ -198,19 +200,16 @@ async fn the_orphan_sweep_deletes_jobs_whose_analysis_run_is_gone() -> Result<()
     let report = w.engine.sweep_orphans().await.map_err(anyhow::Error::msg)?;
     let mut deleted = report.deleted.clone();
     deleted.sort();
-    let at = |d: &str, name: &str| (d.to_string(), format!("{NS}/{name}"));
-    let mut want = vec![
-        at("a", &orphan.name),
-        at("b", &orphan.name),
-        at("b", &stray),
-    ];
-    want.sort();
+    let at = |d: &str, name: &str| (d.to_string(), format!("{NS}/{name}"), DeletedRun);
+    let want = vec![at("a", &orphan.name), at("b", &orphan.name)];
     assert_eq!(deleted, want, "{report:?}");
     assert!(report.failed.is_empty(), "{report:?}");
     let mut on_a = vec![kept.name.clone(), "someone-elses".to_string()];
     on_a.sort();
     assert_eq!(job_names(w.api("a")), on_a);
-    assert_eq!(job_names(w.api("b")), vec![kept.name.clone()]);
+    let mut on_b = vec![kept.name.clone(), stray.clone()];
+    on_b.sort();
+    assert_eq!(job_names(w.api("b")), on_b);
     assert_eq!(
         w.clusters
             .cp
@@ -236,6 +235,6 @@ async fn the_orphan_sweep_deletes_jobs_whose_analysis_run_is_gone() -> Result<()
             .contains("needs list on analysisruns.argoproj.io"),
         "{e}"
     );
-    assert_eq!(job_names(w.api("b")), vec![kept.name.clone()]);
+    assert_eq!(job_names(w.api("b")), on_b);
     Ok(())
 }

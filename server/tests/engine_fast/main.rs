@@ -19,6 +19,7 @@ mod cluster_side;
 mod create;
 mod failures;
 mod fake_api;
+mod lifecycle;
 mod log_secrets;
 mod namespaces;
 mod refusals;

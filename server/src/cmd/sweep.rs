@@ -1,0 +1,70 @@
+//! The sweep loop of `serve`: every `--sweep-orphans-every` (default 5m whenever the control
+//! plane is configured), `Engine::sweep_orphans`, each deletion counted in
+//! `rollouts_dispatch_jobs_swept_total{destination, reason}`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::{info, info_span, warn, Instrument};
+
+use crate::engine::{CleanupError, Engine};
+use crate::runtime::metrics::Metrics;
+
+/// The interval when `--sweep-orphans-every` is not given and the control plane is configured.
+pub const DEFAULT_EVERY: Duration = Duration::from_secs(300);
+
+/// The sweep's interval: the flag's (`0`: off), else [`DEFAULT_EVERY`] when the server has
+/// credentials for the control plane (`control_plane`), else off: there is no run to compare
+/// Jobs with.
+pub fn interval(flag: Option<Duration>, control_plane: bool) -> Option<Duration> {
+    match flag {
+        Some(every) => (!every.is_zero()).then_some(every),
+        None => control_plane.then_some(DEFAULT_EVERY),
+    }
+}
+
+/// Runs the sweep every `every` until the task is aborted.
+pub fn spawn(
+    engine: Engine,
+    metrics: Arc<Metrics>,
+    every: Duration,
+) -> tokio::task::JoinHandle<()> {
+    info!(
+        every_s = every.as_secs(),
+        retention_s = engine.jobs_settings().retention.as_secs(),
+        "the sweep deletes Jobs of deleted AnalysisRuns and of runs completed before the retention"
+    );
+    tokio::spawn(
+        async move {
+            loop {
+                tokio::time::sleep(every).await;
+                match engine.sweep_orphans().await {
+                    Ok(report) => {
+                        for (destination, _, reason) in &report.deleted {
+                            metrics.count_swept(destination, reason.as_str());
+                        }
+                    }
+                    Err(e @ CleanupError::ListRuns(_)) => {
+                        warn!(error = %e, "sweep failed; retrying at the next interval (or turn it off: --sweep-orphans-every 0)");
+                    }
+                    Err(e) => warn!(error = %e, "sweep failed; retrying at the next interval"),
+                }
+            }
+        }
+        .instrument(info_span!("orphan_sweep", every_s = every.as_secs())),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn on_by_default_with_a_control_plane_and_off_with_zero() {
+        let five = Duration::from_secs(300);
+        assert_eq!(interval(None, true), Some(DEFAULT_EVERY));
+        assert_eq!(interval(None, false), None);
+        assert_eq!(interval(Some(Duration::ZERO), true), None);
+        assert_eq!(interval(Some(five * 2), false), Some(five * 2));
+    }
+}

@@ -1,0 +1,203 @@
+//! The sweep: deletes our Jobs (and asks agents to delete theirs) that nothing else removes —
+//! Jobs of AnalysisRuns that no longer exist (Argo calls `GarbageCollect` only for runs that
+//! exist, and a Job off the run's cluster has no owner reference), and Jobs of runs that
+//! completed longer ago than `jobs.retention` (a Job that never finished has no TTL to run out,
+//! and Argo keeps the newest Jobs of a run forever).
+//!
+//! Only Jobs carrying this server's adoption mark (`job::mark`) are swept: another control
+//! plane's server sharing a destination marks its Jobs with its own key, and its runs are not
+//! on our control plane, so without the mark its live Jobs would look like orphans.
+
+use std::collections::HashMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+use super::*;
+
+/// Why the sweep deleted a Job: the `reason` label of `rollouts_dispatch_jobs_swept_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SweepReason {
+    /// its AnalysisRun no longer exists on the control plane
+    DeletedRun,
+    /// its AnalysisRun completed longer ago than `jobs.retention`
+    Retention,
+}
+
+impl SweepReason {
+    /// The metric label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::DeletedRun => "deleted_run",
+            Self::Retention => "retention",
+        }
+    }
+}
+
+/// The result of [`Engine::sweep_orphans`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// `(destination, namespace/name, why)` of each Job deleted (on an agent destination: whose
+    /// deletion was asked of the agent)
+    pub deleted: Vec<(String, String, SweepReason)>,
+    /// `(destination, why)` of each deletion that failed
+    pub failed: Vec<(String, String)>,
+}
+
+/// What the control plane says of a run.
+enum RunState {
+    /// not finished
+    Running,
+    /// finished, at `status.completedAt` when Argo recorded it
+    Completed(Option<Timestamp>),
+}
+
+/// Argo's terminal phases (argo-rollouts pkg/apis/rollouts/v1alpha1/analysis_types.go:217-222,
+/// `AnalysisPhase.Completed`).
+const COMPLETED_PHASES: [&str; 4] = ["Successful", "Failed", "Error", "Inconclusive"];
+
+/// AnalysisRuns listed per request: bounds one answer of a control plane with many runs.
+const RUNS_PAGE: u32 = 500;
+
+impl Engine {
+    /// Deletes the Jobs (and asks agents to delete the Jobs) of AnalysisRuns that no longer exist
+    /// on the control plane, and of runs completed longer ago than `jobs.retention`; see the
+    /// module documentation.
+    ///
+    /// The Jobs and records are snapshotted *before* the runs are listed: a Job exists only after
+    /// its run, so a Job in the snapshot whose run is missing from the later list is an orphan —
+    /// never a Job of a run created in between. Only Jobs of ours (labels, run UID, our mark)
+    /// are deleted.
+    #[tracing::instrument(name = "sweep_orphans", skip_all)]
+    pub async fn sweep_orphans(&self) -> Result<SweepReport, CleanupError> {
+        let direct: Vec<(Arc<Destination>, Vec<Arc<Job>>)> = self
+            .inner
+            .registry
+            .entries()
+            .into_iter()
+            .filter_map(|e| match e {
+                // A cache that is not authoritative may miss Jobs; the next sweep gets them.
+                Entry::Ready(d) if d.jobs().is_authoritative() => {
+                    let jobs = d.jobs().all();
+                    Some((d, jobs))
+                }
+                _ => None,
+            })
+            .collect();
+        let records = self
+            .inner
+            .store
+            .as_ref()
+            .map(|s| s.all())
+            .unwrap_or_default();
+        let runs = self.list_runs().await?;
+        let retention =
+            SignedDuration::try_from(self.inner.jobs.retention).unwrap_or(SignedDuration::MAX);
+        let cutoff = Timestamp::now()
+            .checked_sub(retention)
+            .unwrap_or(Timestamp::MIN);
+        // `since`: when the run completed (else when the Job was created).
+        let reason = |uid: &str, since: Option<Timestamp>| match runs.get(uid) {
+            None => Some(SweepReason::DeletedRun),
+            Some(RunState::Running) => None,
+            Some(RunState::Completed(at)) => at
+                .or(since)
+                .is_some_and(|t| t < cutoff)
+                .then_some(SweepReason::Retention),
+        };
+        let mut report = SweepReport::default();
+        for (d, jobs) in direct {
+            for j in jobs {
+                let Some(uid) = destinations::job_group(&j) else {
+                    continue;
+                };
+                if j.metadata.deletion_timestamp.is_some() {
+                    continue;
+                }
+                let created = j.metadata.creation_timestamp.as_ref().map(|t| t.0);
+                let Some(why) = reason(&uid, created) else {
+                    continue;
+                };
+                let value = serde_json::to_value(&*j).unwrap_or_default();
+                if let Err(mismatch) = job::mark::verify(&value, self.marker(), &uid) {
+                    tracing::debug!(destination = %d.name, job = ?j.metadata.name, %mismatch,
+                                    "not swept: not marked by this server");
+                    continue;
+                }
+                let what = format!(
+                    "{}/{}",
+                    j.metadata.namespace.as_deref().unwrap_or_default(),
+                    j.metadata.name.as_deref().unwrap_or_default()
+                );
+                match self.delete_job(&d, &j, &uid).await {
+                    Ok(true) => report.deleted.push((d.name.clone(), what, why)),
+                    Ok(false) => {}
+                    Err(e) => report.failed.push((d.name.clone(), e.to_string())),
+                }
+            }
+        }
+        if let Some(store) = &self.inner.store {
+            for r in records {
+                if r.spec.delete {
+                    continue;
+                }
+                let Some(why) = reason(&r.spec.run_uid, None) else {
+                    continue;
+                };
+                match store.request_delete(&r.name).await {
+                    Ok(()) => report.deleted.push((
+                        r.spec.destination.clone(),
+                        format!("{}/{}", r.spec.namespace, r.spec.job_name),
+                        why,
+                    )),
+                    Err(store::StoreError::NotFound(_)) => {}
+                    Err(e) => report
+                        .failed
+                        .push((r.spec.destination.clone(), e.to_string())),
+                }
+            }
+        }
+        if !report.deleted.is_empty() || !report.failed.is_empty() {
+            tracing::info!(deleted = ?report.deleted, failed = ?report.failed,
+                           retention_s = self.inner.jobs.retention.as_secs(),
+                           "sweep: Jobs of AnalysisRuns deleted, or completed before the retention");
+        }
+        Ok(report)
+    }
+
+    /// Every AnalysisRun on the control plane by UID, page by page.
+    async fn list_runs(&self) -> Result<HashMap<String, RunState>, CleanupError> {
+        let cp = self.control_plane().await?;
+        let api: Api<DynamicObject> = Api::all_with(cp, &crate::runs::resource());
+        let timeout = self.inner.settings.request_timeout;
+        let mut runs = HashMap::new();
+        let mut params = ListParams::default().limit(RUNS_PAGE);
+        loop {
+            let page = match tokio::time::timeout(timeout, api.list(&params)).await {
+                Ok(Ok(page)) => page,
+                Ok(Err(e)) => return Err(CleanupError::ListRuns(client::describe(&e))),
+                Err(_) => return Err(CleanupError::ListRunsTimeout),
+            };
+            for r in page.items {
+                let Some(uid) = r.metadata.uid.clone() else {
+                    continue;
+                };
+                let phase = r.data["status"]["phase"].as_str().unwrap_or_default();
+                let state = if COMPLETED_PHASES.contains(&phase) {
+                    let at =
+                        serde_json::from_value::<Time>(r.data["status"]["completedAt"].clone())
+                            .ok()
+                            .map(|t| t.0);
+                    RunState::Completed(at)
+                } else {
+                    RunState::Running
+                };
+                runs.insert(uid, state);
+            }
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => params = params.continue_token(&token),
+                None => return Ok(runs),
+            }
+        }
+    }
+}
