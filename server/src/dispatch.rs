@@ -381,10 +381,14 @@ impl Dispatcher for EngineDispatcher {
         Box::pin(async move {
             self.confirm(&req.run, &req.metric).await?;
             let job = self.job_ref(&req).await?;
-            let verdict = self
+            let mut verdict = self
                 .engine
                 .status(&job, &Redactor::new(Vec::<String>::new()))
                 .await;
+            if let Some(late) = self.engine.past_deadline(&job, &verdict).await {
+                self.metrics.count_past_deadline();
+                verdict = late;
+            }
             if verdict.phase != Phase::Running && !verdict.retryable {
                 self.observe_latency(&job);
             }

@@ -356,6 +356,7 @@ async fn sync(
                     destination: destination.clone(),
                     namespace: spec.namespace.clone(),
                 }],
+                deadline: 0,
                 sig: String::new(),
             };
             let placement = &job.placements[0];

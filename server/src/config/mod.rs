@@ -347,6 +347,11 @@ pub struct EngineSettings {
     pub cache_wait: Duration,
     /// bound on reading a log tail from the `pods/log` API
     pub log_timeout: Duration,
+    /// a measurement's deadline when its block sets no `activeDeadline`
+    pub measurement_deadline: Duration,
+    /// added to every measurement's deadline before the server gives up on it, so that the
+    /// destination's own `activeDeadlineSeconds` (and its Failed verdict) comes first
+    pub deadline_grace: Duration,
 }
 
 impl Default for EngineSettings {
@@ -356,6 +361,8 @@ impl Default for EngineSettings {
             request_timeout: Duration::from_secs(20),
             cache_wait: Duration::from_secs(2),
             log_timeout: Duration::from_secs(5),
+            measurement_deadline: Duration::from_secs(30 * 60),
+            deadline_grace: Duration::from_secs(2 * 60),
         }
     }
 }

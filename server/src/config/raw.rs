@@ -14,8 +14,8 @@ use crate::podsecurity::{default_service_accounts, Level, UnknownLevel};
 
 use super::{
     Access, AgentDestinationConfig, AgentsConfig, ArgoCdConfig, CallerBinding, ConfirmRuns,
-    DestinationConfig, DirectAccess, EngineSettings, JobsSettings, KubeconfigContexts,
-    PolicyConfig, PolicyRule, SecretValue, ServerConfig, StoreKind,
+    DestinationConfig, DirectAccess, KubeconfigContexts, PolicyConfig, PolicyRule, SecretValue,
+    ServerConfig, StoreKind,
 };
 
 /// A key of the file that cannot be used: its path (`destinations[1].server`) and what is wrong
@@ -164,13 +164,6 @@ pub(super) struct RawConfig {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct RawJobs {
-    ttl_after_finished: Option<String>,
-    retention: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct RawAgents {
     store: Option<String>,
     namespace: Option<String>,
@@ -287,15 +280,6 @@ struct RawRule {
     service_accounts: Option<Vec<String>>,
     #[serde(default, rename = "automountServiceAccountToken")]
     automount_service_account_token: bool,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct RawEngine {
-    connect_timeout: Option<String>,
-    request_timeout: Option<String>,
-    cache_wait: Option<String>,
-    log_timeout: Option<String>,
 }
 
 /// `name`, `labels`, `namespace`, `namespaces` and the access of a destination.
@@ -479,40 +463,7 @@ impl RawConfig {
                 })
             }
         };
-        let mut engine = EngineSettings::default();
-        if let Some(e) = self.engine {
-            for (field, value, slot) in [
-                (
-                    "connectTimeout",
-                    e.connect_timeout,
-                    &mut engine.connect_timeout,
-                ),
-                (
-                    "requestTimeout",
-                    e.request_timeout,
-                    &mut engine.request_timeout,
-                ),
-                ("cacheWait", e.cache_wait, &mut engine.cache_wait),
-                ("logTimeout", e.log_timeout, &mut engine.log_timeout),
-            ] {
-                if let Some(v) = value {
-                    let d = parse_go_duration(&v).map_err(|source| {
-                        invalid(
-                            format!("engine.{field}"),
-                            Problem::NotADuration {
-                                value: v.clone(),
-                                example: "5s",
-                                source,
-                            },
-                        )
-                    })?;
-                    if d.is_zero() {
-                        return Err(invalid(format!("engine.{field}"), Problem::Zero));
-                    }
-                    *slot = d;
-                }
-            }
-        }
+        let engine = validate_engine(self.engine)?;
         let agents = match self.agents {
             None => None,
             Some(a) => Some(validate_agents(a, &names)?),
@@ -658,38 +609,6 @@ fn validate_callers(raw: Vec<RawCaller>) -> Result<Vec<CallerBinding>, InvalidFi
     Ok(out)
 }
 
-fn validate_jobs(raw: Option<RawJobs>) -> Result<JobsSettings, InvalidField> {
-    let mut jobs = JobsSettings::default();
-    let Some(raw) = raw else {
-        return Ok(jobs);
-    };
-    for (field, value, slot) in [
-        (
-            "ttlAfterFinished",
-            raw.ttl_after_finished,
-            &mut jobs.ttl_after_finished,
-        ),
-        ("retention", raw.retention, &mut jobs.retention),
-    ] {
-        let Some(v) = value else { continue };
-        let d = parse_go_duration(&v).map_err(|source| {
-            invalid(
-                format!("jobs.{field}"),
-                Problem::NotADuration {
-                    value: v.clone(),
-                    example: "1h",
-                    source,
-                },
-            )
-        })?;
-        if d < Duration::from_secs(60) {
-            return Err(invalid(format!("jobs.{field}"), Problem::UnderOneMinute));
-        }
-        *slot = d;
-    }
-    Ok(jobs)
-}
-
 fn validate_agents(a: RawAgents, direct: &BTreeSet<String>) -> Result<AgentsConfig, InvalidField> {
     let store = match a.store.as_deref() {
         None | Some("memory") => StoreKind::Memory,
@@ -786,7 +705,9 @@ fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), InvalidLabel> {
     Ok(())
 }
 
+mod durations;
 mod namespaces;
+use durations::{validate_engine, validate_jobs, RawEngine, RawJobs};
 use namespaces::check_namespace;
 pub use namespaces::{check_namespaces, InvalidNamespace, InvalidNamespaces};
 

@@ -118,6 +118,8 @@ pub fn reference() -> Vec<FieldDoc> {
         f("engine.requestTimeout", "duration", Value("20s"), "bound on one API call (create, get, delete, list)"),
         f("engine.cacheWait", "duration", Value("2s"), "how long a status lookup waits for a destination's first cache sync before asking the API server"),
         f("engine.logTimeout", "duration", Value("5s"), "bound on reading a log tail from `pods/log`"),
+        f("engine.measurementDeadline", "duration", Value("30m"), "a measurement's deadline when its block sets no `activeDeadline`: past it (plus `deadlineGrace`) without a verdict, the server ends it in `Error` naming what did not answer, and deletes its Jobs"),
+        f("engine.deadlineGrace", "duration", Value("2m"), "added to every measurement's deadline, so that the destination's own `activeDeadlineSeconds` verdict (`Failed`, DeadlineExceeded) comes first"),
         f("agents.store", "enum", Value("memory"), "where agent work is kept: `memory` (in the server process: one replica only, forgotten on restart, agents resync) or `kubernetes` (`DispatchJob` resources on the control plane, CRD in config/crds: any number of replicas)"),
         f("agents.namespace", "string", Unset("`$POD_NAMESPACE`, else `rollouts-dispatch`"), "namespace of the `DispatchJob` resources (store `kubernetes`)"),
         f("agents.offlineAfter", "duration", Value("60s"), "an agent not heard from for this long is shown as not connected (at least 1s)"),
@@ -426,6 +428,8 @@ jobs: {}
                 "engine.connectTimeout" => dur(v) == c.engine.connect_timeout,
                 "engine.requestTimeout" => dur(v) == c.engine.request_timeout,
                 "engine.cacheWait" => dur(v) == c.engine.cache_wait,
+                "engine.measurementDeadline" => dur(v) == c.engine.measurement_deadline,
+                "engine.deadlineGrace" => dur(v) == c.engine.deadline_grace,
                 "engine.logTimeout" => dur(v) == c.engine.log_timeout,
                 "agents.store" => {
                     agents.store
@@ -451,7 +455,7 @@ jobs: {}
             );
             checked += 1;
         }
-        assert_eq!(checked, 20);
+        assert_eq!(checked, 22);
         // without a file, or without an `engine:` section, the engine defaults are the same
         assert_eq!(ServerConfig::embedded_default().engine, c.engine);
         assert_eq!(ServerConfig::parse("", "test").unwrap().engine, c.engine);

@@ -65,7 +65,8 @@ impl Engine {
             }
         }))
         .await;
-        let job = job_ref(req, name, &targets);
+        let mut job = job_ref(req, name, &targets);
+        job.deadline = self.deadline_of(req);
         let statuses = job
             .placements
             .iter()
@@ -100,11 +101,25 @@ impl Engine {
     /// The [`JobRef`] of a measurement without creating anything: where [`Engine::ensure`]
     /// put (or would put) its Jobs. For callers that identify a measurement by run, metric and
     /// index instead of keeping the [`JobRef`] (the `/v1` API). Costs no API call, except the
-    /// first `destination: stage` resolution of a run.
+    /// first `destination: stage` resolution of a run. It carries no deadline: when the Jobs
+    /// were created is not known here.
     pub async fn locate(&self, req: &MeasureRequest) -> Result<JobRef, EngineError> {
         let targets = self.targets(req).await?;
         let name = job::job_name(&req.run.uid, &req.metric, req.measurement);
         Ok(job_ref(req, name, &targets))
+    }
+
+    /// The deadline of a measurement whose Jobs are created now, in seconds since the epoch.
+    fn deadline_of(&self, req: &MeasureRequest) -> u64 {
+        let settings = &self.inner.settings;
+        let budget = req
+            .config
+            .active_deadline
+            .unwrap_or(settings.measurement_deadline)
+            + settings.deadline_grace;
+        (std::time::SystemTime::now() + budget)
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
     }
 
     /// Whether the policy (still) allows project `project` every placement of `job`: a
@@ -386,6 +401,7 @@ fn job_ref(req: &MeasureRequest, name: String, targets: &[(Entry, String)]) -> J
                 namespace: ns.clone(),
             })
             .collect(),
+        deadline: 0,
         sig: String::new(),
     }
 }

@@ -126,9 +126,18 @@ pub struct JobRef {
     pub log_tail: u32,
     /// where the Jobs are
     pub placements: Vec<Placement>,
+    /// the server's deadline for a verdict, in seconds since the Unix epoch (the block's
+    /// `activeDeadline`, else `engine.measurementDeadline`, plus `engine.deadlineGrace`, from
+    /// when the Jobs were created); 0: none (a reference from before deadlines)
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub deadline: u64,
     /// the server's signature over the rest ([`JobRef::canonical`]); empty: unsigned
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub sig: String,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// What a request says its measurement is: a reference must name the same.
@@ -262,6 +271,7 @@ mod tests {
                 destination: "a".into(),
                 namespace: "v".into(),
             }],
+            deadline: 0,
             sig: String::new(),
         }
     }

@@ -419,6 +419,7 @@ mod tests {
                     namespace: "ns2".into(),
                 },
             ],
+            deadline: 0,
             sig: String::new(),
         };
         let m = r.metadata();
@@ -491,6 +492,7 @@ mod tests {
                         destination: "gone".into(),
                         namespace: "ns".into(),
                     }],
+                    deadline: 0,
                     sig: String::new(),
                 },
                 &Redactor::default(),

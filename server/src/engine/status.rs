@@ -2,6 +2,7 @@
 //! with the log tail of a failed container fetched once and redacted.
 
 use super::*;
+use crate::verdict::Phase;
 
 impl Engine {
     /// The verdict of a measurement, from the watch caches: at steady state no API call.
@@ -16,6 +17,54 @@ impl Engine {
     #[tracing::instrument(name = "status_uncached", skip_all, fields(job = %job.name, destinations = %job.destinations()))]
     pub async fn status_uncached(&self, job: &JobRef, secrets: &Redactor) -> Verdict {
         self.status_with(job, secrets, false).await
+    }
+
+    /// The verdict of a measurement that is past its deadline ([`JobRef::deadline`]) and still
+    /// has none (`Running`, or only unreachable destinations): `Error`, naming what did not
+    /// answer (the per-destination lines) and since when, and the Jobs are deleted (best
+    /// effort: Argo calls Terminate only for runs that it aborts itself). `None`: within the
+    /// deadline, no deadline, or a verdict.
+    ///
+    /// Argo Rollouts has no timeout of its own for a metric (a plugin measurement stays
+    /// `Running` for as long as the plugin says so: `analysis/analysis.go`, `runMeasurements`,
+    /// resumes it at `resumeAt` without a bound), and Kargo keeps a Stage's promotion pending
+    /// until its verification ends, so the server owns this deadline.
+    pub async fn past_deadline(&self, job: &JobRef, verdict: &Verdict) -> Option<Verdict> {
+        let undecided = verdict.phase == Phase::Running || verdict.retryable;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if job.deadline == 0 || !undecided || now < job.deadline {
+            return None;
+        }
+        let report = self.terminate(job).await;
+        let at = std::time::UNIX_EPOCH + Duration::from_secs(job.deadline);
+        let mut late = verdict.clone();
+        late.phase = Phase::Error;
+        late.retryable = false;
+        late.message = format!(
+            "no verdict by the server's deadline {} ({}s ago: the block's activeDeadline, else \
+             engine.measurementDeadline, plus engine.deadlineGrace): {}; its Jobs {}",
+            humantime::format_rfc3339_seconds(at),
+            now - job.deadline,
+            verdict.message,
+            if report.failed.is_empty() {
+                "were deleted".to_string()
+            } else {
+                format!(
+                    "could not all be deleted yet ({})",
+                    report
+                        .failed
+                        .iter()
+                        .map(|(d, why)| format!("{d}: {why}"))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                )
+            }
+        );
+        tracing::warn!(job = %job.name, destinations = %job.destinations(), deadline = job.deadline,
+                       "a measurement is past its deadline without a verdict");
+        Some(late)
     }
 
     pub(super) async fn status_with(

@@ -49,6 +49,7 @@ pub struct Metrics {
     agent_connected: Family<DestinationLabels, Gauge>,
     agent_reports: Family<DestinationLabels, Counter>,
     jobs_swept: Family<SweptLabels, Counter>,
+    past_deadline: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -126,7 +127,16 @@ impl Metrics {
              longer ago than jobs.retention)",
             jobs_swept.clone(),
         );
+        let past_deadline = Counter::default();
+        registry.register(
+            "measurements_past_deadline",
+            "Measurements ended in Error because they had no verdict by the server's deadline \
+             (the block's activeDeadline, else engine.measurementDeadline, plus \
+             engine.deadlineGrace): an agent gone, a destination unreachable, a Job never started",
+            past_deadline.clone(),
+        );
         Self {
+            past_deadline,
             jobs_swept,
             agent_connected,
             agent_reports,
@@ -179,6 +189,11 @@ impl Metrics {
                 reason,
             })
             .inc();
+    }
+
+    /// Counts a measurement ended for its deadline (`Engine::past_deadline`).
+    pub fn count_past_deadline(&self) {
+        self.past_deadline.inc();
     }
 
     /// Sets the number of Jobs in `phase` on `destination`.
@@ -258,6 +273,18 @@ mod tests {
             .filter(|l| l.starts_with("rollouts_dispatch_http_requests_total{"))
             .map(str::to_string)
             .collect()
+    }
+
+    #[test]
+    fn measurements_past_deadline_are_counted() {
+        let m = Metrics::new();
+        m.count_past_deadline();
+        let text = m.encode();
+        assert!(
+            text.lines()
+                .any(|l| l == "rollouts_dispatch_measurements_past_deadline_total 1"),
+            "{text}"
+        );
     }
 
     #[test]

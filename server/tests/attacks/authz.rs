@@ -226,6 +226,7 @@ async fn no_request_reaches_a_placement_the_policy_denies() -> Result<()> {
                 require: dispatch_api::Require::All,
                 log_tail: 0,
                 placements,
+                deadline: 0,
                 sig: String::new(),
             }
             .signed(&signer());

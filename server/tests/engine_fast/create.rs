@@ -3,7 +3,7 @@
 //! foreign Job of the same name, target resolution (names, selector, policy) and invalid blocks.
 
 use anyhow::Result;
-use dispatch_server::engine::Outcome;
+use dispatch_server::engine::{JobRef, Outcome};
 use dispatch_server::job::{self, LABEL_DESTINATION, LABEL_MANAGED, LABEL_RUN_UID};
 use dispatch_server::verdict::DestState;
 use dispatch_server::{EngineError, Phase};
@@ -72,9 +72,16 @@ async fn ensure_creates_the_job_with_its_identity_and_context_on_every_destinati
             "user env wins"
         );
     }
-    // `locate` finds the same Jobs without creating anything.
+    // `locate` finds the same Jobs without creating anything (it does not know when they were
+    // created, so it gives no deadline).
     let located = w.engine.locate(&req).await?;
-    assert_eq!(located, ensured.job);
+    assert_eq!(
+        located,
+        JobRef {
+            deadline: 0,
+            ..ensured.job.clone()
+        }
+    );
     assert_eq!(w.api("a").calls("POST", "/jobs"), 1);
     Ok(())
 }

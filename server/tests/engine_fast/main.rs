@@ -17,6 +17,7 @@ mod agents;
 mod cleanup;
 mod cluster_side;
 mod create;
+mod deadline;
 mod failures;
 mod fake_api;
 mod lifecycle;

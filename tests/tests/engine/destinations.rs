@@ -469,7 +469,13 @@ fn stage_resolves_through_argocd_applications() -> Result<()> {
             .collect();
         ensure!(names == [B_VIA_ARGOCD, IN_CLUSTER_NAME], "{names:?}");
         // Later lookups of the run reuse the resolution: no Stage or Application reads.
-        ensure!(engine.locate(&req).await? == ensured.job);
+        ensure!(
+            engine.locate(&req).await?
+                == dispatch_server::engine::JobRef {
+                    deadline: 0,
+                    ..ensured.job.clone()
+                }
+        );
         let v = wait_verdict(
             &engine,
             &ensured.job,
