@@ -389,6 +389,7 @@ impl Dispatcher for EngineDispatcher {
                 self.metrics.count_past_deadline();
                 verdict = late;
             }
+            self.engine.stop_undecided(&job, &verdict).await;
             if verdict.phase != Phase::Running && !verdict.retryable {
                 self.observe_latency(&job);
             }

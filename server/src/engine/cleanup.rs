@@ -58,6 +58,42 @@ impl Engine {
         report
     }
 
+    /// Once `verdict` is decided, deletes the Jobs of the destinations still running: they can
+    /// no longer change it (`require: all` with one destination Failed, `any` with one
+    /// Succeeded), and would otherwise run to their own deadline. The decided destinations'
+    /// Jobs stay, so a repeated status (a reply lost on the way) gives the same verdict.
+    /// Returns the destinations whose Job was deleted.
+    pub async fn stop_undecided(&self, job: &JobRef, verdict: &Verdict) -> Vec<String> {
+        if verdict.phase == crate::verdict::Phase::Running || verdict.retryable {
+            return Vec::new();
+        }
+        let running: Vec<&Placement> = job
+            .placements
+            .iter()
+            .filter(|p| {
+                verdict.destinations.iter().any(|s| {
+                    s.destination == p.destination && matches!(s.state, DestState::Running(_))
+                })
+            })
+            .collect();
+        let results = join_all(running.iter().map(|p| self.delete_one(job, p))).await;
+        let mut stopped = Vec::new();
+        for (p, r) in running.iter().zip(results) {
+            match r {
+                Ok(true) => stopped.push(p.destination.clone()),
+                Ok(false) => {}
+                // Best effort: the Job's own activeDeadline, its TTL and the sweep remain.
+                Err(e) => tracing::warn!(job = %job.name, destination = %p.destination, error = %e,
+                                         "cannot stop a job the verdict no longer needs"),
+            }
+        }
+        if !stopped.is_empty() {
+            tracing::info!(job = %job.name, phase = ?verdict.phase, stopped = ?stopped,
+                           "the verdict is decided: jobs still running were deleted");
+        }
+        stopped
+    }
+
     /// Deletes the measurement's Job on one destination; `Ok(false)`: none of ours was there.
     /// The agent calls this for its own cluster.
     pub async fn delete_one(&self, job: &JobRef, p: &Placement) -> Result<bool, CleanupError> {

@@ -1,6 +1,7 @@
-//! The server's own deadline: a measurement without a verdict past it — a silent agent, a Job
-//! that never starts — ends in `Error` naming what did not answer, and its Jobs are deleted;
-//! a verdict reached in time is left alone. The deadline is in the signed reference, so the
+//! Nothing left running: past the server's own deadline a measurement without a verdict — a
+//! silent agent, a Job that never starts — ends in `Error` naming what did not answer, and its
+//! Jobs are deleted; a verdict reached in time is left alone; once a verdict is decided, Jobs
+//! that can no longer change it are deleted. The deadline is in the signed reference, so the
 //! tests move it into the past instead of waiting for it.
 
 use anyhow::Result;
@@ -151,5 +152,69 @@ async fn a_silent_agent_past_the_deadline_ends_in_error_naming_the_agent() -> Re
         "names the agent: {}",
         late.message
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_decided_verdict_stops_the_jobs_that_can_no_longer_change_it() -> Result<()> {
+    let w = World::start("").await?;
+    let ensured = w
+        .engine
+        .ensure(&request(
+            &run(6),
+            "smoke",
+            1,
+            block(json!({"destination": "a,b", "require": "all"}))?,
+        ))
+        .await?;
+    let job = ensured.job;
+    finish_job(
+        w.api("a"),
+        &job.name,
+        "Failed",
+        "BackoffLimitExceeded",
+        "exit 1",
+    );
+    let failed = eventually("a's failure decides require: all", || async {
+        let v = w.engine.status(&job, &Redactor::default()).await;
+        Ok((v.phase == Phase::Failed).then_some(v))
+    })
+    .await?;
+    assert_eq!(
+        w.engine.stop_undecided(&job, &failed).await,
+        vec!["b".to_string()]
+    );
+    assert!(
+        job_names(w.api("b")).is_empty(),
+        "b's running Job is deleted"
+    );
+    assert_eq!(
+        job_names(w.api("a")).len(),
+        1,
+        "a's failed Job (and its log) stays"
+    );
+    // Asked again (a reply lost on the way), the verdict is the same.
+    let again = eventually("b's deletion seen", || async {
+        let v = w.engine.status(&job, &Redactor::default()).await;
+        Ok((!v.message.contains("b: running")).then_some(v))
+    })
+    .await?;
+    assert_eq!(again.phase, Phase::Failed, "{}", again.message);
+    // A running measurement stops nothing.
+    let other = w
+        .engine
+        .ensure(&request(
+            &run(7),
+            "smoke",
+            1,
+            block(json!({"destination": "a,b"}))?,
+        ))
+        .await?;
+    let running = w.engine.status(&other.job, &Redactor::default()).await;
+    assert!(w
+        .engine
+        .stop_undecided(&other.job, &running)
+        .await
+        .is_empty());
     Ok(())
 }
