@@ -50,6 +50,7 @@ pub struct Metrics {
     agent_reports: Family<DestinationLabels, Counter>,
     jobs_swept: Family<SweptLabels, Counter>,
     past_deadline: Counter,
+    gc_failures: Family<DestinationLabels, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -135,7 +136,15 @@ impl Metrics {
              engine.deadlineGrace): an agent gone, a destination unreachable, a Job never started",
             past_deadline.clone(),
         );
+        let gc_failures = Family::<DestinationLabels, Counter>::default();
+        registry.register(
+            "gc_failures",
+            "Garbage collection calls that could not delete on a destination (best effort: the \
+             call still succeeds; the Jobs end by their TTL and the sweep), by destination",
+            gc_failures.clone(),
+        );
         Self {
+            gc_failures,
             past_deadline,
             jobs_swept,
             agent_connected,
@@ -187,6 +196,15 @@ impl Metrics {
             .get_or_create(&SweptLabels {
                 destination: destination.into(),
                 reason,
+            })
+            .inc();
+    }
+
+    /// Counts a garbage collection that could not finish on `destination`.
+    pub fn count_gc_failure(&self, destination: &str) {
+        self.gc_failures
+            .get_or_create(&DestinationLabels {
+                destination: destination.into(),
             })
             .inc();
     }

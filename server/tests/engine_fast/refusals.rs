@@ -1,11 +1,13 @@
 //! A destination that refuses the Job (validation, an admission policy, a quota, a foreign Job
 //! under our name) ends the measurement at `ensure`, quoting the destination's reason, and the
 //! Jobs already created on the other destinations are deleted; a transient refusal is retried.
+//! Garbage collection that cannot finish on a destination is logged and counted, never an
+//! error that would stop Argo trimming the run's history.
 
 use std::sync::Arc;
 
 use anyhow::{bail, Result};
-use dispatch_api::v1::{MeasurementRef, RunRef};
+use dispatch_api::v1::{GcRequest, MeasurementRef, RunRef};
 use dispatch_server::dispatch::EngineDispatcher;
 use dispatch_server::http::auth::Principal;
 use dispatch_server::http::{DispatchError, Dispatcher};
@@ -93,5 +95,37 @@ async fn a_transient_refusal_is_retried_not_a_verdict() -> Result<()> {
         .await?;
     assert_eq!(second.destinations, vec!["a".to_string()]);
     assert_eq!(job_names(w.api("a")).len(), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn garbage_collection_is_best_effort_on_an_unreachable_destination() -> Result<()> {
+    let w = World::start("").await?;
+    let metrics = Arc::new(Metrics::new());
+    let signer = Signer::new(&[b"refusals-test-key-0123456789abcdef0123".to_vec()])?;
+    let d = EngineDispatcher::new(w.engine.clone(), metrics.clone(), Arc::new(signer));
+    let mut m = measurement("0000aaaa-aaaa-4bbb-8ccc-000000000003", "a");
+    let controller = Principal::plugin("controller");
+    for index in [1, 2] {
+        m.index = index;
+        let ensured = d.ensure(&controller, m.clone()).await?;
+        w.cached("a", &ensured.job_name, true).await?;
+    }
+    // Keeping 1 deletes the older Job, and `a` answers the delete with a 500.
+    w.api("a").fail("DELETE", "/jobs", 500, usize::MAX);
+    let gc = GcRequest {
+        run: m.run.clone(),
+        metric: m.metric.clone(),
+        limit: 1,
+        block: m.block.clone(),
+    };
+    let deleted = d.gc(&controller, gc).await;
+    assert!(matches!(deleted, Ok(0)), "not an RPC error: {deleted:?}");
+    let text = metrics.encode();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("rollouts_dispatch_gc_failures_total{destination=\"a\"}")),
+        "{text}"
+    );
     Ok(())
 }
