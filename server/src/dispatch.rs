@@ -381,6 +381,15 @@ impl Dispatcher for EngineDispatcher {
         Box::pin(async move {
             self.confirm(&req.run, &req.metric).await?;
             let job = self.job_ref(&req).await?;
+            if self.engine.agent_records_missing(&job) {
+                // A restarted server with the in-memory store: the request still carries the
+                // block, so the agent gets the spec (and its mark) again.
+                let mr = Self::request(&req.run, &req.metric, job.measurement, &req.block)?;
+                if let Err(e) = self.engine.ensure(&mr).await {
+                    tracing::warn!(job = %job.name, error = %e,
+                                   "cannot write the lost agent records again; asking the agent to adopt");
+                }
+            }
             let mut verdict = self
                 .engine
                 .status(&job, &Redactor::new(Vec::<String>::new()))

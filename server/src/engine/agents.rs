@@ -62,6 +62,20 @@ impl Engine {
         }
     }
 
+    /// Whether a record of `job` on one of its agent destinations is missing: the in-memory store
+    /// of a restarted server. The caller re-sends the measurement ([`Engine::ensure`] is
+    /// idempotent), so that the agent gets the marked spec again and can check the Job it has
+    /// against it, instead of an adopt-only record it could not check.
+    pub fn agent_records_missing(&self, job: &JobRef) -> bool {
+        let Some(store) = self.inner.store.as_ref() else {
+            return false;
+        };
+        job.placements.iter().any(|p| {
+            matches!(self.inner.registry.get(&p.destination), Some(Entry::Agent(a))
+                if store.get(&store::record_name(&job.name, &a.name)).is_none())
+        })
+    }
+
     /// The state of a measurement's Job on an agent destination, as its agent last reported.
     pub(super) async fn agent_state(
         &self,

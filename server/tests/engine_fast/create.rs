@@ -92,11 +92,26 @@ async fn a_retry_adopts_our_job_from_the_cache_without_an_api_call() -> Result<(
     let req = request(&run(2), "smoke", 1, block(json!({"destination": "a"}))?);
     let first = w.engine.ensure(&req).await?;
     w.cached("a", &first.job.name, true).await?;
-    let before = w.api("a").requests().len();
+    // Creates and reads of this Job; the caches' own lists and watches (which a loaded machine
+    // may still be starting) are not the engine asking.
+    let job_calls = || {
+        w.api("a")
+            .requests()
+            .iter()
+            .filter(|r| r.method != "GET" || r.path.ends_with(&first.job.name))
+            .count()
+    };
+    let before = job_calls();
     let again = w.engine.ensure(&req).await?;
     assert_eq!(again.outcomes, vec![("a".into(), Outcome::Adopted)]);
-    assert_eq!(again.job, first.job);
-    assert_eq!(w.api("a").requests().len(), before, "the cache answered");
+    assert_eq!(
+        again.job,
+        dispatch_server::engine::JobRef {
+            deadline: again.job.deadline,
+            ..first.job.clone()
+        }
+    );
+    assert_eq!(job_calls(), before, "the cache answered");
     assert_eq!(job_names(w.api("a")), vec![first.job.name.clone()]);
     Ok(())
 }

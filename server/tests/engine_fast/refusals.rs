@@ -2,7 +2,8 @@
 //! under our name) ends the measurement at `ensure`, quoting the destination's reason, and the
 //! Jobs already created on the other destinations are deleted; a transient refusal is retried.
 //! Garbage collection that cannot finish on a destination is logged and counted, never an
-//! error that would stop Argo trimming the run's history.
+//! error that would stop Argo trimming the run's history. A record lost with a restarted
+//! in-memory store is written again from the request's block, marked spec included.
 
 use std::sync::Arc;
 
@@ -127,5 +128,36 @@ async fn garbage_collection_is_best_effort_on_an_unreachable_destination() -> Re
             .any(|l| l.starts_with("rollouts_dispatch_gc_failures_total{destination=\"a\"}")),
         "{text}"
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_lost_agent_record_is_written_again_with_its_spec_from_the_request() -> Result<()> {
+    let w = World::start(
+        "agents: {store: memory, offlineAfter: 60s, destinations: [{name: edge, namespace: verify}]}",
+    )
+    .await?;
+    let d = dispatcher(&w)?;
+    let controller = Principal::plugin("controller");
+    let mut m = measurement("0000aaaa-aaaa-4bbb-8ccc-000000000004", "edge");
+    let ensured = d.ensure(&controller, m.clone()).await?;
+    m.metadata = ensured.metadata;
+    let store = w.engine.store().expect("an agent store").clone();
+    let record = dispatch_server::store::record_name(&ensured.job_name, "edge");
+    let spec = store
+        .get(&record)
+        .and_then(|r| r.spec.job)
+        .expect("the spec");
+    // What a restart of a server with the in-memory store loses.
+    store.remove(&record).await?;
+    let verdict = d.status(&controller, m).await?;
+    assert_eq!(verdict.phase, "Running", "{verdict:?}");
+    let again = store.get(&record).expect("the record is written again");
+    assert_eq!(
+        again.spec.job.as_ref(),
+        Some(&spec),
+        "with the same marked spec"
+    );
+    assert!(!again.spec.delete);
     Ok(())
 }
