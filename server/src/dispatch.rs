@@ -395,10 +395,12 @@ impl Dispatcher for EngineDispatcher {
                 .status(&job, &Redactor::new(Vec::<String>::new()))
                 .await;
             if let Some(late) = self.engine.past_deadline(&job, &verdict).await {
+                // `past_deadline` already deleted every Job of the measurement.
                 self.metrics.count_past_deadline();
                 verdict = late;
+            } else {
+                self.engine.stop_undecided(&job, &verdict).await;
             }
-            self.engine.stop_undecided(&job, &verdict).await;
             if verdict.phase != Phase::Running && !verdict.retryable {
                 self.observe_latency(&job);
             }

@@ -444,6 +444,7 @@ async fn sync(
         let live: HashSet<&String> = work.iter().map(|w| &w.name).collect();
         reported.retain(|k, _| live.contains(k));
         started.retain(|k| live.contains(k));
+        retry_at.retain(|k, _| live.contains(k));
         if reports.is_empty() {
             continue;
         }
