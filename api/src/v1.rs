@@ -21,6 +21,10 @@ pub const GC: &str = "/v1/gc";
 /// `GET`: the destinations this server knows ([`DestinationInfo`] rows).
 pub const DESTINATIONS: &str = "/v1/destinations";
 
+/// Measurement metadata set by Terminate: comma-separated destinations whose Jobs were not
+/// deleted yet (the server retries them; `unknown` when the plugin could not reach the server).
+pub const PENDING_DELETIONS_KEY: &str = "pending-deletions";
+
 /// Which AnalysisRun a request is about.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -38,6 +38,8 @@ pub mod keys {
     pub const PENDING: &str = "rollouts-dispatch/pending-ensure";
     /// when the current server outage began (RFC 3339)
     pub const OUTAGE_SINCE: &str = "rollouts-dispatch/outage-since";
+    /// destinations whose Jobs a Terminate left to be deleted (set by the server, or `unknown`)
+    pub const PENDING_DELETIONS: &str = dispatch_api::v1::PENDING_DELETIONS_KEY;
 }
 
 /// Provider settings from the plugin's `args` in `argo-rollouts-config` or its environment.
@@ -355,15 +357,31 @@ impl MetricProvider for DispatchProvider {
         mut m: Measurement,
     ) -> Measurement {
         let now = GoTime::now();
+        let mut message = "terminated: the Jobs were deleted".to_string();
         if m.metadata.contains_key(keys::JOB_NAME) {
             let block = Self::job_config(&metric)
                 .map(|(_, b)| b)
                 .unwrap_or_default();
             let req = Self::measurement_ref(&run, &metric, block, &m.metadata);
             match self.call::<_, Verdict>(api::TERMINATE, &req).await {
-                Ok(_) => {}
+                Ok(v) => {
+                    if !v.message.is_empty() {
+                        message = format!("terminated:\n{}", v.message);
+                    }
+                    m.metadata.extend(v.metadata);
+                }
+                // Argo completes a terminated run whatever Terminate answers and never calls it
+                // again (argo-rollouts analysis/analysis.go:350-356), so waiting (`Running`)
+                // would only hide the Jobs left behind: say so, and answer at once. The Jobs end
+                // at their deadline; the server's sweep deletes the Jobs of completed runs.
                 Err(CallError::Transient(reason)) => {
-                    return self.outage(m, &format!("terminating: {reason}"), now)
+                    message = format!(
+                        "terminated, but the rollouts-dispatch server could not be reached to \
+                         delete the Jobs ({reason}); they end at their deadline, and the server's \
+                         sweep deletes the Jobs of completed runs"
+                    );
+                    m.metadata
+                        .insert(keys::PENDING_DELETIONS.into(), "unknown".into());
                 }
                 Err(CallError::Rejected(e)) => {
                     let mut err = Measurement::error(secret_values(&run).redact(&e.message));
@@ -372,9 +390,10 @@ impl MetricProvider for DispatchProvider {
                 }
             }
         }
+        m.metadata.remove(keys::OUTAGE_SINCE);
         // As Argo's own job provider (v1.10): a terminated measurement is Inconclusive.
         m.phase = phase::INCONCLUSIVE.into();
-        m.message = "terminated: the Jobs were deleted".into();
+        m.message = message;
         m.finished_at = Some(now);
         m.resume_at = None;
         m

@@ -21,13 +21,14 @@
 use dispatch_api::block::JobConfig;
 use dispatch_api::v1::{self as api, GcRequest, MeasurementRef, RunRef};
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::destinations::{AgentDestination, Entry};
-use crate::engine::{Engine, EngineError, Expected, JobRef, MeasureRequest};
+use crate::engine::{Engine, EngineError, Expected, JobRef, MeasureRequest, TerminateReport};
 use crate::http::{DispatchError, Dispatcher, Principal};
 use crate::job::RunContext;
 use crate::logs::Redactor;
@@ -307,15 +308,47 @@ fn parse_block(metric: &str, block: &serde_json::Value) -> Result<JobConfig, Dis
 }
 
 /// `Unavailable` (the plugin retries) when `failed` lists destinations where `what` failed.
-fn all_done(what: &str, failed: &[(String, String)]) -> Result<(), DispatchError> {
-    if failed.is_empty() {
-        return Ok(());
+/// The answer to Terminate: terminal at once, whatever is still being deleted. Argo completes a
+/// terminated run whatever Terminate answers and never asks again (argo-rollouts
+/// analysis/analysis.go:350-356), so a `Running` answer would only hide the Jobs left; the
+/// pending ones are retried by the server instead (`engine/pending.rs`). Argo replaces the
+/// message of an Inconclusive Terminate with "Metric Terminated" (analysis.go:354-356), so the
+/// pending destinations are also in the metadata (`pending-deletions`, `state.<destination>`).
+fn terminated(report: &TerminateReport) -> api::Verdict {
+    let mut lines: Vec<String> = report
+        .deleted
+        .iter()
+        .map(|d| format!("{d}: Job deleted"))
+        .collect();
+    lines.extend(report.absent.iter().map(|d| format!("{d}: no Job left")));
+    let mut metadata = BTreeMap::new();
+    for (d, e) in &report.pending {
+        lines.push(format!(
+            "{d}: the Job could not be deleted yet ({e}); the server retries until it is gone"
+        ));
+        metadata.insert(format!("state.{d}"), "deleting".to_string());
     }
-    let failed: Vec<String> = failed.iter().map(|(d, e)| format!("{d}: {e}")).collect();
-    Err(DispatchError::Unavailable(format!(
-        "{what} failed on {}",
-        failed.join("; ")
-    )))
+    for (d, e) in &report.failed {
+        lines.push(format!(
+            "{d}: the Job could not be deleted ({e}); it ends at its deadline, and the sweep \
+             removes the Jobs of completed runs"
+        ));
+        metadata.insert(format!("state.{d}"), "not-deleted".to_string());
+    }
+    let waiting: Vec<&str> = report
+        .pending
+        .iter()
+        .chain(&report.failed)
+        .map(|(d, _)| d.as_str())
+        .collect();
+    if !waiting.is_empty() {
+        metadata.insert(api::PENDING_DELETIONS_KEY.to_string(), waiting.join(","));
+    }
+    api::Verdict {
+        phase: Phase::Inconclusive.as_str().into(),
+        message: lines.join("\n"),
+        metadata,
+    }
 }
 
 fn wire(v: Verdict) -> Result<api::Verdict, DispatchError> {
@@ -417,18 +450,7 @@ impl Dispatcher for EngineDispatcher {
             self.confirm(&req.run, &req.metric).await?;
             let job = self.job_ref(&req).await?;
             let report = self.engine.terminate(&job).await;
-            all_done("deleting the Jobs", &report.failed)?;
-            let mut lines: Vec<String> = report
-                .deleted
-                .iter()
-                .map(|d| format!("{d}: Job deleted"))
-                .collect();
-            lines.extend(report.absent.iter().map(|d| format!("{d}: no Job left")));
-            Ok(api::Verdict {
-                phase: Phase::Inconclusive.as_str().into(),
-                message: lines.join("\n"),
-                metadata: Default::default(),
-            })
+            Ok(terminated(&report))
         })
     }
 
@@ -621,4 +643,40 @@ fn scopeguard<F: FnOnce()>(f: F) -> impl Drop {
         }
     }
     Guard(Some(f))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminate_answers_at_once_and_names_what_is_still_being_deleted() {
+        let report = TerminateReport {
+            deleted: vec!["a".into()],
+            absent: vec!["b".into()],
+            pending: vec![("c".into(), "destination unreachable".into())],
+            failed: vec![("d".into(), "the store is down".into())],
+        };
+        let v = terminated(&report);
+        assert_eq!(v.phase, "Inconclusive", "terminal even with deletions left");
+        assert!(v.message.contains("a: Job deleted"), "{}", v.message);
+        assert!(v.message.contains("b: no Job left"), "{}", v.message);
+        assert!(
+            v.message.contains(
+                "c: the Job could not be deleted yet (destination unreachable); the server retries"
+            ),
+            "{}",
+            v.message
+        );
+        assert!(v
+            .message
+            .contains("d: the Job could not be deleted (the store is down)"));
+        assert_eq!(v.metadata[api::PENDING_DELETIONS_KEY], "c,d");
+        assert_eq!(v.metadata["state.c"], "deleting");
+        let clean = terminated(&TerminateReport {
+            deleted: vec!["a".into()],
+            ..Default::default()
+        });
+        assert!(clean.metadata.is_empty(), "{:?}", clean.metadata);
+    }
 }

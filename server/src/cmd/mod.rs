@@ -3,6 +3,7 @@
 //! are the [`ConfigArgs`], [`AdminArgs`] and [`ServerArgs`] groups below.
 
 pub mod agent;
+pub mod deletions;
 pub mod destinations;
 pub mod doctor;
 pub mod run;

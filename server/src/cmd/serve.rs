@@ -214,6 +214,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
         .instrument(info_span!("publish_gauges"))
     });
+    let deletions =
+        super::deletions::spawn(engine.clone(), metrics.clone(), super::deletions::EVERY);
     let sweeper = super::sweep::interval(sweep_orphans_every, engine.has_control_plane())
         .map(|every| super::sweep::spawn(engine.clone(), metrics.clone(), every));
     // Open long polls of agents answer at once on shutdown, so that the drain does not wait.
@@ -267,6 +269,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     shutdown.await;
     readiness.set_unready("shutting down");
     counts.abort();
+    deletions.abort();
     if let Some(s) = sweeper {
         s.abort();
     }

@@ -41,20 +41,35 @@ pub enum CleanupError {
 
 impl Engine {
     /// Deletes the measurement's Jobs (foreground: their Pods go first) on every destination.
-    /// Only Jobs of this run created by us are deleted.
+    /// Only Jobs of this run created by us are deleted. A direct destination that cannot
+    /// delete now (unreachable, failing) gets a pending deletion that the server retries until
+    /// the Job is gone (`engine/pending.rs`), so the caller can answer at once.
     #[tracing::instrument(name = "terminate", skip_all, fields(job = %job.name, destinations = %job.destinations()))]
     pub async fn terminate(&self, job: &JobRef) -> TerminateReport {
         let results = join_all(job.placements.iter().map(|p| self.delete_one(job, p))).await;
         let mut report = TerminateReport::default();
         for (p, r) in job.placements.iter().zip(results) {
+            let agent = matches!(
+                self.inner.registry.get(&p.destination),
+                Some(Entry::Agent(_))
+            );
             match r {
                 Ok(true) => report.deleted.push(p.destination.clone()),
                 Ok(false) => report.absent.push(p.destination.clone()),
+                Err(e @ CleanupError::Destination(_)) if !agent => {
+                    match self.defer_deletion(job, p).await {
+                        Ok(()) => report.pending.push((p.destination.clone(), e.to_string())),
+                        Err(store) => report.failed.push((
+                            p.destination.clone(),
+                            format!("{e}; and it cannot be kept pending: {store}"),
+                        )),
+                    }
+                }
                 Err(e) => report.failed.push((p.destination.clone(), e.to_string())),
             }
         }
         tracing::info!(job = %job.name, deleted = ?report.deleted, absent = ?report.absent,
-                       failed = ?report.failed, "terminate");
+                       pending = ?report.pending, failed = ?report.failed, "terminate");
         report
     }
 

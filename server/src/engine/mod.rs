@@ -47,6 +47,7 @@ mod agents;
 mod cleanup;
 mod ensure;
 mod job_ref;
+mod pending;
 mod start;
 mod status;
 mod sweep;
@@ -55,6 +56,7 @@ pub use cleanup::CleanupError;
 pub use job_ref::{
     Expected, JobRef, JobRefError, Placement, RefRefused, JOB_NAMESPACE_KEY, JOB_NAME_KEY, REF_KEY,
 };
+pub use pending::PendingReport;
 pub use sweep::{SweepReason, SweepReport};
 
 /// `(destination, namespace, pod, container)`
@@ -127,7 +129,11 @@ pub struct TerminateReport {
     pub deleted: Vec<String>,
     /// destinations where no Job of ours was left
     pub absent: Vec<String>,
-    /// destinations where deleting failed, and why
+    /// destinations where deleting failed for now, and why: kept pending and retried
+    /// (`Engine::retry_pending_deletions`)
+    pub pending: Vec<(String, String)>,
+    /// destinations where deleting failed and could not be kept pending (the store failed, or
+    /// the Job is not ours), and why
     pub failed: Vec<(String, String)>,
 }
 
@@ -259,6 +265,9 @@ struct Inner {
     tasks: Vec<tokio::task::AbortHandle>,
     /// the records of agent destinations (`None`: no `agents` in the config)
     store: Option<Arc<dyn Store>>,
+    /// the pending deletions of direct destinations (`engine/pending.rs`): `store` when there
+    /// is one, else a store of this process's own
+    deletions: Arc<dyn Store>,
     /// an agent silent this long is shown as not connected
     offline_after: Duration,
     /// the key of the adoption mark on our Jobs (`job::mark`); see [`Engine::mark_jobs_with`]

@@ -128,6 +128,9 @@ impl Engine {
                 secret_tails: Mutex::new(HashMap::new()),
                 stages: Mutex::new(HashMap::new()),
                 tasks,
+                deletions: store
+                    .clone()
+                    .unwrap_or_else(|| Arc::new(store::memory::MemoryStore::new())),
                 store,
                 offline_after,
                 marker: std::sync::OnceLock::new(),
@@ -190,6 +193,7 @@ impl Engine {
                 stages: Mutex::new(HashMap::new()),
                 tasks: Vec::new(),
                 store: None,
+                deletions: Arc::new(store::memory::MemoryStore::new()),
                 offline_after: Duration::from_secs(60),
                 marker: std::sync::OnceLock::new(),
                 marks_sent: true,

@@ -2,7 +2,8 @@
 //! Jobs of AnalysisRuns that no longer exist (Argo calls `GarbageCollect` only for runs that
 //! exist, and a Job off the run's cluster has no owner reference), and Jobs of runs that
 //! completed longer ago than `jobs.retention` (a Job that never finished has no TTL to run out,
-//! and Argo keeps the newest Jobs of a run forever).
+//! and Argo keeps the newest Jobs of a run forever), and at once the Jobs still running of runs
+//! that completed (nothing reads them again: a Terminate that never reached the server).
 //!
 //! Only Jobs carrying this server's adoption mark (`job::mark`) are swept: another control
 //! plane's server sharing a destination marks its Jobs with its own key, and its runs are not
@@ -22,6 +23,10 @@ pub enum SweepReason {
     DeletedRun,
     /// its AnalysisRun completed longer ago than `jobs.retention`
     Retention,
+    /// its AnalysisRun completed while the Job still runs: nothing will read it again (a
+    /// Terminate that never reached the server, or a server restarted with in-memory pending
+    /// deletions)
+    RunCompleted,
 }
 
 impl SweepReason {
@@ -30,6 +35,7 @@ impl SweepReason {
         match self {
             Self::DeletedRun => "deleted_run",
             Self::Retention => "retention",
+            Self::RunCompleted => "run_completed",
         }
     }
 }
@@ -96,10 +102,12 @@ impl Engine {
         let cutoff = Timestamp::now()
             .checked_sub(retention)
             .unwrap_or(Timestamp::MIN);
-        // `since`: when the run completed (else when the Job was created).
-        let reason = |uid: &str, since: Option<Timestamp>| match runs.get(uid) {
+        // `since`: when the run completed (else when the Job was created); `active`: the Job
+        // has not finished.
+        let reason = |uid: &str, since: Option<Timestamp>, active: bool| match runs.get(uid) {
             None => Some(SweepReason::DeletedRun),
             Some(RunState::Running) => None,
+            Some(RunState::Completed(_)) if active => Some(SweepReason::RunCompleted),
             Some(RunState::Completed(at)) => at
                 .or(since)
                 .is_some_and(|t| t < cutoff)
@@ -115,7 +123,7 @@ impl Engine {
                     continue;
                 }
                 let created = j.metadata.creation_timestamp.as_ref().map(|t| t.0);
-                let Some(why) = reason(&uid, created) else {
+                let Some(why) = reason(&uid, created, is_active(&j)) else {
                     continue;
                 };
                 let value = serde_json::to_value(&*j).unwrap_or_default();
@@ -141,7 +149,19 @@ impl Engine {
                 if r.spec.delete {
                     continue;
                 }
-                let Some(why) = reason(&r.spec.run_uid, None) else {
+                let active = r
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.state.as_ref())
+                    .is_none_or(|s| {
+                        matches!(
+                            s,
+                            DestState::Running(_)
+                                | DestState::ImagePull { .. }
+                                | DestState::Unavailable(_)
+                        )
+                    });
+                let Some(why) = reason(&r.spec.run_uid, None, active) else {
                     continue;
                 };
                 match store.request_delete(&r.name).await {
@@ -200,4 +220,16 @@ impl Engine {
             }
         }
     }
+}
+
+/// Whether the Job has not finished: no `Complete` or `Failed` condition (the Job controller
+/// sets one when it ends, batch/v1 JobConditionType).
+fn is_active(j: &Job) -> bool {
+    !j.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+        })
 }

@@ -51,6 +51,7 @@ pub struct Metrics {
     jobs_swept: Family<SweptLabels, Counter>,
     past_deadline: Counter,
     gc_failures: Family<DestinationLabels, Counter>,
+    pending_deletions: Family<DestinationLabels, Gauge>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -58,7 +59,7 @@ struct DestinationLabels {
     destination: String,
 }
 
-/// `reason` is `deleted_run` or `retention` (`engine::SweepReason`); destinations are the
+/// `reason` is `deleted_run`, `retention` or `run_completed` (`engine::SweepReason`); destinations are the
 /// registry's: a fixed set per configuration.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SweptLabels {
@@ -125,7 +126,7 @@ impl Metrics {
             "jobs_swept",
             "Jobs deleted by the sweep (agent destinations: deletions asked of the agent), by \
              destination and reason (deleted_run: the AnalysisRun is gone; retention: it completed \
-             longer ago than jobs.retention)",
+             longer ago than jobs.retention; run_completed: it completed while the Job still ran)",
             jobs_swept.clone(),
         );
         let past_deadline = Counter::default();
@@ -143,7 +144,16 @@ impl Metrics {
              call still succeeds; the Jobs end by their TTL and the sweep), by destination",
             gc_failures.clone(),
         );
+        let pending_deletions = Family::<DestinationLabels, Gauge>::default();
+        registry.register(
+            "pending_deletions",
+            "Jobs a Terminate (or a sweep, a garbage collection) asked to delete that are not \
+             gone yet, by destination: a direct destination that could not be reached (the server \
+             retries), or an agent that has not confirmed the deletion",
+            pending_deletions.clone(),
+        );
         Self {
+            pending_deletions,
             gc_failures,
             past_deadline,
             jobs_swept,
@@ -207,6 +217,19 @@ impl Metrics {
                 destination: destination.into(),
             })
             .inc();
+    }
+
+    /// Sets the pending deletions per destination; a destination not in `pending` goes to 0.
+    pub fn set_pending_deletions(&self, pending: &std::collections::BTreeMap<String, usize>) {
+        // Families cannot list their series cheaply: reset every known one, then set.
+        self.pending_deletions.clear();
+        for (destination, n) in pending {
+            self.pending_deletions
+                .get_or_create(&DestinationLabels {
+                    destination: destination.clone(),
+                })
+                .set(i64::try_from(*n).unwrap_or(i64::MAX));
+        }
     }
 
     /// Counts a measurement ended for its deadline (`Engine::past_deadline`).
@@ -291,6 +314,26 @@ mod tests {
             .filter(|l| l.starts_with("rollouts_dispatch_http_requests_total{"))
             .map(str::to_string)
             .collect()
+    }
+
+    #[test]
+    fn pending_deletions_follow_the_last_pass() {
+        let m = Metrics::new();
+        let pass = |pairs: &[(&str, usize)]| {
+            pairs
+                .iter()
+                .map(|(d, n)| (d.to_string(), *n))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        m.set_pending_deletions(&pass(&[("a", 2), ("gone", 1)]));
+        m.set_pending_deletions(&pass(&[("a", 0)]));
+        let text = m.encode();
+        assert!(
+            text.lines()
+                .any(|l| l == "rollouts_dispatch_pending_deletions{destination=\"a\"} 0"),
+            "{text}"
+        );
+        assert!(!text.contains("destination=\"gone\""), "{text}");
     }
 
     #[test]

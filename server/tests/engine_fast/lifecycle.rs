@@ -6,6 +6,8 @@ use anyhow::Result;
 use dispatch_server::engine::SweepReason;
 use dispatch_server::job::{LABEL_ARGO_RUN_UID, LABEL_RUN_UID};
 use dispatch_server::logs::Redactor;
+use dispatch_server::store::DispatchJobStatus;
+use dispatch_server::verdict::DestState;
 use dispatch_server::Phase;
 use serde_json::json;
 
@@ -205,7 +207,7 @@ async fn every_job_gets_a_ttl_and_only_one_beside_its_run_an_owner() -> Result<(
 
 /// AnalysisRun `name` of [`PROJECT`] as Argo leaves it once finished: phase `Successful` and
 /// `completedAt`.
-fn completed_run(cp: &FakeApi, name: &str, uid: &str, completed_at: &str) {
+pub(crate) fn completed_run(cp: &FakeApi, name: &str, uid: &str, completed_at: &str) {
     cp.put(
         &analysis_runs(),
         json!({
@@ -230,6 +232,7 @@ async fn the_sweep_deletes_jobs_of_runs_completed_before_the_retention() -> Resu
     completed_run(&w.clusters.cp, &young.name, &young.uid, &now);
     analysis_run(&w.clusters.cp, PROJECT, &running.name, &running.uid);
     let config = block(json!({"destination": "a,edge"}))?;
+    let store = w.engine.store().expect("agents").clone();
     let mut made = Vec::new();
     for r in [&old, &young, &running] {
         let job = w
@@ -239,6 +242,22 @@ async fn the_sweep_deletes_jobs_of_runs_completed_before_the_retention() -> Resu
             .job;
         w.cached("a", &job.name, true).await?;
         made.push(job);
+    }
+    // The completed runs' Jobs finished (a Job still running under a completed run goes at
+    // once: `pending::the_sweep_stops_jobs_still_running_under_a_completed_run`).
+    for j in &made[..2] {
+        finish_job(w.api("a"), &j.name, "Complete", "", "");
+        w.verdict(j, &Redactor::default(), |v| {
+            v.message.contains("a: Successful")
+        })
+        .await?;
+        let status = DispatchJobStatus::observed(Some(DestState::Succeeded), "agent");
+        store
+            .set_status(
+                &dispatch_server::store::record_name(&j.name, "edge"),
+                status,
+            )
+            .await?;
     }
 
     let report = w.engine.sweep_orphans().await.map_err(anyhow::Error::msg)?;
@@ -260,7 +279,6 @@ async fn the_sweep_deletes_jobs_of_runs_completed_before_the_retention() -> Resu
         left,
         "the young and the running run's Jobs stay"
     );
-    let store = w.engine.store().expect("agents");
     let record = |j: &dispatch_server::engine::JobRef| {
         store
             .get(&dispatch_server::store::record_name(&j.name, "edge"))

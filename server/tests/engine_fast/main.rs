@@ -23,6 +23,7 @@ mod fake_api;
 mod lifecycle;
 mod log_secrets;
 mod namespaces;
+mod pending;
 mod refusals;
 mod stage;
 mod status;
