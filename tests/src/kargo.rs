@@ -75,6 +75,7 @@ pub struct Verification {
     routing: Value,
     exit_code: i32,
     duration: String,
+    image: Option<String>,
 }
 
 impl Verification {
@@ -88,6 +89,7 @@ impl Verification {
             routing: json!({"destination": "{{args.destination}}"}),
             exit_code: 0,
             duration: "2s".into(),
+            image: None,
         }
     }
 
@@ -100,6 +102,12 @@ impl Verification {
     /// The check runs for `duration` (a Go duration).
     pub fn runs_for(mut self, duration: &str) -> Self {
         self.duration = duration.into();
+        self
+    }
+
+    /// The check container runs `image` instead of [`crate::block::CHECK_IMAGE`].
+    pub fn image(mut self, image: &str) -> Self {
+        self.image = Some(image.into());
         self
     }
 
@@ -118,6 +126,9 @@ impl Verification {
             .container("command", json!(["sh", "-c", "curl -f http://svc"]));
         if self.exit_code != 0 {
             block = block.logs(FAILED_CHECK_LOG);
+        }
+        if let Some(image) = &self.image {
+            block = block.container("image", json!(image));
         }
         block
     }

@@ -15,6 +15,7 @@
 //! * [`artifacts`]: where the plugin and server binaries and the repository's files are.
 //! * [`server`], [`admin`], [`objects`]: an in-process server, GETs on admin ports, Kubernetes
 //!   objects (CRDs, our Jobs).
+//! * [`admission`]: an admission policy that refuses Jobs, on a real API server.
 //! * [`tls`]: the CA and certificate of the API (the scenes serve it over TLS only).
 //! * [`shared`]: one scene per test binary, shared by its tests; [`summary`]: the last line of
 //!   benchmarks and smoke tests.
@@ -23,6 +24,7 @@
 //! binaries; see `tests/README.md`.
 
 pub mod admin;
+pub mod admission;
 pub mod analysis;
 pub mod artifacts;
 pub mod block;

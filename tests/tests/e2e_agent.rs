@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use anyhow::{ensure, Result};
 use dispatch_tests::admin::wait_ready;
-use dispatch_tests::analysis::{self, measurement_message, phase};
+use dispatch_tests::admission::{deny_latest_images, LATEST_IMAGE, REASON};
+use dispatch_tests::analysis::{self, measurement_message, phase, wait_for};
 use dispatch_tests::eventually;
 use dispatch_tests::kargo::Verification;
 use dispatch_tests::objects::{job_env, jobs_of};
@@ -26,6 +27,8 @@ use dispatch_tests::world::World;
 use kube::api::DynamicObject;
 use tokio::sync::RwLock;
 
+/// The namespace where cluster-b's agent may create Jobs (its `--namespaces`).
+const AGENT_NAMESPACE: &str = "default";
 /// How long a Job that a scenario waits for may take to appear on cluster-b.
 const JOB_TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -150,6 +153,42 @@ fn a_failing_check_on_the_agent_cluster_carries_its_log_tail_to_the_run_and_the_
         ensure!(
             stored_log.contains("HTTP 503 Service Unavailable"),
             "the DispatchJob status holds the log tail: {stored_log:?}"
+        );
+        Ok(())
+    })
+}
+
+#[test]
+#[ignore = "needs the Go-built cluster binaries, the release plugin and the debug binary: run `make e2e-agent`"]
+fn a_job_cluster_b_refuses_ends_the_first_measurement_with_the_api_reason() -> Result<()> {
+    side_by_side(async |w| {
+        // cluster-b's own admission policy (a ValidatingAdmissionPolicy, evaluated by its real
+        // API server) denies `:latest` images in the agent's namespace; the agent's create is
+        // refused, its report carries the reason, and the first measurement ends in Error.
+        deny_latest_images(w.b.client().await?, AGENT_NAMESPACE).await?;
+        let refused = Verification::new("refused", "01jagent00000000000000000r", "cluster-b")
+            .image(LATEST_IMAGE);
+        let run = w.submit(&refused).await?;
+        let first_done = |r: &DynamicObject| {
+            r.data
+                .pointer("/status/metricResults/0/measurements/0/phase")
+                .and_then(serde_json::Value::as_str)
+                .is_some_and(|p| p != "Running")
+        };
+        let run = wait_for(&w.runs(), analysis::name(&run), JOB_TIMEOUT, first_done).await?;
+        let first = &run.data["status"]["metricResults"][0]["measurements"][0];
+        println!(
+            "e2e-agent: refused by cluster-b's admission: first measurement={} {:?}",
+            first["phase"], first["message"]
+        );
+        let message = first["message"].as_str().unwrap_or_default();
+        ensure!(
+            first["phase"] == "Error" && message.contains(REASON) && message.contains("cluster-b"),
+            "want the first measurement in Error quoting the API's reason: {first}"
+        );
+        ensure!(
+            jobs_of(&w.b, &analysis::uid(&run)).await?.is_empty(),
+            "no Job was created on cluster-b"
         );
         Ok(())
     })

@@ -323,6 +323,9 @@ async fn sync(
     let mut started: HashSet<String> = HashSet::new();
     // Records whose create failed transiently (5xx, timeout, 429), and when to try again.
     let mut retry_at: HashMap<String, tokio::time::Instant> = HashMap::new();
+    // Records whose create the cluster refused for good (validation, admission, quota), with the
+    // refusal: it stays their state, rather than the "does not exist" a later read would give.
+    let mut refused: HashMap<String, DestState> = HashMap::new();
     let Some(entry) = engine.registry().get(&destination) else {
         error!(%destination, "the agent's own cluster is not registered");
         return;
@@ -419,13 +422,15 @@ async fn sync(
                                         item.name.clone(),
                                         tokio::time::Instant::now() + CREATE_RETRY,
                                     );
+                                } else {
+                                    refused.insert(item.name.clone(), s.clone());
                                 }
                                 created = Some(s);
                             }
                         }
                     }
                 }
-                Some(match created {
+                Some(match created.or_else(|| refused.get(&item.name).cloned()) {
                     Some(s) => s,
                     None => {
                         engine
@@ -445,6 +450,7 @@ async fn sync(
         reported.retain(|k, _| live.contains(k));
         started.retain(|k| live.contains(k));
         retry_at.retain(|k, _| live.contains(k));
+        refused.retain(|k, _| live.contains(k));
         if reports.is_empty() {
             continue;
         }

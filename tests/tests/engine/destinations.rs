@@ -20,13 +20,15 @@ fn require_all_fails_and_require_any_succeeds() -> Result<()> {
     let f = fixture()?;
     run(async {
         let engine = engine(&static_yaml(f, "")).await?;
-        // Schedulable only on a; on b the pod stays pending until the deadline fails the Job.
+        // Schedulable only on a; on b the pod stays pending until the deadline fails the Job (10s:
+        // room for a 1s Job on a loaded machine).
         let pod = json!({"nodeSelector": {CLUSTER_LABEL: "a"}});
         let mut verdicts = Vec::new();
         // `any` first: it is decided as soon as a completes, before b's deadline.
         for require in ["any", "all"] {
             let run = run_context("team-a", None);
-            let routing = json!({"destination": "a,b", "require": require, "activeDeadline": "4s"});
+            let routing =
+                json!({"destination": "a,b", "require": require, "activeDeadline": "10s"});
             let req = request(&run, "multi", 1, block(routing, 0, "1s", pod.clone())?);
             let ensured = engine.ensure(&req).await?;
             ensure!(ensured.verdict.metadata["destinations"] == "a,b");
