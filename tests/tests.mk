@@ -113,6 +113,12 @@ chaos: k8s-bin plugin-release ## 50 verifications on a direct and an agent desti
 	$(CARGO) build --locked -p dispatch-server --bin rollouts-dispatch
 	$(call summary_test,chaos,$(CLUSTER_ENV),grep -E '^(chaos|verifications=|test |Error)')
 
+# SOAK_RUNS=40 make soak runs a shorter soak (the default is 500 verifications, about 12 minutes).
+.PHONY: soak
+soak: k8s-bin plugin-release ## 500 Kargo-shaped verifications (pass, fail, abort, reverify) over ~10 min on a direct and an agent destination, 1m retention; last line: soak: verifications=N peak_jobs_per_destination=P final_jobs=F store_records=R server_rss_growth_mib=G
+	$(CARGO) build --locked -p dispatch-server --bin rollouts-dispatch
+	$(call summary_test,soak,$(CLUSTER_ENV),grep -E '^(soak|test |Error)')
+
 .PHONY: demo
 demo: k8s-bin plugin-release ## the main job locally: 3 clusters, Argo Rollouts, the server, a passing and a failing verification; last line `demo: cluster-a=… cluster-b=…`
 	$(call summary_test,demo,$(CLUSTER_ENV),grep -E '^(demo:|ANALYSISRUN|[a-z0-9-]+\.[0-9a-z]+\.[0-9a-f]{7} |$$)' | grep -v '^demo: cluster-a=')

@@ -29,14 +29,19 @@ pub fn is_finished(run: &DynamicObject) -> bool {
 /// The message of the last measurement of the run's first metric: where the plugin's verdict
 /// text (destination, reason, log tail) lands.
 pub fn measurement_message(run: &DynamicObject) -> String {
-    run.data
-        .pointer("/status/metricResults/0/measurements")
-        .and_then(Value::as_array)
-        .and_then(|m| m.last())
+    last_measurement(run)
         .and_then(|m| m.get("message"))
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string()
+}
+
+/// The last measurement of the run's first metric, if it has one.
+pub fn last_measurement(run: &DynamicObject) -> Option<&Value> {
+    run.data
+        .pointer("/status/metricResults/0/measurements")
+        .and_then(Value::as_array)
+        .and_then(|m| m.last())
 }
 
 /// The run's own `status.message` followed by its last measurement's message: where an error

@@ -76,6 +76,7 @@ pub struct Verification {
     exit_code: i32,
     duration: String,
     image: Option<String>,
+    promotion: bool,
 }
 
 impl Verification {
@@ -90,6 +91,7 @@ impl Verification {
             exit_code: 0,
             duration: "2s".into(),
             image: None,
+            promotion: true,
         }
     }
 
@@ -108,6 +110,16 @@ impl Verification {
     /// The check container runs `image` instead of [`crate::block::CHECK_IMAGE`].
     pub fn image(mut self, image: &str) -> Self {
         self.image = Some(image.into());
+        self
+    }
+
+    /// A re-verification: a new run for the same Stage and Freight, started by a person
+    /// (`kargo.akuity.io/reverify` on the Stage). Kargo v1.11 adds the promotion annotation only
+    /// to the first verification after a promotion or a control-plane reverify
+    /// (akuity/kargo v1.11.2 pkg/controller/stages/regular_stages.go:1540-1546), so this run
+    /// carries none.
+    pub fn reverification(mut self) -> Self {
+        self.promotion = false;
         self
     }
 
@@ -137,12 +149,17 @@ impl Verification {
     pub fn analysis_run(&self, freight: &Freight) -> Result<DynamicObject> {
         let Self { stage, ulid, .. } = self;
         let name = format!("{stage}.{ulid}.{}", &freight.name[..7]);
+        let annotations = if self.promotion {
+            json!({"kargo.akuity.io/promotion": format!("{stage}.{ulid}.promo")})
+        } else {
+            json!({})
+        };
         serde_json::from_value(json!({
             "apiVersion": "argoproj.io/v1alpha1", "kind": "AnalysisRun",
             "metadata": {
                 "name": name, "namespace": PROJECT,
                 "labels": {"kargo.akuity.io/stage": stage, "kargo.akuity.io/freight-collection": "9f8e7d6c5b4a39281706f5e4d3c2b1a098765432"},
-                "annotations": {"kargo.akuity.io/promotion": format!("{stage}.{ulid}.promo")},
+                "annotations": annotations,
                 "ownerReferences": [{"apiVersion": "kargo.akuity.io/v1alpha1", "kind": "Freight", "name": freight.name, "uid": freight.uid, "blockOwnerDeletion": false}]
             },
             "spec": {

@@ -1,5 +1,5 @@
 //! Kubernetes objects the scenes create or look up: CRDs (installed and waited for), and the
-//! Jobs our server made for one AnalysisRun.
+//! Jobs our server made (for one AnalysisRun, or all of them).
 
 use std::time::Duration;
 
@@ -27,6 +27,19 @@ pub async fn jobs_of(cluster: &Cluster, uid: &str) -> Result<Vec<Job>> {
         .list(&ListParams::default().labels(&selector))
         .await
         .with_context(|| format!("listing the Jobs of run {uid} on {}", cluster.name))?
+        .items)
+}
+
+/// The label of every Job our server creates (`server/src/job.rs`).
+pub const MANAGED_LABEL: &str = "rollouts-dispatch.io/managed=true";
+
+/// Every Job of ours on `cluster` (any namespace, any run), including Jobs being deleted.
+pub async fn managed_jobs(cluster: &Cluster) -> Result<Vec<Job>> {
+    let api: Api<Job> = Api::all(cluster.client().await?);
+    Ok(api
+        .list(&ListParams::default().labels(MANAGED_LABEL))
+        .await
+        .with_context(|| format!("listing our Jobs on {}", cluster.name))?
         .items)
 }
 

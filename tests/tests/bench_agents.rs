@@ -21,6 +21,7 @@ use dispatch_api::agent::{
 use dispatch_api::client::{ClientConfig, ServerClient};
 use dispatch_api::v1::{Ensured, MeasurementRef, RunRef, Verdict};
 use dispatch_api::DestState;
+use dispatch_tests::cluster::process::status_mib;
 use dispatch_tests::wait::{eventually, Progress};
 use dispatch_tests::{free_port, summary};
 
@@ -36,17 +37,6 @@ impl Drop for KillOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn peak_rss_mib(pid: u32) -> Result<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .context("no VmHWM in /proc/<pid>/status")?;
-    Ok(kib / 1024.0)
 }
 
 fn client(url: &str, token_file: &Path, timeout: Duration) -> Result<ServerClient> {
@@ -194,7 +184,7 @@ async fn five_hundred_agents_two_thousand_jobs() -> Result<()> {
     }
     // Let every agent open its first long poll.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let rss_idle = peak_rss_mib(pid)?;
+    let rss_idle = status_mib(pid, "VmHWM")?;
 
     let started = Instant::now();
     let sent: Arc<Mutex<HashMap<String, Instant>>> = Arc::new(Mutex::new(HashMap::new()));
@@ -255,7 +245,7 @@ async fn five_hundred_agents_two_thousand_jobs() -> Result<()> {
         ensure!(v.phase == "Successful", "measurement {i}: {v:?}");
         successful += 1;
     }
-    let rss_peak = peak_rss_mib(pid)?;
+    let rss_peak = status_mib(pid, "VmHWM")?;
     for a in &agents {
         a.abort();
     }

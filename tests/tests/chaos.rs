@@ -18,11 +18,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use dispatch_tests::analysis::{is_finished, phase};
 use dispatch_tests::kargo::Verification;
-use dispatch_tests::objects::RUN_UID_LABEL;
+use dispatch_tests::objects::{managed_jobs, RUN_UID_LABEL};
 use dispatch_tests::summary;
 use dispatch_tests::world::World;
-use k8s_openapi::api::batch::v1::Job;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use rand::Rng;
@@ -59,14 +58,6 @@ fn plugin_pids(work_dir: &std::path::Path) -> Vec<i32> {
                 .unwrap_or(false)
         })
         .collect()
-}
-
-async fn managed_jobs(cluster: &dispatch_tests::cluster::Cluster) -> Result<Vec<Job>> {
-    let api: Api<Job> = Api::all(cluster.client().await?);
-    Ok(api
-        .list(&ListParams::default().labels("rollouts-dispatch.io/managed=true"))
-        .await?
-        .items)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

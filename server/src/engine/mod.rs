@@ -57,7 +57,7 @@ pub use job_ref::{
     Expected, JobRef, JobRefError, Placement, RefRefused, JOB_NAMESPACE_KEY, JOB_NAME_KEY, REF_KEY,
 };
 pub use pending::PendingReport;
-pub use sweep::{SweepReason, SweepReport};
+pub use sweep::{SweepReason, SweepReport, RUNS_PAGE};
 
 /// `(destination, namespace, pod, container)`
 type LogKey = (String, String, String, String);

@@ -398,6 +398,11 @@ impl Cluster {
         self.processes.kill(name)
     }
 
+    /// The PID of process `name` (one started with [`Cluster::spawn_process`]), if it runs.
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.processes.pid(name)
+    }
+
     /// Freezes (`true`: SIGSTOP) or thaws (`false`: SIGCONT) one component.
     pub fn pause_process(&mut self, name: &str, paused: bool) -> Result<()> {
         let signal = if paused {

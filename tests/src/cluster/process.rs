@@ -139,6 +139,14 @@ impl ProcessGroup {
         nix::sys::signal::kill(pid, signal).with_context(|| format!("sending {signal} to {name}"))
     }
 
+    /// The PID of component `name`, if the group runs one by that name.
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.members
+            .iter()
+            .find(|m| m.name == name)
+            .map(|m| m.child.id())
+    }
+
     /// Fails if a component has exited, quoting the end of its log.
     pub fn check_alive(&mut self) -> Result<()> {
         for member in &mut self.members {
@@ -200,6 +208,20 @@ fn describe(status: ExitStatus) -> String {
         (None, Some(signal)) => format!("signal {signal}"),
         _ => status.to_string(),
     }
+}
+
+/// A memory figure of process `pid` in MiB: `field` of `/proc/<pid>/status`, e.g. `VmRSS`
+/// (resident now) or `VmHWM` (the peak of resident).
+pub fn status_mib(pid: u32, field: &str) -> Result<f64> {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("no {field} in {path}"))?;
+    Ok(kib / 1024.0)
 }
 
 /// The last `lines` lines of a log file (or a note that it could not be read).

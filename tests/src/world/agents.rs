@@ -67,6 +67,12 @@ pub struct Agents {
 impl World<Agents> {
     /// Starts the agent scene; `serve_args` are extra `rollouts-dispatch serve` flags.
     pub async fn start_with_agent(serve_args: &[&str]) -> Result<Self> {
+        Self::start_with_agent_config(serve_args, "").await
+    }
+
+    /// [`World::start_with_agent`] with `config` (top-level YAML keys of the servers' config
+    /// file, e.g. `jobs: {retention: 1m}`) added to the scene's own config.
+    pub async fn start_with_agent_config(serve_args: &[&str], config: &str) -> Result<Self> {
         let binary = rollouts_dispatch_binary()?;
         let [mut control, a, mut b] = start_clusters().await?;
         let client = control.client().await?;
@@ -78,6 +84,7 @@ impl World<Agents> {
         std::fs::create_dir_all(&dir)?;
         let key = dir.join("jwt.key");
         std::fs::write(&key, KEY)?;
+        let extra_config = config;
         let config = dir.join("server.yaml");
         std::fs::write(
             &config,
@@ -86,7 +93,8 @@ impl World<Agents> {
                  destinations:\n- name: cluster-a\n  kubeconfig: {}\n\
                  agents:\n  store: kubernetes\n  namespace: {DJ_NAMESPACE}\n  offlineAfter: 20s\n  \
                  destinations:\n  - name: cluster-b\n    labels: {{env: edge}}\n\
-                 policy:\n  rules:\n  - projects: [\"{PROJECT}\"]\n    destinations: [\"cluster-*\"]\n",
+                 policy:\n  rules:\n  - projects: [\"{PROJECT}\"]\n    destinations: [\"cluster-*\"]\n\
+                 {extra_config}\n",
                 control.kubeconfig.display(),
                 a.kubeconfig.display(),
             ),

@@ -155,9 +155,32 @@ fn list(
     headers: &HeaderMap,
 ) -> Answer {
     let filter = filter(target, query)?;
-    let (items, rv) = {
+    let (mut items, rv) = {
         let state = shared.lock();
         (state.store.list(&filter), state.store.rv())
+    };
+    // Pages as the API server cuts them: `limit` items, and a `continue` token (here the offset
+    // of the next page) while more remain.
+    let offset: usize = query
+        .get("continue")
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let limit = query
+        .get("limit")
+        .and_then(|l| l.parse::<usize>().ok())
+        .filter(|l| *l > 0);
+    let next = limit
+        .map(|l| offset + l)
+        .filter(|end| *end < items.len())
+        .map(|end| end.to_string());
+    items = items
+        .into_iter()
+        .skip(offset)
+        .take(limit.unwrap_or(usize::MAX))
+        .collect();
+    let meta = match next {
+        Some(token) => json!({"resourceVersion": rv.to_string(), "continue": token}),
+        None => json!({"resourceVersion": rv.to_string()}),
     };
     let metadata_only = headers
         .get(header::ACCEPT)
@@ -172,10 +195,10 @@ fn list(
             })
             .collect();
         json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
-               "metadata": {"resourceVersion": rv.to_string()}, "items": items})
+               "metadata": meta, "items": items})
     } else {
         json!({"apiVersion": target.res.api, "kind": format!("{}List", target.res.kind()),
-               "metadata": {"resourceVersion": rv.to_string()}, "items": items})
+               "metadata": meta, "items": items})
     };
     Ok((200, list))
 }
