@@ -13,6 +13,7 @@
 //! cannot: a real API server's validation and RBAC, the Job controller, Pods that really run,
 //! ServiceAccount tokens and TLS.
 
+mod agent_loop;
 mod agents;
 mod cleanup;
 mod cluster_side;
