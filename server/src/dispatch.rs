@@ -288,9 +288,9 @@ fn engine_error(e: EngineError) -> DispatchError {
         | EngineError::PodSecurity { .. }
         | EngineError::OutsideNamespaces { .. } => DispatchError::Forbidden(message),
         EngineError::Stage(_) => DispatchError::NotFound(message),
-        EngineError::InvalidJob { .. } | EngineError::TooManyPlacements { .. } => {
-            DispatchError::InvalidBlock(message)
-        }
+        EngineError::InvalidJob { .. }
+        | EngineError::TooManyPlacements { .. }
+        | EngineError::DeadlineTooLong { .. } => DispatchError::InvalidBlock(message),
         EngineError::Start(_) => DispatchError::Internal(message),
     }
 }

@@ -231,6 +231,22 @@ pub enum EngineError {
         /// the config file
         origin: String,
     },
+    /// the block asks for a deadline longer than `engine.maxMeasurementDeadline`
+    #[error(
+        "invalid {PLUGIN_NAME} block in metric {metric:?}: field `activeDeadline` is {value}, \
+         more than the {max} a measurement may hold its Stage (`engine.maxMeasurementDeadline` \
+         in {origin}); shorten `activeDeadline`, or raise `engine.maxMeasurementDeadline`"
+    )]
+    DeadlineTooLong {
+        /// the metric
+        metric: String,
+        /// the block's `activeDeadline` (Go syntax)
+        value: String,
+        /// `engine.maxMeasurementDeadline` (Go syntax)
+        max: String,
+        /// the config file
+        origin: String,
+    },
     /// the engine cannot start
     #[error("cannot start the dispatch engine: {0}")]
     Start(String),
