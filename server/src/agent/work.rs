@@ -30,10 +30,7 @@ pub const CREATE_RETRY: Duration = Duration::from_secs(5);
 /// failed, a permanent error) or the Job is gone as asked (`None`). Running, an image pull
 /// error (the kubelet keeps pulling) and an unreachable API can still change.
 pub fn is_final(state: &Option<DestState>) -> bool {
-    matches!(
-        state,
-        None | Some(DestState::Succeeded | DestState::Failed { .. } | DestState::Error(_))
-    )
+    state.as_ref().is_none_or(DestState::is_final)
 }
 
 /// The agent's memory of its work between passes. Every map is pruned of the records that left

@@ -154,7 +154,8 @@ pub struct JobsSettings {
     /// `resumeAt`, so an hour leaves room for a controller or server outage.
     pub ttl_after_finished: Duration,
     /// the orphan sweep deletes the Jobs (and agent records) of AnalysisRuns that completed
-    /// longer ago than this
+    /// longer ago than this; agent records whose final state was reported longer ago than this
+    /// (and than the longest deadline, `Engine::record_retention`) are expired
     pub retention: Duration,
 }
 

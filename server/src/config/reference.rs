@@ -129,7 +129,7 @@ pub fn reference() -> Vec<FieldDoc> {
         f("agents.destinations[].labels", "string map", Unset("no labels"), "labels for `destinationSelector`"),
         f("agents.destinations[].namespace", "string", Value("default"), "default namespace of Jobs there"),
         f("jobs.ttlAfterFinished", "duration", Value("1h"), "`spec.ttlSecondsAfterFinished` of every Job whose template sets none (the template's wins): the destination deletes the Job and its Pods this long after it finished; at least 1m, long enough that the verdict is read first"),
-        f("jobs.retention", "duration", Value("24h"), "the orphan sweep (`serve --sweep-orphans-every`) deletes the Jobs and agent records of AnalysisRuns that completed longer ago than this, as well as those of deleted runs; at least 1m"),
+        f("jobs.retention", "duration", Value("24h"), "the orphan sweep (`serve --sweep-orphans-every`) deletes the Jobs and agent records of AnalysisRuns that completed longer ago than this, as well as those of deleted runs; the same loop, with `agents` and no control plane too, asks agents to delete the Jobs of records whose final state was reported longer ago than this (but never sooner than `engine.maxMeasurementDeadline` + `engine.deadlineGrace`); at least 1m"),
     ]);
     docs
 }

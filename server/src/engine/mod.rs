@@ -9,6 +9,8 @@
 //! * [`Engine::terminate`] deletes the Jobs (foreground) on every destination.
 //! * [`Engine::gc`] keeps the newest `limit` Jobs of a run on each of its placements
 //!   ([`Engine::gc_everywhere`]: on every destination, for tests and tools).
+//! * [`Engine::expire_records`] asks agents to delete the Jobs of records finished longer ago
+//!   than their retention (no control plane needed).
 //!
 //! The engine keeps no state that matters: a [`JobRef`] (stored in the measurement metadata)
 //! and the Jobs on the destinations are the state, so a new engine picks up where another left.
@@ -46,6 +48,7 @@ use crate::verdict::{self, DestState, DestinationStatus, Observed, Verdict};
 mod agents;
 mod cleanup;
 mod ensure;
+mod expiry;
 mod job_ref;
 mod start;
 mod status;

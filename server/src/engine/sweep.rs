@@ -22,6 +22,9 @@ pub enum SweepReason {
     DeletedRun,
     /// its AnalysisRun completed longer ago than `jobs.retention`
     Retention,
+    /// its agent record's final state was observed longer ago than the records' retention
+    /// (`Engine::expire_records`, needs no control plane)
+    RecordRetention,
 }
 
 impl SweepReason {
@@ -30,6 +33,7 @@ impl SweepReason {
         match self {
             Self::DeletedRun => "deleted_run",
             Self::Retention => "retention",
+            Self::RecordRetention => "record_retention",
         }
     }
 }
