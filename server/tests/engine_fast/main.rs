@@ -19,6 +19,7 @@ mod cleanup;
 mod cluster_side;
 mod create;
 mod deadline;
+mod doctor;
 mod expiry;
 mod failures;
 mod fake_api;
