@@ -94,6 +94,10 @@ impl Worker {
                         name: item.name.clone(),
                         state,
                     });
+                } else if is_final(&state) {
+                    // Checked again after its record changed (often only `reported`, which the
+                    // server sets on the first report), and still what the server has.
+                    self.settled.insert(item.name.clone());
                 }
             }
         }

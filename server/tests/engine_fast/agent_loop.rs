@@ -93,6 +93,17 @@ async fn a_settled_record_is_not_read_again_until_it_changes() -> Result<()> {
     let resent = Arc::new(vec![item(&job.name, &r.uid, false)]);
     assert!(worker.pass(&resent).await.is_empty());
     assert_eq!(calls(&w), before);
+    // A changed record (here only `reported`, which the server flips on the first report) is
+    // read once more and, unchanged and accepted, settled again.
+    let flipped = Arc::new(vec![WorkItem {
+        reported: false,
+        ..item(&job.name, &r.uid, false)
+    }]);
+    assert!(worker.pass(&flipped).await.is_empty());
+    assert!(calls(&w) > before, "a changed record is read again");
+    let before = calls(&w);
+    assert!(worker.pass(&flipped).await.is_empty());
+    assert_eq!(calls(&w), before, "and settled again without a report");
 
     // A delete request changes the record: the Job is deleted and `deleted` reported.
     let delete = Arc::new(vec![item(&job.name, &r.uid, true)]);
