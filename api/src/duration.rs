@@ -29,6 +29,23 @@ pub enum DurationError {
     OutOfRange(#[from] std::time::TryFromFloatSecsError),
 }
 
+/// `d` in the syntax [`parse_go_duration`] reads, whole seconds only and without zero parts:
+/// `720h`, `1h30m`, `45s`, `0s` (what a message shows next to a config key to set).
+pub fn format_go_duration(d: Duration) -> String {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    let (h, m, s) = (secs / 3600, secs / 60 % 60, secs % 60);
+    let mut out = String::new();
+    for (n, unit) in [(h, "h"), (m, "m"), (s, "s")] {
+        if n > 0 {
+            out.push_str(&format!("{n}{unit}"));
+        }
+    }
+    if out.is_empty() {
+        out.push_str("0s");
+    }
+    out
+}
+
 /// Parses Go's `time.ParseDuration` syntax: `300ms`, `1.5h`, `2h45m`.
 pub fn parse_go_duration(s: &str) -> Result<Duration, DurationError> {
     let mut rest = s.trim();
@@ -79,6 +96,23 @@ pub fn parse_go_duration(s: &str) -> Result<Duration, DurationError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn formatted_durations_parse_back() {
+        for (d, text) in [
+            (0, "0s"),
+            (45, "45s"),
+            (5400, "1h30m"),
+            (21600, "6h"),
+            (2_592_000, "720h"),
+            (3661, "1h1m1s"),
+        ] {
+            let d = Duration::from_secs(d);
+            assert_eq!(format_go_duration(d), text);
+            assert_eq!(parse_go_duration(text).unwrap(), d);
+        }
+        assert_eq!(format_go_duration(Duration::from_millis(1500)), "2s");
+    }
 
     #[test]
     fn go_durations() {

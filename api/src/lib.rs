@@ -27,7 +27,7 @@ pub mod state;
 pub mod v1;
 
 pub use block::{JobConfig, Require, Target, PLUGIN_NAME};
-pub use duration::parse_go_duration;
+pub use duration::{format_go_duration, parse_go_duration};
 pub use phase::Phase;
 pub use redact::Redactor;
 pub use selector::Selector;

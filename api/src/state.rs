@@ -47,6 +47,13 @@ impl DestState {
         matches!(self, Self::Unavailable(_))
     }
 
+    /// Whether the Job's verdict can no longer change: it succeeded, failed, or hit a permanent
+    /// error. Running, an image pull error (the kubelet keeps pulling) and an unreachable API can
+    /// still change.
+    pub fn is_final(&self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed { .. } | Self::Error(_))
+    }
+
     /// The measurement phase this state alone would give.
     pub fn phase(&self) -> Phase {
         match self {

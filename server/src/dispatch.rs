@@ -289,9 +289,9 @@ fn engine_error(e: EngineError) -> DispatchError {
         | EngineError::PodSecurity { .. }
         | EngineError::OutsideNamespaces { .. } => DispatchError::Forbidden(message),
         EngineError::Stage(_) => DispatchError::NotFound(message),
-        EngineError::InvalidJob { .. } | EngineError::TooManyPlacements { .. } => {
-            DispatchError::InvalidBlock(message)
-        }
+        EngineError::InvalidJob { .. }
+        | EngineError::TooManyPlacements { .. }
+        | EngineError::DeadlineTooLong { .. } => DispatchError::InvalidBlock(message),
         EngineError::Start(_) => DispatchError::Internal(message),
     }
 }
@@ -414,9 +414,10 @@ impl Dispatcher for EngineDispatcher {
         Box::pin(async move {
             self.confirm(&req.run, &req.metric).await?;
             let job = self.job_ref(&req).await?;
-            if self.engine.agent_records_missing(&job) {
+            if self.engine.agent_records_to_rewrite(&job) {
                 // A restarted server with the in-memory store: the request still carries the
-                // block, so the agent gets the spec (and its mark) again.
+                // block, so the agent gets the spec (and its mark) again. Never past the
+                // deadline: the records may have expired, and the Job must not come back.
                 let mr = Self::request(&req.run, &req.metric, job.measurement, &req.block)?;
                 if let Err(e) = self.engine.ensure(&mr).await {
                     tracing::warn!(job = %job.name, error = %e,

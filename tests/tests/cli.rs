@@ -284,5 +284,22 @@ fn doctor_reports_good_and_unreachable_destinations() -> Result<()> {
         "row down: {down:?}\n{}",
         ran.describe()
     );
+    // One line per destination on the Jobs older than the retention.
+    let retention = |name: &str| {
+        ran.stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("retention {name}: ")))
+            .map(str::to_string)
+    };
+    ensure!(
+        retention("a").is_some_and(|l| !l.contains("cannot see")),
+        "no retention line for a\n{}",
+        ran.describe()
+    );
+    ensure!(
+        retention("down").is_some_and(|l| l.contains("cannot see")),
+        "no retention line for down\n{}",
+        ran.describe()
+    );
     Ok(())
 }

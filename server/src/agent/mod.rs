@@ -6,11 +6,12 @@
 //! verdict rules) as the server uses for direct destinations, watches them, and reports each
 //! state change. It keeps nothing that matters: after a restart it lists its Jobs, adopts them,
 //! and reports again. Before it creates anything it checks the work itself ([`guard`]): its
-//! namespaces and the pod security of the Job, whatever the server asks.
+//! namespaces and the pod security of the Job, whatever the server asks. Each pass over the work
+//! ([`work`]) skips the records whose final state the server already accepted.
 
 mod guard;
+mod work;
 
-use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -18,29 +19,23 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use dispatch_api::block::Require;
 use dispatch_api::client::{CallError, ClientConfig, ServerClient};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tracing::{error, info, info_span, warn, Instrument};
 
 use crate::config::EngineSettings;
-use crate::engine::{Engine, JobRef, Outcome, Placement};
-use crate::logs::Redactor;
+use crate::engine::Engine;
 use crate::podsecurity::{Level, Origin, Profile};
 use crate::runtime::admin::{self, Readiness};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::reload::{self, Reloading};
 use crate::runtime::{listener, shutdown::shutdown_signal};
-use crate::verdict::DestState;
 use dispatch_api::agent::{
-    self as api, Report, ReportReply, ReportRequest, WorkItem, WorkReply, WorkRequest,
+    self as api, ReportReply, ReportRequest, WorkItem, WorkReply, WorkRequest,
 };
 pub use guard::{namespaces, AgentRefused, Guard, MissingNamespaces};
-
-/// How long the agent waits before it tries again to create a Job whose create failed
-/// transiently (5xx, timeout, 429).
-const CREATE_RETRY: Duration = Duration::from_secs(5);
+pub use work::{is_final, Worker, CREATE_RETRY};
 
 /// What `rollouts-dispatch agent` needs.
 #[derive(Debug, Clone)]
@@ -173,7 +168,8 @@ pub fn backoff(failures: u32) -> Duration {
 
 struct Shared {
     destination: String,
-    work: Mutex<Vec<WorkItem>>,
+    /// the last work the server sent, replaced whole when it changes (cheap to share)
+    work: Mutex<Arc<Vec<WorkItem>>>,
     changed: Notify,
 }
 
@@ -231,7 +227,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     }
     let shared = Arc::new(Shared {
         destination: destination.clone(),
-        work: Mutex::new(Vec::new()),
+        work: Mutex::new(Arc::new(Vec::new())),
         changed: Notify::new(),
     });
     let poller = tokio::spawn(
@@ -279,7 +275,7 @@ async fn poll(
                 readiness.set_ready();
                 if reply.fingerprint != fingerprint {
                     fingerprint = reply.fingerprint;
-                    *shared.work.lock().unwrap_or_else(|e| e.into_inner()) = reply.jobs;
+                    *shared.work.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(reply.jobs);
                     shared.changed.notify_one();
                 }
             }
@@ -316,17 +312,7 @@ async fn sync(
 ) {
     let destination = shared.destination.clone();
     let path = api::path(api::REPORT, &destination);
-    let no_secrets = Redactor::default();
-    // What the server last accepted per record (`None`: deleted), and the records whose Job this
-    // process created or adopted.
-    let mut reported: HashMap<String, Option<DestState>> = HashMap::new();
-    let mut started: HashSet<String> = HashSet::new();
-    // Records whose create failed transiently (5xx, timeout, 429), and when to try again.
-    let mut retry_at: HashMap<String, tokio::time::Instant> = HashMap::new();
-    // Records whose create the cluster refused for good (validation, admission, quota), with the
-    // refusal: it stays their state, rather than the "does not exist" a later read would give.
-    let mut refused: HashMap<String, DestState> = HashMap::new();
-    let Some(entry) = engine.registry().get(&destination) else {
+    let Some(mut worker) = Worker::new(engine, &destination, guard) else {
         error!(%destination, "the agent's own cluster is not registered");
         return;
     };
@@ -340,117 +326,7 @@ async fn sync(
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        let mut reports = Vec::new();
-        for item in &work {
-            let spec = &item.spec;
-            let (run_namespace, run_name) = spec.run.split_once('/').unwrap_or_default();
-            // The agent's own reference to a Job the server asked for: never signed, never
-            // handed out (the agent acts on its own cluster only).
-            let job = JobRef {
-                run_uid: spec.run_uid.clone(),
-                run_namespace: run_namespace.to_string(),
-                run_name: run_name.to_string(),
-                metric: spec.metric.clone(),
-                measurement: spec.measurement,
-                name: spec.job_name.clone(),
-                require: Require::All,
-                log_tail: spec.log_tail,
-                placements: vec![Placement {
-                    destination: destination.clone(),
-                    namespace: spec.namespace.clone(),
-                }],
-                deadline: 0,
-                sig: String::new(),
-            };
-            let placement = &job.placements[0];
-            // Checked on every pass (it is pure): a refused item keeps its refusal as state.
-            let admitted = match guard.admit(&destination, spec) {
-                Ok(obj) => obj,
-                Err(refused) => {
-                    warn!(%destination, job = %format!("{}/{}", spec.namespace, spec.job_name),
-                          run = %spec.run, error = %refused, "refused work from the server");
-                    let state = Some(DestState::Error(format!(
-                        "job {}/{} on {destination}: {refused}",
-                        spec.namespace, spec.job_name
-                    )));
-                    if reported.get(&item.name) != Some(&state) {
-                        reports.push(Report {
-                            name: item.name.clone(),
-                            state,
-                        });
-                    }
-                    continue;
-                }
-            };
-            let state = if spec.delete {
-                match engine.delete_one(&job, placement).await {
-                    Ok(false) => None,
-                    Ok(true) => continue,
-                    Err(e) => {
-                        warn!(%destination, job = %format!("{}/{}", spec.namespace, spec.job_name), error = %e, "cannot delete the job");
-                        continue;
-                    }
-                }
-            } else {
-                let mut created = None;
-                let backing_off = retry_at
-                    .get(&item.name)
-                    .is_some_and(|at| tokio::time::Instant::now() < *at);
-                if !item.reported && !started.contains(&item.name) && !backing_off {
-                    if let Some(obj) = admitted.clone() {
-                        let outcome = engine
-                            .create_or_adopt(
-                                &entry,
-                                &spec.namespace,
-                                &spec.job_name,
-                                &spec.run_uid,
-                                obj,
-                            )
-                            .await;
-                        info!(%destination, job = %format!("{}/{}", spec.namespace, spec.job_name),
-                              run = %spec.run, outcome = ?outcome, "ensure");
-                        match outcome {
-                            Outcome::Created | Outcome::Adopted => {
-                                started.insert(item.name.clone());
-                                retry_at.remove(&item.name);
-                            }
-                            Outcome::NotCreated(s) => {
-                                // The server keeps a transient failure unreported (`reported:
-                                // false`), so the create is tried again after a pause.
-                                if s.is_retryable() {
-                                    retry_at.insert(
-                                        item.name.clone(),
-                                        tokio::time::Instant::now() + CREATE_RETRY,
-                                    );
-                                } else {
-                                    refused.insert(item.name.clone(), s.clone());
-                                }
-                                created = Some(s);
-                            }
-                        }
-                    }
-                }
-                Some(match created.or_else(|| refused.get(&item.name).cloned()) {
-                    Some(s) => s,
-                    None => {
-                        engine
-                            .placement_state(&job, placement, &no_secrets, true, admitted.as_ref())
-                            .await
-                    }
-                })
-            };
-            if reported.get(&item.name) != Some(&state) {
-                reports.push(Report {
-                    name: item.name.clone(),
-                    state,
-                });
-            }
-        }
-        let live: HashSet<&String> = work.iter().map(|w| &w.name).collect();
-        reported.retain(|k, _| live.contains(k));
-        started.retain(|k| live.contains(k));
-        retry_at.retain(|k, _| live.contains(k));
-        refused.retain(|k, _| live.contains(k));
+        let reports = worker.pass(&work).await;
         if reports.is_empty() {
             continue;
         }
@@ -460,12 +336,7 @@ async fn sync(
         let request = ReportRequest { reports };
         match client.get().post::<_, ReportReply>(&path, &request).await {
             Ok(reply) => {
-                let unknown: HashSet<&String> = reply.unknown.iter().collect();
-                for r in request.reports {
-                    if !unknown.contains(&r.name) {
-                        reported.insert(r.name, r.state);
-                    }
-                }
+                worker.accepted(request.reports, &reply.unknown);
                 metrics.count_agent_reports(&destination, u64::from(reply.accepted));
             }
             Err(e) => {

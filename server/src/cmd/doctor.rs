@@ -1,7 +1,9 @@
 //! `rollouts-dispatch doctor`: validates the configuration, starts the engine and checks every
 //! destination: API server reachable, watch caches synced, and the RBAC the engine needs
 //! (SelfSubjectAccessReview), and whether the AnalysisRuns that confirm requests (`confirmRuns`)
-//! can be watched. Prints a table; exit 0 when every row is fine, 1 otherwise.
+//! can be watched. Prints a table; exit 0 when every row is fine, 1 otherwise. Then one line per
+//! destination on the Jobs left behind longer than the retention ([`super::leftovers`]), for a
+//! person to act on (they do not change the exit code).
 //!
 //! Nothing secret is printed: rows show names, sources, server URLs and error messages only.
 
@@ -90,6 +92,7 @@ pub(super) async fn run(args: DoctorArgs) -> ExitCode {
     };
     let settings = config.engine;
     let confirm_runs = config.confirm_runs;
+    let store = config.agents.as_ref().map(|a| a.store);
     let engine = match Engine::start(config).await {
         Ok(e) => e,
         Err(e) => {
@@ -110,6 +113,12 @@ pub(super) async fn run(args: DoctorArgs) -> ExitCode {
     let rows =
         futures::future::join_all(entries.iter().map(|e| check(e, deadline, call_timeout))).await;
     print_table(&rows);
+    let left_timeout = deadline
+        .saturating_duration_since(Instant::now())
+        .max(call_timeout);
+    for line in super::leftovers::lines(&engine, store, left_timeout).await {
+        println!("{line}");
+    }
     if rows.iter().all(|r| r.ok) {
         println!("all {} destination(s) OK", rows.len());
         if runs_ok {

@@ -1,11 +1,13 @@
 //! The `rollouts-dispatch` command line: `serve`, `agent`, `token issue`, `destinations`, `run`,
-//! `doctor`. Each subcommand owns its args next to its `run`; the flags several of them share
+//! `doctor` (with `leftovers`: Jobs older than the retention). Each subcommand owns its args
+//! next to its `run`; the flags several of them share
 //! are the [`ConfigArgs`], [`AdminArgs`] and [`ServerArgs`] groups below.
 
 pub mod agent;
 pub mod deletions;
 pub mod destinations;
 pub mod doctor;
+pub mod leftovers;
 pub mod run;
 pub mod serve;
 pub mod sweep;

@@ -98,7 +98,9 @@ pub struct ServeArgs {
     pub sync_timeout: Duration,
     /// Every this long, delete the Jobs whose AnalysisRun no longer exists on the control plane,
     /// or completed longer ago than `jobs.retention` (needs list on analysisruns there); only Jobs
-    /// marked by this server. Default 5m when the control plane's credentials resolve; 0: off.
+    /// marked by this server; the same loop asks agents to delete the Jobs of their records
+    /// finished longer ago than the records' retention. Default 5m when the control plane's
+    /// credentials resolve or `agents` is configured; 0: off.
     #[arg(long, env = "ROLLOUTS_DISPATCH_SWEEP_ORPHANS_EVERY", value_parser = parse_duration)]
     pub sweep_orphans_every: Option<Duration>,
     /// Most connections open at once on the API port; beyond it new connections wait in the
@@ -216,8 +218,12 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     });
     let deletions =
         super::deletions::spawn(engine.clone(), metrics.clone(), super::deletions::EVERY);
-    let sweeper = super::sweep::interval(sweep_orphans_every, engine.has_control_plane())
-        .map(|every| super::sweep::spawn(engine.clone(), metrics.clone(), every));
+    // With agents but no control plane the loop still runs: it expires finished agent records.
+    let sweeper = super::sweep::interval(
+        sweep_orphans_every,
+        engine.has_control_plane() || engine.store().is_some(),
+    )
+    .map(|every| super::sweep::spawn(engine.clone(), metrics.clone(), every));
     // Open long polls of agents answer at once on shutdown, so that the drain does not wait.
     tokio::spawn({
         let dispatcher = dispatcher.clone();

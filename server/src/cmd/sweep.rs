@@ -1,5 +1,6 @@
 //! The sweep loop of `serve`: every `--sweep-orphans-every` (default 5m whenever the control
-//! plane is configured), `Engine::sweep_orphans`, each deletion counted in
+//! plane or `agents` is configured), `Engine::sweep_orphans` (with a control plane) and
+//! `Engine::expire_records` (with agents), each deletion counted in
 //! `rollouts_dispatch_jobs_swept_total{destination, reason}`.
 
 use std::sync::Arc;
@@ -13,13 +14,13 @@ use crate::runtime::metrics::Metrics;
 /// The interval when `--sweep-orphans-every` is not given and the control plane is configured.
 pub const DEFAULT_EVERY: Duration = Duration::from_secs(300);
 
-/// The sweep's interval: the flag's (`0`: off), else [`DEFAULT_EVERY`] when the server has
-/// credentials for the control plane (`control_plane`), else off: there is no run to compare
-/// Jobs with.
-pub fn interval(flag: Option<Duration>, control_plane: bool) -> Option<Duration> {
+/// The sweep's interval: the flag's (`0`: off), else [`DEFAULT_EVERY`] when there is work for
+/// it (`work`: the server has credentials for the control plane, or agent records to expire),
+/// else off.
+pub fn interval(flag: Option<Duration>, work: bool) -> Option<Duration> {
     match flag {
         Some(every) => (!every.is_zero()).then_some(every),
-        None => control_plane.then_some(DEFAULT_EVERY),
+        None => work.then_some(DEFAULT_EVERY),
     }
 }
 
@@ -32,12 +33,21 @@ pub fn spawn(
     info!(
         every_s = every.as_secs(),
         retention_s = engine.jobs_settings().retention.as_secs(),
-        "the sweep deletes Jobs of deleted AnalysisRuns and of runs completed before the retention"
+        record_retention_s = engine.record_retention().as_secs(),
+        "the sweep deletes Jobs of deleted AnalysisRuns and of runs completed before the retention \
+         (with a control plane), and of agent records finished before theirs"
     );
     tokio::spawn(
         async move {
             loop {
                 tokio::time::sleep(every).await;
+                let expired = engine.expire_records().await;
+                for (destination, _, reason) in &expired.deleted {
+                    metrics.count_swept(destination, reason.as_str());
+                }
+                if !engine.has_control_plane() {
+                    continue;
+                }
                 match engine.sweep_orphans().await {
                     Ok(report) => {
                         for (destination, _, reason) in &report.deleted {

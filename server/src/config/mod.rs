@@ -154,7 +154,8 @@ pub struct JobsSettings {
     /// `resumeAt`, so an hour leaves room for a controller or server outage.
     pub ttl_after_finished: Duration,
     /// the orphan sweep deletes the Jobs (and agent records) of AnalysisRuns that completed
-    /// longer ago than this
+    /// longer ago than this; agent records whose final state was reported longer ago than this
+    /// (and than the longest deadline, `Engine::record_retention`) are expired
     pub retention: Duration,
 }
 
@@ -352,6 +353,10 @@ pub struct EngineSettings {
     /// added to every measurement's deadline before the server gives up on it, so that the
     /// destination's own `activeDeadlineSeconds` (and its Failed verdict) comes first
     pub deadline_grace: Duration,
+    /// the longest deadline a block may ask for (`activeDeadline`): a longer one is refused at
+    /// ensure, so that no tenant holds its Stage for days; also bounds how long the records of
+    /// finished measurements must be kept (`engine::expiry`)
+    pub max_measurement_deadline: Duration,
 }
 
 impl Default for EngineSettings {
@@ -363,6 +368,7 @@ impl Default for EngineSettings {
             log_timeout: Duration::from_secs(5),
             measurement_deadline: Duration::from_secs(30 * 60),
             deadline_grace: Duration::from_secs(2 * 60),
+            max_measurement_deadline: Duration::from_secs(6 * 3600),
         }
     }
 }
@@ -475,6 +481,21 @@ engine: {connectTimeout: 2s}
         assert_eq!(c.engine.connect_timeout, Duration::from_secs(2));
         assert_eq!(c.engine.request_timeout, Duration::from_secs(20));
         assert_eq!(c.jobs, JobsSettings::default());
+    }
+
+    #[test]
+    fn the_default_deadline_is_within_the_longest_allowed() {
+        let c = parse("engine: {maxMeasurementDeadline: 2h, measurementDeadline: 1h}").unwrap();
+        assert_eq!(c.engine.max_measurement_deadline, Duration::from_secs(7200));
+        assert_eq!(
+            EngineSettings::default().max_measurement_deadline,
+            Duration::from_secs(6 * 3600)
+        );
+        let e = parse("engine: {maxMeasurementDeadline: 20m}").unwrap_err();
+        assert!(
+            e.contains("engine.measurementDeadline: 30m is more than `engine.maxMeasurementDeadline` (20m)"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -119,6 +119,13 @@ pub(crate) enum Problem {
          `kubeconfig` or a `server`), or remove `confirmRuns`"
     )]
     ConfirmRunsWithoutControlPlane,
+    #[error(
+        "{} is more than `engine.maxMeasurementDeadline` ({}); shorten it, or raise \
+         `engine.maxMeasurementDeadline`",
+        dispatch_api::format_go_duration(*deadline),
+        dispatch_api::format_go_duration(*max)
+    )]
+    DeadlineOverMax { deadline: Duration, max: Duration },
 }
 
 /// Why a string cannot be a destination name ([`check_destination_name`]).

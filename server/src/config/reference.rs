@@ -120,6 +120,7 @@ pub fn reference() -> Vec<FieldDoc> {
         f("engine.logTimeout", "duration", Value("5s"), "bound on reading a log tail from `pods/log`"),
         f("engine.measurementDeadline", "duration", Value("30m"), "a measurement's deadline when its block sets no `activeDeadline`: past it (plus `deadlineGrace`) without a verdict, the server ends it in `Error` naming what did not answer, and deletes its Jobs"),
         f("engine.deadlineGrace", "duration", Value("2m"), "added to every measurement's deadline, so that the destination's own `activeDeadlineSeconds` verdict (`Failed`, DeadlineExceeded) comes first"),
+        f("engine.maxMeasurementDeadline", "duration", Value("6h"), "the longest `activeDeadline` a block may ask for: a longer one is refused when the measurement starts (400, naming `activeDeadline`, its value and this key), so that no tenant holds its Stage for days; at least `measurementDeadline`. Finished agent records are kept at least this long plus `deadlineGrace` (see `jobs.retention`)"),
         f("agents.store", "enum", Value("memory"), "where agent work is kept: `memory` (in the server process: one replica only, forgotten on restart, agents resync) or `kubernetes` (`DispatchJob` resources on the control plane, CRD in config/crds: any number of replicas)"),
         f("agents.namespace", "string", Unset("`$POD_NAMESPACE`, else `rollouts-dispatch`"), "namespace of the `DispatchJob` resources (store `kubernetes`)"),
         f("agents.offlineAfter", "duration", Value("60s"), "an agent not heard from for this long is shown as not connected (at least 1s)"),
@@ -128,7 +129,7 @@ pub fn reference() -> Vec<FieldDoc> {
         f("agents.destinations[].labels", "string map", Unset("no labels"), "labels for `destinationSelector`"),
         f("agents.destinations[].namespace", "string", Value("default"), "default namespace of Jobs there"),
         f("jobs.ttlAfterFinished", "duration", Value("1h"), "`spec.ttlSecondsAfterFinished` of every Job whose template sets none (the template's wins): the destination deletes the Job and its Pods this long after it finished; at least 1m, long enough that the verdict is read first"),
-        f("jobs.retention", "duration", Value("24h"), "the orphan sweep (`serve --sweep-orphans-every`) deletes the Jobs and agent records of AnalysisRuns that completed longer ago than this, as well as those of deleted runs; at least 1m"),
+        f("jobs.retention", "duration", Value("24h"), "the orphan sweep (`serve --sweep-orphans-every`) deletes the Jobs and agent records of AnalysisRuns that completed longer ago than this, as well as those of deleted runs; the same loop, with `agents` and no control plane too, asks agents to delete the Jobs of records whose final state was reported longer ago than this (but never sooner than `engine.maxMeasurementDeadline` + `engine.deadlineGrace`); at least 1m"),
     ]);
     docs
 }
@@ -430,6 +431,7 @@ jobs: {}
                 "engine.cacheWait" => dur(v) == c.engine.cache_wait,
                 "engine.measurementDeadline" => dur(v) == c.engine.measurement_deadline,
                 "engine.deadlineGrace" => dur(v) == c.engine.deadline_grace,
+                "engine.maxMeasurementDeadline" => dur(v) == c.engine.max_measurement_deadline,
                 "engine.logTimeout" => dur(v) == c.engine.log_timeout,
                 "agents.store" => {
                     agents.store
@@ -455,7 +457,7 @@ jobs: {}
             );
             checked += 1;
         }
-        assert_eq!(checked, 22);
+        assert_eq!(checked, 23);
         // without a file, or without an `engine:` section, the engine defaults are the same
         assert_eq!(ServerConfig::embedded_default().engine, c.engine);
         assert_eq!(ServerConfig::parse("", "test").unwrap().engine, c.engine);

@@ -13,6 +13,9 @@ impl Engine {
         target = %req.config.target_display(),
     ))]
     pub async fn ensure(&self, req: &MeasureRequest) -> Result<Ensured, EngineError> {
+        if let Some(too_long) = self.deadline_refused(req) {
+            return Err(too_long);
+        }
         let targets = self.targets(req).await?;
         let name = job::job_name(&req.run.uid, &req.metric, req.measurement);
         // Build and check every Job first: a bad or refused spec creates nothing anywhere.
@@ -107,6 +110,20 @@ impl Engine {
         let targets = self.targets(req).await?;
         let name = job::job_name(&req.run.uid, &req.metric, req.measurement);
         Ok(job_ref(req, name, &targets))
+    }
+
+    /// Refuses a block whose `activeDeadline` exceeds `engine.maxMeasurementDeadline`, before
+    /// any API call: Argo Rollouts has no timeout on a metric and Kargo refuses promotions of a
+    /// Stage while its verification runs, so a 30-day deadline would hold the Stage for 30 days.
+    fn deadline_refused(&self, req: &MeasureRequest) -> Option<EngineError> {
+        let max = self.inner.settings.max_measurement_deadline;
+        let asked = req.config.active_deadline.filter(|asked| *asked > max)?;
+        Some(EngineError::DeadlineTooLong {
+            metric: req.metric.clone(),
+            value: dispatch_api::format_go_duration(asked),
+            max: dispatch_api::format_go_duration(max),
+            origin: self.inner.origin.clone(),
+        })
     }
 
     /// The deadline of a measurement whose Jobs are created now, in seconds since the epoch.

@@ -154,6 +154,29 @@ pub struct Expected<'a> {
 }
 
 impl JobRef {
+    /// The reference a `DispatchJob` record stands for on `destination`: one placement,
+    /// unsigned and without a deadline. Never handed out: the agent acts with it on its own
+    /// cluster, the server on a pending deletion.
+    pub fn of_record(spec: &crate::store::DispatchJobSpec, destination: &str) -> Self {
+        let (run_namespace, run_name) = spec.run.split_once('/').unwrap_or_default();
+        Self {
+            run_uid: spec.run_uid.clone(),
+            run_namespace: run_namespace.to_string(),
+            run_name: run_name.to_string(),
+            metric: spec.metric.clone(),
+            measurement: spec.measurement,
+            name: spec.job_name.clone(),
+            require: Require::All,
+            log_tail: spec.log_tail,
+            placements: vec![Placement {
+                destination: destination.to_string(),
+                namespace: spec.namespace.clone(),
+            }],
+            deadline: 0,
+            sig: String::new(),
+        }
+    }
+
     /// The measurement metadata for this reference.
     pub fn metadata(&self) -> BTreeMap<String, String> {
         let mut m = BTreeMap::new();

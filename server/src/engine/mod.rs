@@ -9,6 +9,8 @@
 //! * [`Engine::terminate`] deletes the Jobs (foreground) on every destination.
 //! * [`Engine::gc`] keeps the newest `limit` Jobs of a run on each of its placements
 //!   ([`Engine::gc_everywhere`]: on every destination, for tests and tools).
+//! * [`Engine::expire_records`] asks agents to delete the Jobs of records finished longer ago
+//!   than their retention (no control plane needed).
 //!
 //! The engine keeps no state that matters: a [`JobRef`] (stored in the measurement metadata)
 //! and the Jobs on the destinations are the state, so a new engine picks up where another left.
@@ -46,6 +48,7 @@ use crate::verdict::{self, DestState, DestinationStatus, Observed, Verdict};
 mod agents;
 mod cleanup;
 mod ensure;
+mod expiry;
 mod job_ref;
 mod pending;
 mod start;
@@ -234,6 +237,22 @@ pub enum EngineError {
         allowed: String,
         /// the setting that limits it (`destinations[0].namespaces`, an Argo CD annotation…)
         key: String,
+        /// the config file
+        origin: String,
+    },
+    /// the block asks for a deadline longer than `engine.maxMeasurementDeadline`
+    #[error(
+        "invalid {PLUGIN_NAME} block in metric {metric:?}: field `activeDeadline` is {value}, \
+         more than the {max} a measurement may hold its Stage (`engine.maxMeasurementDeadline` \
+         in {origin}); shorten `activeDeadline`, or raise `engine.maxMeasurementDeadline`"
+    )]
+    DeadlineTooLong {
+        /// the metric
+        metric: String,
+        /// the block's `activeDeadline` (Go syntax)
+        value: String,
+        /// `engine.maxMeasurementDeadline` (Go syntax)
+        max: String,
         /// the config file
         origin: String,
     },

@@ -99,7 +99,7 @@ impl Engine {
             }
         }
         for r in direct {
-            let job = job_of(&r);
+            let job = JobRef::of_record(&r.spec, &r.spec.destination);
             let what = format!("{}/{}", r.spec.namespace, r.spec.job_name);
             let outcome = match self.inner.registry.get(&r.spec.destination) {
                 // A destination removed from the registry (config, Argo CD Secret) can no
@@ -140,27 +140,5 @@ impl Engine {
                            "pending deletions retried");
         }
         report
-    }
-}
-
-/// The reference a pending record stands for: one placement, unsigned (it never leaves the
-/// server).
-fn job_of(r: &DispatchJob) -> JobRef {
-    let (run_namespace, run_name) = r.spec.run.split_once('/').unwrap_or_default();
-    JobRef {
-        run_uid: r.spec.run_uid.clone(),
-        run_namespace: run_namespace.to_string(),
-        run_name: run_name.to_string(),
-        metric: r.spec.metric.clone(),
-        measurement: r.spec.measurement,
-        name: r.spec.job_name.clone(),
-        require: dispatch_api::block::Require::All,
-        log_tail: r.spec.log_tail,
-        placements: vec![Placement {
-            destination: r.spec.destination.clone(),
-            namespace: r.spec.namespace.clone(),
-        }],
-        deadline: 0,
-        sig: String::new(),
     }
 }

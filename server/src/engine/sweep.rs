@@ -27,6 +27,9 @@ pub enum SweepReason {
     /// Terminate that never reached the server, or a server restarted with in-memory pending
     /// deletions)
     RunCompleted,
+    /// its agent record's final state was observed longer ago than the records' retention
+    /// (`Engine::expire_records`, needs no control plane)
+    RecordRetention,
 }
 
 impl SweepReason {
@@ -36,6 +39,7 @@ impl SweepReason {
             Self::DeletedRun => "deleted_run",
             Self::Retention => "retention",
             Self::RunCompleted => "run_completed",
+            Self::RecordRetention => "record_retention",
         }
     }
 }

@@ -126,7 +126,8 @@ impl Metrics {
             "jobs_swept",
             "Jobs deleted by the sweep (agent destinations: deletions asked of the agent), by \
              destination and reason (deleted_run: the AnalysisRun is gone; retention: it completed \
-             longer ago than jobs.retention; run_completed: it completed while the Job still ran)",
+             longer ago than jobs.retention; run_completed: it completed while the Job still ran; \
+             record_retention: its agent record finished longer ago than the records' retention)",
             jobs_swept.clone(),
         );
         let past_deadline = Counter::default();

@@ -34,6 +34,9 @@
 //! * [`namespaces`]: a placement outside a destination's `namespaces` (by the block's
 //!   namespace, a selector, or the status route) → 403 naming the destination, the namespace
 //!   and the key, no destination call, even when the policy allows every namespace.
+//! * [`deadlines`]: a block asking for a 30-day `activeDeadline` (to hold its Stage) → 4xx
+//!   naming the field, its value, `engine.maxMeasurementDeadline` and the key to raise it; no
+//!   destination call, no agent record.
 //! * [`tls`]: plain HTTP to the TLS port, clients refusing `http://`, the agent's pinned CA,
 //!   certificate, JWT key and revocation rotation on disk without a restart.
 
@@ -52,6 +55,7 @@ mod argocd;
 mod authn;
 mod authz;
 mod budgets;
+mod deadlines;
 mod namespaces;
 mod podsecurity;
 mod references;

@@ -23,7 +23,7 @@ fn seconds_now() -> u64 {
 }
 
 /// `job` as if its deadline passed a minute ago.
-fn overdue(job: &JobRef) -> JobRef {
+pub(crate) fn overdue(job: &JobRef) -> JobRef {
     JobRef {
         deadline: seconds_now() - 60,
         ..job.clone()

@@ -13,11 +13,14 @@
 //! cannot: a real API server's validation and RBAC, the Job controller, Pods that really run,
 //! ServiceAccount tokens and TLS.
 
+mod agent_loop;
 mod agents;
 mod cleanup;
 mod cluster_side;
 mod create;
 mod deadline;
+mod doctor;
+mod expiry;
 mod failures;
 mod fake_api;
 mod lifecycle;

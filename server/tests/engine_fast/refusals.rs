@@ -32,7 +32,7 @@ fn dispatcher(w: &World) -> Result<EngineDispatcher> {
     ))
 }
 
-fn measurement(uid: &str, destination: &str) -> MeasurementRef {
+pub(crate) fn measurement(uid: &str, destination: &str) -> MeasurementRef {
     MeasurementRef {
         run: RunRef {
             name: "uat.verify.refused".into(),

@@ -18,6 +18,7 @@ pub(super) struct RawEngine {
     log_timeout: Option<String>,
     measurement_deadline: Option<String>,
     deadline_grace: Option<String>,
+    max_measurement_deadline: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -99,8 +100,22 @@ pub(super) fn validate_engine(raw: Option<RawEngine>) -> Result<EngineSettings, 
                     e.deadline_grace,
                     &mut engine.deadline_grace,
                 ),
+                (
+                    "maxMeasurementDeadline",
+                    e.max_measurement_deadline,
+                    &mut engine.max_measurement_deadline,
+                ),
             ],
         )?;
+    }
+    if engine.measurement_deadline > engine.max_measurement_deadline {
+        return Err(invalid(
+            "engine.measurementDeadline",
+            Problem::DeadlineOverMax {
+                deadline: engine.measurement_deadline,
+                max: engine.max_measurement_deadline,
+            },
+        ));
     }
     Ok(engine)
 }

@@ -1,0 +1,241 @@
+//! One pass of the agent over its destination's work: create, watch and delete the Jobs of the
+//! records and say which states changed ([`Worker::pass`]); then remember what the server
+//! accepted ([`Worker::accepted`]).
+//!
+//! A record whose final state (succeeded, failed, a permanent error, or deleted) the server
+//! accepted is *settled*: it leaves the per-pass work and is not checked again (no pod security
+//! check, no Job read, no ownership hash) until its record changes — a delete request, a new
+//! spec. Without this every finished item of the destination is re-read twice a second until
+//! garbage collection or the record's retention removes it (issue #15 item 6).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dispatch_api::agent::{Report, WorkItem};
+use tracing::{info, warn};
+
+use super::guard::Guard;
+use crate::destinations::Entry;
+use crate::engine::{Engine, JobRef, Outcome};
+use crate::logs::Redactor;
+use crate::verdict::DestState;
+
+/// How long the agent waits before it tries again to create a Job whose create failed
+/// transiently (5xx, timeout, 429).
+pub const CREATE_RETRY: Duration = Duration::from_secs(5);
+
+/// Whether a reported state is final: the Job's verdict cannot change any more (succeeded,
+/// failed, a permanent error) or the Job is gone as asked (`None`). Running, an image pull
+/// error (the kubelet keeps pulling) and an unreachable API can still change.
+pub fn is_final(state: &Option<DestState>) -> bool {
+    state.as_ref().is_none_or(DestState::is_final)
+}
+
+/// The agent's memory of its work between passes. Every map is pruned of the records that left
+/// the work, so it stays as large as the destination's records.
+pub struct Worker {
+    engine: Engine,
+    destination: String,
+    entry: Entry,
+    guard: Guard,
+    no_secrets: Redactor,
+    /// what the server last accepted per record (`None`: deleted)
+    reported: HashMap<String, Option<DestState>>,
+    /// the records whose Job this process created or adopted
+    started: HashSet<String>,
+    /// records whose create failed transiently, and when to try again
+    retry_at: HashMap<String, tokio::time::Instant>,
+    /// records whose final state the server accepted: skipped until their record changes
+    settled: HashSet<String>,
+    /// records whose create the cluster refused for good (validation, admission, quota), with
+    /// the refusal: it stays their state, rather than the "does not exist" a later read gives
+    /// once the record changes (the server marks it reported) and leaves `settled`
+    refused: HashMap<String, DestState>,
+    /// the work of the previous pass (the poller replaces the whole list when it changes)
+    last: Arc<Vec<WorkItem>>,
+}
+
+impl Worker {
+    /// A worker for `destination` of `engine`; `None` when the engine does not know it.
+    pub fn new(engine: Engine, destination: &str, guard: Guard) -> Option<Self> {
+        let entry = engine.registry().get(destination)?;
+        Some(Self {
+            engine,
+            destination: destination.to_string(),
+            entry,
+            guard,
+            no_secrets: Redactor::default(),
+            reported: HashMap::new(),
+            started: HashSet::new(),
+            retry_at: HashMap::new(),
+            settled: HashSet::new(),
+            refused: HashMap::new(),
+            last: Arc::new(Vec::new()),
+        })
+    }
+
+    /// How many records are settled (left the per-pass work).
+    pub fn settled(&self) -> usize {
+        self.settled.len()
+    }
+
+    /// Works through `work` once; returns the reports of the records whose state differs from
+    /// what the server last accepted.
+    pub async fn pass(&mut self, work: &Arc<Vec<WorkItem>>) -> Vec<Report> {
+        if !Arc::ptr_eq(work, &self.last) {
+            self.forget_changed(work);
+            self.last = work.clone();
+        }
+        let mut reports = Vec::new();
+        for item in work.iter() {
+            if self.settled.contains(&item.name) {
+                continue;
+            }
+            if let Some(state) = self.item(item).await {
+                if self.reported.get(&item.name) != Some(&state) {
+                    reports.push(Report {
+                        name: item.name.clone(),
+                        state,
+                    });
+                } else if is_final(&state) {
+                    // Checked again after its record changed (often only `reported`, which the
+                    // server sets on the first report), and still what the server has.
+                    self.settled.insert(item.name.clone());
+                }
+            }
+        }
+        reports
+    }
+
+    /// The server stored `reports` except those of records it no longer has (`unknown`).
+    pub fn accepted(&mut self, reports: Vec<Report>, unknown: &[String]) {
+        let unknown: HashSet<&String> = unknown.iter().collect();
+        for r in reports {
+            if unknown.contains(&r.name) {
+                continue;
+            }
+            if is_final(&r.state) {
+                self.settled.insert(r.name.clone());
+            }
+            self.reported.insert(r.name, r.state);
+        }
+    }
+
+    /// The work changed: records whose item differs from the last pass's are checked again,
+    /// and the memory of records that left the work is dropped.
+    fn forget_changed(&mut self, work: &Arc<Vec<WorkItem>>) {
+        let before: HashMap<&str, &WorkItem> =
+            self.last.iter().map(|w| (w.name.as_str(), w)).collect();
+        let now: HashMap<&str, &WorkItem> = work.iter().map(|w| (w.name.as_str(), w)).collect();
+        self.settled
+            .retain(|k| matches!((before.get(k.as_str()), now.get(k.as_str())), (Some(a), Some(b)) if a == b));
+        self.reported.retain(|k, _| now.contains_key(k.as_str()));
+        self.started.retain(|k| now.contains_key(k.as_str()));
+        self.retry_at.retain(|k, _| now.contains_key(k.as_str()));
+        self.refused.retain(|k, _| now.contains_key(k.as_str()));
+    }
+
+    /// The state of one record's Job after acting on it; `None` when there is nothing to say
+    /// yet (a deletion under way or that failed, logged).
+    async fn item(&mut self, item: &WorkItem) -> Option<Option<DestState>> {
+        let destination = self.destination.as_str();
+        let spec = &item.spec;
+        // The agent's own reference to a Job the server asked for: never signed, never handed
+        // out (the agent acts on its own cluster only).
+        let job = JobRef::of_record(spec, destination);
+        let placement = &job.placements[0];
+        let at = format!("{}/{}", spec.namespace, spec.job_name);
+        // Pure, so checked on every pass until settled: a refused item keeps its refusal.
+        let admitted = match self.guard.admit(destination, spec) {
+            Ok(obj) => obj,
+            Err(refused) => {
+                warn!(%destination, job = %at, run = %spec.run, error = %refused,
+                      "refused work from the server");
+                return Some(Some(DestState::Error(format!(
+                    "job {at} on {destination}: {refused}"
+                ))));
+            }
+        };
+        if spec.delete {
+            return match self.engine.delete_one(&job, placement).await {
+                Ok(false) => Some(None),
+                Ok(true) => None,
+                Err(e) => {
+                    warn!(%destination, job = %at, error = %e, "cannot delete the job");
+                    None
+                }
+            };
+        }
+        if let Some(refusal) = self.refused.get(&item.name) {
+            return Some(Some(refusal.clone()));
+        }
+        let backing_off = self
+            .retry_at
+            .get(&item.name)
+            .is_some_and(|at| tokio::time::Instant::now() < *at);
+        if !item.reported && !self.started.contains(&item.name) && !backing_off {
+            if let Some(obj) = admitted.clone() {
+                let outcome = self
+                    .engine
+                    .create_or_adopt(
+                        &self.entry,
+                        &spec.namespace,
+                        &spec.job_name,
+                        &spec.run_uid,
+                        obj,
+                    )
+                    .await;
+                info!(%destination, job = %at, run = %spec.run, outcome = ?outcome, "ensure");
+                match outcome {
+                    Outcome::Created | Outcome::Adopted => {
+                        self.started.insert(item.name.clone());
+                        self.retry_at.remove(&item.name);
+                    }
+                    Outcome::NotCreated(s) => {
+                        // The server keeps a transient failure unreported (`reported: false`),
+                        // so the create is tried again after a pause.
+                        if s.is_retryable() {
+                            self.retry_at.insert(
+                                item.name.clone(),
+                                tokio::time::Instant::now() + CREATE_RETRY,
+                            );
+                        } else {
+                            self.refused.insert(item.name.clone(), s.clone());
+                        }
+                        return Some(Some(s));
+                    }
+                }
+            }
+        }
+        Some(Some(
+            self.engine
+                .placement_state(&job, placement, &self.no_secrets, true, admitted.as_ref())
+                .await,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_decided_states_are_final() {
+        assert!(is_final(&None));
+        assert!(is_final(&Some(DestState::Succeeded)));
+        assert!(is_final(&Some(DestState::Error("gone".into()))));
+        assert!(is_final(&Some(DestState::Failed {
+            reason: "BackoffLimitExceeded".into(),
+            detail: String::new(),
+            log: None,
+        })));
+        assert!(!is_final(&Some(DestState::Running(None))));
+        assert!(!is_final(&Some(DestState::Unavailable("503".into()))));
+        assert!(!is_final(&Some(DestState::ImagePull {
+            container: "c".into(),
+            reason: "ImagePullBackOff".into(),
+            message: String::new(),
+        })));
+    }
+}
