@@ -305,6 +305,35 @@ async fn poll(
     }
 }
 
+/// What the agent does for a record that asks for a Job, on one pass of its loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CreateStep {
+    /// create (or adopt) the Job: the server has no state of it yet
+    Create,
+    /// the last create failed transiently: nothing to do or report before its retry time
+    Wait,
+    /// the Job was created, adopted or reported: read its state
+    Observe,
+}
+
+/// The step for a record: `reported` (the server holds a state that is not a transient create
+/// failure), `started` (this process created or adopted its Job), `retry_at` (when a create
+/// that failed transiently may be tried again).
+fn create_step(
+    reported: bool,
+    started: bool,
+    retry_at: Option<tokio::time::Instant>,
+    now: tokio::time::Instant,
+) -> CreateStep {
+    if reported || started {
+        CreateStep::Observe
+    } else if retry_at.is_some_and(|at| now < at) {
+        CreateStep::Wait
+    } else {
+        CreateStep::Create
+    }
+}
+
 /// Creates, watches and deletes the Jobs of the work, and reports every state change.
 async fn sync(
     engine: Engine,
@@ -390,10 +419,19 @@ async fn sync(
                 }
             } else {
                 let mut created = None;
-                let backing_off = retry_at
-                    .get(&item.name)
-                    .is_some_and(|at| tokio::time::Instant::now() < *at);
-                if !item.reported && !started.contains(&item.name) && !backing_off {
+                let step = create_step(
+                    item.reported,
+                    started.contains(&item.name),
+                    retry_at.get(&item.name).copied(),
+                    tokio::time::Instant::now(),
+                );
+                // Between two tries the Job does not exist: observing it would report "does not
+                // exist", a verdict (Error) that ends the retries; the transient failure last
+                // reported stands until the next try.
+                if step == CreateStep::Wait {
+                    continue;
+                }
+                if step == CreateStep::Create {
                     if let Some(obj) = admitted.clone() {
                         let outcome = engine
                             .create_or_adopt(
@@ -472,6 +510,28 @@ async fn sync(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_transiently_failed_create_waits_for_its_retry_then_creates_again() {
+        let now = tokio::time::Instant::now();
+        let later = now + CREATE_RETRY;
+        // Before the retry time the record is neither created nor observed (observing a Job
+        // that was never created reports "does not exist", an Error verdict).
+        assert_eq!(
+            create_step(false, false, Some(later), now),
+            CreateStep::Wait
+        );
+        assert_eq!(
+            create_step(false, false, Some(later), later),
+            CreateStep::Create
+        );
+        assert_eq!(create_step(false, false, None, now), CreateStep::Create);
+        assert_eq!(create_step(false, true, None, now), CreateStep::Observe);
+        assert_eq!(
+            create_step(true, false, Some(later), now),
+            CreateStep::Observe
+        );
+    }
 
     #[test]
     fn backoff_grows_is_capped_and_jittered() {
