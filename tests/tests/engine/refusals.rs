@@ -12,6 +12,7 @@ use serde_json::json;
 
 use crate::engine_support::*;
 use crate::fixture::*;
+use dispatch_tests::objects::dry_run_job;
 
 /// The namespace the policy applies to (no other test uses it).
 const REFUSING: &str = "refusing";
@@ -70,19 +71,9 @@ async fn deny_latest_images(client: kube::Client) -> Result<()> {
     ignore_exists(bindings.create(&pp, &binding).await)?;
 
     // The API server loads policies from its own informer: wait until a dry run is denied.
-    let jobs: Api<Job> = Api::namespaced(client, REFUSING);
-    let probe: Job = serde_json::from_value(json!({
-        "metadata": {"name": "probe"},
-        "spec": {"template": {"spec": {"restartPolicy": "Never",
-                 "containers": [{"name": "c", "image": "example.invalid/c:latest"}]}}}
-    }))?;
-    let dry = PostParams {
-        dry_run: true,
-        ..PostParams::default()
-    };
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        match jobs.create(&dry, &probe).await {
+        match dry_run_job(&client, REFUSING, "example.invalid/c:latest").await {
             Err(kube::Error::Api(s)) if s.message.contains(REASON) => return Ok(()),
             other => ensure!(
                 Instant::now() < deadline,
