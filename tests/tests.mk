@@ -109,7 +109,7 @@ bench-agents: ## one server replica (release) with 500 simulated agents long-pol
 	$(call summary_test,bench_agents,ROLLOUTS_DISPATCH_BINARY=$(abspath $(DISPATCH_RELEASE_BIN)))
 
 .PHONY: chaos
-chaos: k8s-bin plugin-release ## 50 verifications on a direct and an agent destination while servers, agent, plugin and controller are killed (-9); last line: verifications=50 correct=N duplicate_jobs=D orphans=O
+chaos: k8s-bin plugin-release ## 50 verifications on a direct and an agent destination while servers, agent, plugin and controller are killed (-9), then 4 faults (apiserver down during abort, agent silent past the deadline, transient 5xx on the agent's create, memory-store server restart); last line: verifications=50 correct=N duplicate_jobs=D orphans=O stuck=S leftover_jobs=L
 	$(CARGO) build --locked -p dispatch-server --bin rollouts-dispatch
 	$(call summary_test,chaos,$(CLUSTER_ENV),grep -E '^(chaos|verifications=|test |Error)')
 

@@ -6,10 +6,11 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Result};
-use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::json;
+
+use crate::objects::dry_run_job;
 
 /// The namespace label the policy's binding selects.
 pub const LABEL: &str = "rollouts-dispatch.test/refusing";
@@ -84,19 +85,9 @@ pub async fn deny_latest_images(client: kube::Client, namespace: &str) -> Result
     ignore_exists(bindings.create(&pp, &binding).await)?;
 
     // The API server loads policies from its own informer: wait until a dry run is denied.
-    let jobs: Api<Job> = Api::namespaced(client, namespace);
-    let probe: Job = serde_json::from_value(json!({
-        "metadata": {"name": "probe"},
-        "spec": {"template": {"spec": {"restartPolicy": "Never",
-                 "containers": [{"name": "c", "image": LATEST_IMAGE}]}}}
-    }))?;
-    let dry = PostParams {
-        dry_run: true,
-        ..PostParams::default()
-    };
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        match jobs.create(&dry, &probe).await {
+        match dry_run_job(&client, namespace, LATEST_IMAGE).await {
             Err(kube::Error::Api(s)) if s.message.contains(REASON) => return Ok(()),
             other => ensure!(
                 Instant::now() < deadline,

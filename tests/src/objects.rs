@@ -43,6 +43,24 @@ pub async fn managed_jobs(cluster: &Cluster) -> Result<Vec<Job>> {
         .items)
 }
 
+/// Creates, as a dry run (nothing is stored), a minimal Job `probe` in `namespace` whose one
+/// container runs `image`: how a test sees whether an admission policy or webhook is in force
+/// yet (the API server loads them from its own informer, a moment after they are created).
+pub async fn dry_run_job(client: &kube::Client, namespace: &str, image: &str) -> kube::Result<Job> {
+    let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
+    let probe: Job = serde_json::from_value(json!({
+        "metadata": {"name": "probe"},
+        "spec": {"template": {"spec": {"restartPolicy": "Never",
+                 "containers": [{"name": "c", "image": image}]}}}
+    }))
+    .map_err(kube::Error::SerdeError)?;
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    jobs.create(&dry_run, &probe).await
+}
+
 /// The environment of a Job's first container, as (name, value) pairs.
 pub fn job_env(job: &Job) -> Vec<(String, String)> {
     job.spec

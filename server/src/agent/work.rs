@@ -32,6 +32,35 @@ pub fn is_final(state: &Option<DestState>) -> bool {
     state.as_ref().is_none_or(DestState::is_final)
 }
 
+/// What the agent does for a record that asks for a Job, on one pass of its loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CreateStep {
+    /// create (or adopt) the Job: the server has no state of it yet
+    Create,
+    /// the last create failed transiently: nothing to do or report before its retry time
+    Wait,
+    /// the Job was created, adopted or reported: read its state
+    Observe,
+}
+
+/// The step for a record: `reported` (the server holds a state that is not a transient create
+/// failure), `started` (this process created or adopted its Job), `retry_at` (when a create
+/// that failed transiently may be tried again).
+fn create_step(
+    reported: bool,
+    started: bool,
+    retry_at: Option<tokio::time::Instant>,
+    now: tokio::time::Instant,
+) -> CreateStep {
+    if reported || started {
+        CreateStep::Observe
+    } else if retry_at.is_some_and(|at| now < at) {
+        CreateStep::Wait
+    } else {
+        CreateStep::Create
+    }
+}
+
 /// The agent's memory of its work between passes. Every map is pruned of the records that left
 /// the work, so it stays as large as the destination's records.
 pub struct Worker {
@@ -170,11 +199,19 @@ impl Worker {
         if let Some(refusal) = self.refused.get(&item.name) {
             return Some(Some(refusal.clone()));
         }
-        let backing_off = self
-            .retry_at
-            .get(&item.name)
-            .is_some_and(|at| tokio::time::Instant::now() < *at);
-        if !item.reported && !self.started.contains(&item.name) && !backing_off {
+        let step = create_step(
+            item.reported,
+            self.started.contains(&item.name),
+            self.retry_at.get(&item.name).copied(),
+            tokio::time::Instant::now(),
+        );
+        // Between two tries the Job does not exist: observing it would report "does not
+        // exist", a verdict (Error) that ends the retries; the transient failure last reported
+        // stands until the next try.
+        if step == CreateStep::Wait {
+            return None;
+        }
+        if step == CreateStep::Create {
             if let Some(obj) = admitted.clone() {
                 let outcome = self
                     .engine
@@ -219,6 +256,28 @@ impl Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_transiently_failed_create_waits_for_its_retry_then_creates_again() {
+        let now = tokio::time::Instant::now();
+        let later = now + CREATE_RETRY;
+        // Before the retry time the record is neither created nor observed (observing a Job
+        // that was never created reports "does not exist", an Error verdict).
+        assert_eq!(
+            create_step(false, false, Some(later), now),
+            CreateStep::Wait
+        );
+        assert_eq!(
+            create_step(false, false, Some(later), later),
+            CreateStep::Create
+        );
+        assert_eq!(create_step(false, false, None, now), CreateStep::Create);
+        assert_eq!(create_step(false, true, None, now), CreateStep::Observe);
+        assert_eq!(
+            create_step(true, false, Some(later), now),
+            CreateStep::Observe
+        );
+    }
 
     #[test]
     fn only_decided_states_are_final() {

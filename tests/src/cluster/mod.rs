@@ -304,8 +304,20 @@ impl Cluster {
     /// same arguments (etcd keeps the state) and waits until it answers `/readyz`: a destination
     /// that goes away mid-Job.
     pub async fn restart_apiserver(&mut self, down: Duration) -> Result<()> {
-        self.processes.kill("kube-apiserver")?;
+        self.stop_apiserver()?;
         tokio::time::sleep(down).await;
+        self.start_apiserver().await
+    }
+
+    /// Kills the kube-apiserver (SIGKILL): the cluster's API is unreachable until
+    /// [`Cluster::start_apiserver`]; the rest (etcd, controllers, kwok) keeps running.
+    pub fn stop_apiserver(&mut self) -> Result<()> {
+        self.processes.kill("kube-apiserver")
+    }
+
+    /// Starts the kube-apiserver again with its arguments after [`Cluster::stop_apiserver`];
+    /// waits until it answers `/readyz`.
+    pub async fn start_apiserver(&mut self) -> Result<()> {
         let mut apiserver = Command::new(&self.binaries.kube_apiserver);
         apiserver.args(&self.apiserver_args);
         self.processes.spawn("kube-apiserver", apiserver)?;

@@ -62,6 +62,36 @@ pub struct Agents {
     pub agent_token: PathBuf,
     /// Extra `serve` flags of every replica.
     serve_args: Vec<String>,
+    /// What `start_with_agent_config` appended to the config.
+    extra_yaml: String,
+}
+
+/// Where a replica keeps agent work (`agents.store`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Store {
+    /// DispatchJobs on the control plane: any number of replicas.
+    Kubernetes,
+    /// In the process: one replica, forgotten on restart.
+    Memory,
+}
+
+/// The servers' config: cluster-a direct, cluster-b an agent destination, the policy, then
+/// `extra_yaml`.
+fn server_yaml(control: &Cluster, a: &Cluster, store: Store, extra_yaml: &str) -> String {
+    let store = match store {
+        Store::Kubernetes => format!("store: kubernetes\n  namespace: {DJ_NAMESPACE}"),
+        Store::Memory => "store: memory".to_string(),
+    };
+    format!(
+        "controlPlane: {{kubeconfig: {}}}\n\
+         destinations:\n- name: cluster-a\n  kubeconfig: {}\n\
+         agents:\n  {store}\n  offlineAfter: 20s\n  \
+         destinations:\n  - name: cluster-b\n    labels: {{env: edge}}\n\
+         policy:\n  rules:\n  - projects: [\"{PROJECT}\"]\n    destinations: [\"cluster-*\"]\n\
+         {extra_yaml}",
+        control.kubeconfig.display(),
+        a.kubeconfig.display(),
+    )
 }
 
 impl World<Agents> {
@@ -70,9 +100,9 @@ impl World<Agents> {
         Self::start_with_agent_config(serve_args, "").await
     }
 
-    /// [`World::start_with_agent`] with `config` (top-level YAML keys of the servers' config
-    /// file, e.g. `jobs: {retention: 1m}`) added to the scene's own config.
-    pub async fn start_with_agent_config(serve_args: &[&str], config: &str) -> Result<Self> {
+    /// [`World::start_with_agent`] with `extra_yaml` appended to the servers' config: more
+    /// top-level sections (`engine:`, `jobs:`), each a complete YAML block.
+    pub async fn start_with_agent_config(serve_args: &[&str], extra_yaml: &str) -> Result<Self> {
         let binary = rollouts_dispatch_binary()?;
         let [mut control, a, mut b] = start_clusters().await?;
         let client = control.client().await?;
@@ -84,20 +114,10 @@ impl World<Agents> {
         std::fs::create_dir_all(&dir)?;
         let key = dir.join("jwt.key");
         std::fs::write(&key, KEY)?;
-        let extra_config = config;
         let config = dir.join("server.yaml");
         std::fs::write(
             &config,
-            format!(
-                "controlPlane: {{kubeconfig: {}}}\n\
-                 destinations:\n- name: cluster-a\n  kubeconfig: {}\n\
-                 agents:\n  store: kubernetes\n  namespace: {DJ_NAMESPACE}\n  offlineAfter: 20s\n  \
-                 destinations:\n  - name: cluster-b\n    labels: {{env: edge}}\n\
-                 policy:\n  rules:\n  - projects: [\"{PROJECT}\"]\n    destinations: [\"cluster-*\"]\n\
-                 {extra_config}\n",
-                control.kubeconfig.display(),
-                a.kubeconfig.display(),
-            ),
+            server_yaml(&control, &a, Store::Kubernetes, extra_yaml),
         )?;
         // The API is TLS with a CA of its own (not the clusters'): agents pin it and the plugin
         // trusts it through --ca-file.
@@ -165,6 +185,7 @@ impl World<Agents> {
             plugin_token,
             agent_token,
             serve_args: extra,
+            extra_yaml: extra_yaml.to_string(),
         };
         Self::assemble([control, a, b], url, plugin_args, agents).await
     }
@@ -191,12 +212,30 @@ impl World<Agents> {
 
     /// (Re)starts replica `i` (after a kill) on its ports; waits until it is ready.
     pub async fn restart_replica(&mut self, i: usize) -> Result<()> {
+        self.restart_replica_with(i, Store::Kubernetes).await
+    }
+
+    /// (Re)starts replica `i` on its ports with the config of `store` instead (the same
+    /// destinations, policy and extra config; [`Store::Memory`] only with no other replica up);
+    /// waits until it is ready.
+    pub async fn restart_replica_with(&mut self, i: usize, store: Store) -> Result<()> {
         let d = &self.dispatch;
+        let config = match store {
+            Store::Kubernetes => d.config.clone(),
+            Store::Memory => {
+                let path = d.dir.join("server-memory.yaml");
+                std::fs::write(
+                    &path,
+                    server_yaml(&self.control, &self.a, store, &d.extra_yaml),
+                )?;
+                path
+            }
+        };
         let replica = d.replicas[i].clone();
         spawn_server(
             &mut self.control,
             &d.binary,
-            &d.config,
+            &config,
             &d.key,
             &replica,
             &d.serve_args,
