@@ -78,15 +78,6 @@ pub fn job_phase(job: &Job) -> &'static str {
     }
 }
 
-/// When the Job finished (its Complete/Failed condition), from the watch cache.
-fn finished_at(job: &Job) -> Option<Timestamp> {
-    let cs = job.status.as_ref()?.conditions.as_ref()?;
-    cs.iter()
-        .filter(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
-        .filter_map(|c| Some(c.last_transition_time.as_ref()?.0))
-        .max()
-}
-
 impl EngineDispatcher {
     /// Serves `engine`, reporting to `metrics`; Job references are signed by `signer`.
     pub fn new(engine: Engine, metrics: Arc<Metrics>, signer: Arc<Signer>) -> Self {
@@ -209,7 +200,7 @@ impl EngineDispatcher {
                 Some(Entry::Ready(d)) => d
                     .jobs()
                     .get(&p.namespace, &job.name)
-                    .and_then(|j| finished_at(&j)),
+                    .and_then(|j| crate::job::lifecycle::ended_at(&j)),
                 _ => None,
             })
             .max();

@@ -31,17 +31,8 @@ pub struct Aged {
 
 /// Since when a Job counts: its Complete/Failed condition, else its creation.
 pub fn job_since(job: &Job) -> Option<Timestamp> {
-    let finished = job
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| {
-            cs.iter()
-                .filter(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
-                .filter_map(|c| Some(c.last_transition_time.as_ref()?.0))
-                .max()
-        });
-    finished.or_else(|| job.metadata.creation_timestamp.as_ref().map(|t| t.0))
+    crate::job::lifecycle::ended_at(job)
+        .or_else(|| job.metadata.creation_timestamp.as_ref().map(|t| t.0))
 }
 
 /// Since when a record counts: when its agent reported a final state (`None`: not finished, or

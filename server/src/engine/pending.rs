@@ -84,7 +84,8 @@ impl Engine {
             ..PendingReport::default()
         };
         let mut direct = Vec::new();
-        for r in store.all().into_iter().filter(|r| r.spec.delete) {
+        // Every 10 s: copy only the deletions, not every record with its Job spec.
+        for r in store.deleting() {
             match self.inner.registry.get(&r.spec.destination) {
                 // The agent confirms these; they are pending until it does.
                 Some(Entry::Agent(_)) => {

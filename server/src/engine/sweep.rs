@@ -131,7 +131,7 @@ impl Engine {
                     continue;
                 }
                 let created = j.metadata.creation_timestamp.as_ref().map(|t| t.0);
-                let Some(why) = reason(&uid, created, is_active(&j)) else {
+                let Some(why) = reason(&uid, created, !job::lifecycle::has_ended(&j)) else {
                     continue;
                 };
                 let value = serde_json::to_value(&*j).unwrap_or_default();
@@ -161,14 +161,7 @@ impl Engine {
                     .status
                     .as_ref()
                     .and_then(|s| s.state.as_ref())
-                    .is_none_or(|s| {
-                        matches!(
-                            s,
-                            DestState::Running(_)
-                                | DestState::ImagePull { .. }
-                                | DestState::Unavailable(_)
-                        )
-                    });
+                    .is_none_or(|s| !s.is_final());
                 let Some(why) = reason(&r.spec.run_uid, None, active) else {
                     continue;
                 };
@@ -228,16 +221,4 @@ impl Engine {
             }
         }
     }
-}
-
-/// Whether the Job has not finished: no `Complete` or `Failed` condition (the Job controller
-/// sets one when it ends, batch/v1 JobConditionType).
-fn is_active(j: &Job) -> bool {
-    !j.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| {
-            cs.iter()
-                .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
-        })
 }

@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::batch::v1::{Job, JobCondition};
+use k8s_openapi::jiff::Timestamp;
 use serde_json::{json, Value};
 
 use super::RunContext;
@@ -14,6 +16,28 @@ use super::RunContext;
 pub const RUN_API_VERSION: &str = "argoproj.io/v1alpha1";
 /// The kind of the AnalysisRun an owner reference points to.
 pub const RUN_KIND: &str = "AnalysisRun";
+
+/// The conditions the Job controller sets when a Job ends (`Complete` or `Failed`, true).
+fn end_conditions(job: &Job) -> impl Iterator<Item = &JobCondition> {
+    job.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .filter(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+}
+
+/// Whether the Job has ended (it will run no more Pods).
+pub fn has_ended(job: &Job) -> bool {
+    end_conditions(job).next().is_some()
+}
+
+/// When the Job ended: the latest transition of its `Complete`/`Failed` condition.
+pub fn ended_at(job: &Job) -> Option<Timestamp> {
+    end_conditions(job)
+        .filter_map(|c| Some(c.last_transition_time.as_ref()?.0))
+        .max()
+}
 
 /// Sets `spec.ttlSecondsAfterFinished` to `ttl` (whole seconds, rounded up) unless the
 /// template's spec sets it already: the template's value wins, whatever it is.

@@ -181,6 +181,10 @@ pub trait Store: Send + Sync + 'static {
     fn all(&self) -> Vec<DispatchJob> {
         self.index().all()
     }
+    /// Every record that asks for its Job's deletion, copying no other.
+    fn deleting(&self) -> Vec<DispatchJob> {
+        self.index().deleting()
+    }
     /// Number of records.
     fn len(&self) -> usize {
         self.index().len()
@@ -344,6 +348,16 @@ impl Index {
     /// Every record.
     pub fn all(&self) -> Vec<DispatchJob> {
         self.read().by_name.values().cloned().collect()
+    }
+
+    /// Every record that asks for its Job's deletion (`spec.delete`).
+    pub fn deleting(&self) -> Vec<DispatchJob> {
+        self.read()
+            .by_name
+            .values()
+            .filter(|r| r.spec.delete)
+            .cloned()
+            .collect()
     }
 
     /// Number of records.
