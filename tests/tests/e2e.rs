@@ -493,9 +493,11 @@ fn a_tenant_that_forges_another_projects_job_reference_only_ends_its_own_run() -
             "the victim's Job is not on cluster-a"
         );
 
-        // Freeze the controller, so that it sees the forged status and the abort together
-        // and none of its own status writes comes between them.
-        w.rollouts.pause(&mut w.control, true)?;
+        // Stop the controller, so that it sees the forged status and the abort together and
+        // none of its own status writes comes between them. (Freezing it raced: thawed, it
+        // could resume the forger on a timer from its stale cache and write the real
+        // reference back over the forged one.)
+        w.rollouts.stop(&mut w.control)?;
         let forged = async {
             let current = tenant_runs.get(&forger_name).await?;
             let mut results = current.data["status"]["metricResults"].clone();
@@ -518,7 +520,7 @@ fn a_tenant_that_forges_another_projects_job_reference_only_ends_its_own_run() -
                 .context("writing the forged reference and the abort")
         }
         .await;
-        w.rollouts.pause(&mut w.control, false)?;
+        w.rollouts.start(&mut w.control).await?;
         forged?;
 
         let forger = wait_finished(&tenant_runs, &forger_name).await?;

@@ -109,6 +109,19 @@ impl ArgoRollouts {
         self.spawn(cluster).await
     }
 
+    /// Kills the controller with SIGKILL and leaves it down until [`Self::start`]: a test writes
+    /// an AnalysisRun in several steps that the controller must first see all at once. (A
+    /// frozen controller is not enough: thawed, it may act on a timer from its stale cache
+    /// before it reads the writes from its watch.)
+    pub fn stop(&self, cluster: &mut Cluster) -> Result<()> {
+        cluster.kill_process(PROCESS)
+    }
+
+    /// Starts the controller stopped by [`Self::stop`]; it lists everything afresh.
+    pub async fn start(&self, cluster: &mut Cluster) -> Result<()> {
+        self.spawn(cluster).await
+    }
+
     async fn spawn(&self, cluster: &mut Cluster) -> Result<()> {
         let (healthz_port, metrics_port) = (self.healthz_port, self.metrics_port);
         let mut cmd = Command::new(&cluster.binaries.rollouts_controller);
@@ -133,12 +146,6 @@ impl ArgoRollouts {
         )
         .await
         .with_context(|| format!("controller log tail:\n{}", tail(&self.log, 30)))
-    }
-
-    /// Freezes (`true`) or thaws (`false`) the controller: a test writes an AnalysisRun in
-    /// several steps that the controller must see at once.
-    pub fn pause(&self, cluster: &mut Cluster, paused: bool) -> Result<()> {
-        cluster.pause_process(PROCESS, paused)
     }
 
     /// The controller's log so far.
