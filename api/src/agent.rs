@@ -3,6 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use std::collections::BTreeMap;
+
+use crate::observe::{ApplicationState, Observe};
 use crate::state::DestState;
 
 /// `POST`: the work of a destination ([`WorkRequest`] → [`WorkReply`]).
@@ -76,9 +79,28 @@ pub struct ReportRequest {
 pub struct Report {
     /// the record
     pub name: String,
-    /// the Job's state; `None`: deleted as asked
+    /// the Job's state (or the observed object's); `None`: deleted as asked
     #[serde(default)]
     pub state: Option<DestState>,
+    /// facts for the measurement's metadata, e.g. `analysisruns`: the observed Rollout's own
+    /// AnalysisRuns (observe records only; the server prefixes and bounds them)
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub notes: BTreeMap<String, String>,
+    /// the observed Application as Argo CD reports it (`application` records only)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub application: Option<ApplicationState>,
+}
+
+impl Report {
+    /// A report of `state` alone (no notes, no Application).
+    pub fn new(name: impl Into<String>, state: Option<DestState>) -> Self {
+        Self {
+            name: name.into(),
+            state,
+            notes: BTreeMap::new(),
+            application: None,
+        }
+    }
 }
 
 /// What the server did with a report.
@@ -123,6 +145,28 @@ pub struct DispatchJobSpec {
     /// delete the Job (terminate, garbage collection), then report `deleted`
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub delete: bool,
+    /// observe this instead of running a Job (`rollout:` and `application:` checks; `job` is
+    /// `None`): the agent reads it in its own cluster and reports its state
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observe: Option<Observe>,
+    /// ask Argo CD to sync the observed Application (the sync trigger; `application` only)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync: Option<SyncOrder>,
+}
+
+/// A sync of an Application asked through the API, carried out once by the agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SyncOrder {
+    /// unique per request: the agent writes it on the Application with the sync operation
+    /// (annotation `rollouts-dispatch.io/sync-id`) and never carries out the same id twice,
+    /// across its restarts too
+    pub id: String,
+    /// the revision to sync to; `None`: the Application's target revision
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+    /// `normal` or `hard`: the refresh asked first
+    pub refresh: String,
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::duration::parse_go_duration;
+use crate::observe::{ApplicationCheck, Observe, RolloutCheck};
 use crate::selector::Selector;
 
 /// The key under `provider.plugin` in AnalysisTemplates, also the name in `argo-rollouts-config`.
@@ -59,8 +60,43 @@ pub struct JobConfig {
     pub labels: BTreeMap<String, String>,
     /// annotations added to the Job
     pub annotations: BTreeMap<String, String>,
-    /// the batch/v1 JobSpec, as written
-    pub spec: Map<String, Value>,
+    /// what to verify: run a Job, or observe what is deployed
+    pub check: Check,
+}
+
+/// What a block verifies: exactly one of `spec`, `rollout` and `application`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Check {
+    /// `spec`: run this batch/v1 JobSpec, as written
+    Job(Map<String, Value>),
+    /// `rollout` or `application`: observe it on each destination, create nothing
+    Observe(Observe),
+}
+
+impl JobConfig {
+    /// The JobSpec of a `spec` block; `None` for observe checks.
+    pub fn job_spec(&self) -> Option<&Map<String, Value>> {
+        match &self.check {
+            Check::Job(spec) => Some(spec),
+            Check::Observe(_) => None,
+        }
+    }
+
+    /// The JobSpec of a `spec` block, to change it (tests and tools); `None` for observe checks.
+    pub fn job_spec_mut(&mut self) -> Option<&mut Map<String, Value>> {
+        match &mut self.check {
+            Check::Job(spec) => Some(spec),
+            Check::Observe(_) => None,
+        }
+    }
+
+    /// What an observe block follows; `None` for `spec` blocks.
+    pub fn observe(&self) -> Option<&Observe> {
+        match &self.check {
+            Check::Job(_) => None,
+            Check::Observe(o) => Some(o),
+        }
+    }
 }
 
 /// What is wrong with a block and how to fix it (one field, named).
@@ -68,7 +104,7 @@ pub struct JobConfig {
 #[error("{0}")]
 pub struct BlockError(pub String);
 
-fn fail<T>(reason: impl Into<String>) -> Result<T, BlockError> {
+pub(crate) fn fail<T>(reason: impl Into<String>) -> Result<T, BlockError> {
     Err(BlockError(reason.into()))
 }
 
@@ -93,6 +129,8 @@ struct RawBlock {
     log_tail: Option<u32>,
     metadata: Option<RawMetadata>,
     spec: Option<Value>,
+    rollout: Option<Value>,
+    application: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -194,25 +232,40 @@ impl JobConfig {
             .metadata
             .map(|m| (m.labels, m.annotations))
             .unwrap_or_default();
-        let spec = match raw.spec {
-            None => {
+        let check = match (raw.spec, raw.rollout, raw.application) {
+            (Some(spec), None, None) => Check::Job(job_spec(spec)?),
+            (None, Some(rollout), None) => {
+                Check::Observe(Observe::Rollout(RolloutCheck::parse(rollout)?))
+            }
+            (None, None, Some(app)) => {
+                Check::Observe(Observe::Application(ApplicationCheck::parse(app)?))
+            }
+            (None, None, None) => {
                 return fail(
-                    "field `spec` is missing: add a batch/v1 JobSpec, as in provider.job.spec",
+                    "field `spec` is missing: add a batch/v1 JobSpec, as in provider.job.spec \
+                     (or observe what is deployed with `rollout` or `application`)",
                 )
             }
-            Some(Value::Object(spec)) => spec,
-            Some(other) => {
+            (spec, rollout, app) => {
+                let set: Vec<&str> = [
+                    ("spec", spec.is_some()),
+                    ("rollout", rollout.is_some()),
+                    ("application", app.is_some()),
+                ]
+                .into_iter()
+                .filter_map(|(f, set)| set.then_some(f))
+                .collect();
                 return fail(format!(
-                    "field `spec` must be a batch/v1 JobSpec object, got {}",
-                    json_kind(&other)
-                ))
+                    "fields `{}` are mutually exclusive: a block verifies exactly one of `spec`, `rollout` \
+                     and `application`; keep one",
+                    set.join("` and `")
+                ));
             }
         };
-        match spec.get("template") {
-            Some(Value::Object(_)) => {}
-            _ => return fail(
-                "field `spec.template` is missing: a JobSpec needs a pod template with containers",
-            ),
+        if matches!(check, Check::Observe(_)) && (!labels.is_empty() || !annotations.is_empty()) {
+            return fail(
+                "field `metadata` labels and annotations the Job, and `rollout`/`application` create no Job: remove it",
+            );
         }
         Ok(Self {
             target,
@@ -222,7 +275,7 @@ impl JobConfig {
             log_tail,
             labels,
             annotations,
-            spec,
+            check,
         })
     }
 
@@ -232,6 +285,24 @@ impl JobConfig {
             Target::Names(names) => names.join(","),
             Target::Stage => "stage".into(),
             Target::Selector(s) => format!("selector:{s}"),
+        }
+    }
+}
+
+fn job_spec(spec: Value) -> Result<Map<String, Value>, BlockError> {
+    let spec = match spec {
+        Value::Object(spec) => spec,
+        other => {
+            return fail(format!(
+                "field `spec` must be a batch/v1 JobSpec object, got {}",
+                json_kind(&other)
+            ))
+        }
+    };
+    match spec.get("template") {
+        Some(Value::Object(_)) => Ok(spec),
+        _ => {
+            fail("field `spec.template` is missing: a JobSpec needs a pod template with containers")
         }
     }
 }
@@ -364,6 +435,41 @@ mod tests {
         assert!(e.contains("spec.template"), "{e}");
         let e = JobConfig::parse(br#""x""#).unwrap_err().0;
         assert!(e.contains("got a string"), "{e}");
+    }
+
+    #[test]
+    fn a_block_verifies_exactly_one_of_spec_rollout_and_application() {
+        let c =
+            JobConfig::parse(br#"{"destination":"a","rollout":{"name":"web","image":"r/web:2"}}"#)
+                .unwrap();
+        assert_eq!(c.observe().map(Observe::kind), Some("rollout"));
+        assert!(c.job_spec().is_none());
+        let c = JobConfig::parse(br#"{"destination":"a","application":{"name":"web"}}"#).unwrap();
+        assert_eq!(
+            c.observe().map(Observe::object).as_deref(),
+            Some("argocd/web")
+        );
+        for (block, needle) in [
+            (
+                r#"{"destination":"a","rollout":{"name":"w"},"application":{"name":"w"}}"#,
+                "`rollout` and `application` are mutually exclusive",
+            ),
+            (
+                &format!(r#"{{"destination":"a","rollout":{{"name":"w"}},{SPEC}}}"#),
+                "`spec` and `rollout`",
+            ),
+            (
+                r#"{"destination":"a","rollout":{"name":"w"},"metadata":{"labels":{"a":"b"}}}"#,
+                "`metadata`",
+            ),
+            (
+                r#"{"destination":"a","application":{"name":"W"}}"#,
+                "application.name",
+            ),
+        ] {
+            let e = JobConfig::parse(block.as_bytes()).unwrap_err().0;
+            assert!(e.contains(needle), "{block}: {e}");
+        }
     }
 
     #[test]

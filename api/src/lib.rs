@@ -9,6 +9,7 @@
 //! * [`v1`]: the `/v1` routes and their request and reply types.
 //! * [`agent`]: the agent routes (long-polled work, reports) and what they carry.
 //! * [`block`]: the `rollouts-dispatch/job` plugin block, validated into [`JobConfig`].
+//! * [`observe`]: the `rollout:` and `application:` checks and the Application sync trigger.
 //! * [`selector`]: label selectors for `destinationSelector`.
 //! * [`duration`]: Go's duration syntax.
 //! * [`phase`]: Argo's measurement phases; [`state`]: one destination's Job state.
@@ -20,14 +21,16 @@ pub mod block;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod duration;
+pub mod observe;
 pub mod phase;
 pub mod redact;
 pub mod selector;
 pub mod state;
 pub mod v1;
 
-pub use block::{JobConfig, Require, Target, PLUGIN_NAME};
+pub use block::{Check, JobConfig, Require, Target, PLUGIN_NAME};
 pub use duration::{format_go_duration, parse_go_duration};
+pub use observe::Observe;
 pub use phase::Phase;
 pub use redact::Redactor;
 pub use selector::Selector;

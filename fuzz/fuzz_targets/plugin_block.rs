@@ -6,6 +6,6 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     if let Err(message) = JobConfig::parse(data) {
-        assert!(!message.is_empty());
+        assert!(!message.0.is_empty());
     }
 });

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use dispatch_api::block::JobConfig;
+use dispatch_api::block::{Check, JobConfig};
 use k8s_openapi::api::batch::v1::Job;
 use serde_json::{json, Map, Value};
 
@@ -133,6 +133,9 @@ pub enum BuildError {
         "invalid job spec: `spec.template.spec.containers` is empty: add at least one container"
     )]
     NoContainers,
+    /// The block observes a Rollout or an Application: it has no Job to build.
+    #[error("the block has no `spec`: a `{0}` check creates no Job")]
+    ObserveCheck(&'static str),
     /// The whole object is not a `batch/v1` Job (a field of the wrong type).
     #[error("invalid job spec: {0}; compare the spec with batch/v1 JobSpec")]
     NotAJob(#[source] serde_json::Error),
@@ -302,7 +305,10 @@ pub fn build(input: &JobInput<'_>) -> Result<Value, BuildError> {
         }
     }
 
-    let mut spec = config.spec.clone();
+    let mut spec = match &config.check {
+        Check::Job(spec) => spec.clone(),
+        Check::Observe(o) => return Err(BuildError::ObserveCheck(o.kind())),
+    };
     if let Some(deadline) = config.active_deadline {
         let secs = deadline.as_secs() + u64::from(deadline.subsec_nanos() > 0);
         let secs = secs.max(1);
@@ -500,6 +506,12 @@ mod tests {
 
     const UID: &str = "0b3c4a9e-2f61-4c7d-9a57-1f2e3d4c5b6a";
 
+    fn set_spec(cfg: &mut JobConfig, field: &str, value: u64) {
+        if let Check::Job(spec) = &mut cfg.check {
+            spec.insert(field.into(), value.into());
+        }
+    }
+
     pub(crate) fn config(spec: Value) -> JobConfig {
         let mut block = json!({"destination": "a", "spec": spec});
         if let Some(o) = block.as_object_mut() {
@@ -692,9 +704,9 @@ mod tests {
             .unwrap()
         };
         assert_eq!(input(&cfg)["spec"]["activeDeadlineSeconds"], 2);
-        cfg.spec.insert("activeDeadlineSeconds".into(), 1.into());
+        set_spec(&mut cfg, "activeDeadlineSeconds", 1);
         assert_eq!(input(&cfg)["spec"]["activeDeadlineSeconds"], 1);
-        cfg.spec.insert("activeDeadlineSeconds".into(), 600.into());
+        set_spec(&mut cfg, "activeDeadlineSeconds", 600);
         assert_eq!(input(&cfg)["spec"]["activeDeadlineSeconds"], 2);
     }
 

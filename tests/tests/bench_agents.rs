@@ -84,10 +84,7 @@ async fn agent(client: ServerClient, destination: String, seen: Seen) {
             for item in reply.jobs {
                 if done.insert(item.name.clone()) {
                     seen.entry(item.spec.job_name.clone()).or_insert(now);
-                    reports.push(Report {
-                        name: item.name,
-                        state: Some(DestState::Succeeded),
-                    });
+                    reports.push(Report::new(item.name, Some(DestState::Succeeded)));
                 }
             }
         }

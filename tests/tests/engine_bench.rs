@@ -89,7 +89,9 @@ fn bench_engine() -> Result<()> {
                     let dest = &names[i % names.len()];
                     let config = block(json!({"destination": dest}), 0, "1h", json!({}))?;
                     let mut config = config;
-                    config.spec.insert("suspend".into(), true.into());
+                    if let Some(spec) = config.job_spec_mut() {
+                        spec.insert("suspend".into(), true.into());
+                    }
                     let run = run_context("bench", None);
                     let ensured = engine.ensure(&request(&run, "lookup", 1, config)).await?;
                     match &ensured.outcomes[0].1 {

@@ -122,8 +122,8 @@ fn passes_the_example_policy(name: &str, config: &JobConfig) {
         let profile = policy.profile(project, "prod-eu", "verification");
         let verdict = enforce(&mut job, &profile, &our_labels(&run.uid, "prod-eu"));
         let own_account = config
-            .spec
-            .get("template")
+            .job_spec()
+            .and_then(|spec| spec.get("template"))
             .and_then(|t| t.pointer("/spec/serviceAccountName"))
             .is_some_and(Value::is_string);
         match (project, verdict) {

@@ -161,6 +161,8 @@ mod tests {
                 "metadata": {"name": "j", "namespace": namespace, "labels": labels},
                 "spec": {"template": {"metadata": {"labels": labels}, "spec": pod}}})),
             delete: false,
+            observe: None,
+            sync: None,
         }
     }
 

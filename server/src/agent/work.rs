@@ -123,10 +123,7 @@ impl Worker {
             }
             if let Some(state) = self.item(item).await {
                 if self.reported.get(&item.name) != Some(&state) {
-                    reports.push(Report {
-                        name: item.name.clone(),
-                        state,
-                    });
+                    reports.push(Report::new(item.name.clone(), state));
                 } else if is_final(&state) {
                     // Checked again after its record changed (often only `reported`, which the
                     // server sets on the first report), and still what the server has.

@@ -629,7 +629,7 @@ spec:
         let r = resolve(TEMPLATE, "t.yaml", None, &over(&[("destination", "a")])).unwrap();
         assert_eq!(r.metric, "check");
         assert_eq!(r.config.target_display(), "a");
-        let ann = &r.config.spec["template"]["metadata"]["annotations"]["code"];
+        let ann = &r.config.job_spec().unwrap()["template"]["metadata"]["annotations"]["code"];
         assert_eq!(ann, "3");
     }
 

@@ -107,6 +107,8 @@ mod tests {
                 log_tail: 0,
                 job: None,
                 delete: false,
+                observe: None,
+                sync: None,
             },
             status: Some(DispatchJobStatus {
                 observed_at: observed_at.into(),

@@ -54,6 +54,8 @@ impl Engine {
                 log_tail: job.log_tail,
                 job: None,
                 delete: true,
+                observe: None,
+                sync: None,
             },
             status: None,
             resource_version: None,

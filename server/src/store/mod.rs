@@ -481,6 +481,8 @@ mod tests {
                 log_tail: 5,
                 job: Some(serde_json::json!({"kind": "Job"})),
                 delete: false,
+                observe: None,
+                sync: None,
             },
             status: None,
             resource_version: None,

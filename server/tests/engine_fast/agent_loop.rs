@@ -37,6 +37,8 @@ fn item(job_name: &str, run_uid: &str, delete: bool) -> WorkItem {
             log_tail: 0,
             job: None,
             delete,
+            observe: None,
+            sync: None,
         },
         reported: true,
     }

@@ -200,6 +200,8 @@ async fn a_record_of_another_run_is_left_alone() -> Result<()> {
             log_tail: 0,
             job: None,
             delete: false,
+            observe: None,
+            sync: None,
         },
         status: None,
         resource_version: None,

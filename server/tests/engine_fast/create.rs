@@ -287,7 +287,8 @@ async fn an_invalid_job_creates_nothing_anywhere() -> Result<()> {
     let w = World::start("").await?;
     let mut config = block(json!({"destination": "a,b"}))?;
     config
-        .spec
+        .job_spec_mut()
+        .expect("a spec block")
         .insert("completions".into(), json!("all of them"));
     let err = w
         .engine

@@ -173,7 +173,8 @@ async fn every_job_gets_a_ttl_and_only_one_beside_its_run_an_owner() -> Result<(
     // The template's own TTL wins; the agent gets the TTL in the spec it is sent, no owner.
     let mut config = block(json!({"destination": "a,edge"}))?;
     config
-        .spec
+        .job_spec_mut()
+        .expect("a spec block")
         .insert("ttlSecondsAfterFinished".into(), 60.into());
     let own_ttl = w.engine.ensure(&request(&r, "m", 3, config)).await?.job;
     assert_eq!(

@@ -26,7 +26,8 @@ fn an_admission_policy_denial_ends_the_first_measurement_with_its_reason() -> Re
         let routing = json!({"destination": "a", "namespace": REFUSING});
         let config = block(routing, 0, "1s", json!({}))?;
         let mut req = request(&run, "refused", 1, config);
-        req.config.spec["template"]["spec"]["containers"][0]["image"] = json!(LATEST_IMAGE);
+        req.config.job_spec_mut().expect("a spec block")["template"]["spec"]["containers"][0]
+            ["image"] = json!(LATEST_IMAGE);
         let ensured = engine.ensure(&req).await?;
         ensure!(
             ensured.verdict.phase == dispatch_server::Phase::Error && !ensured.verdict.retryable,

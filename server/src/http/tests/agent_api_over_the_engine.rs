@@ -69,10 +69,7 @@ async fn work(
 
 async fn report(app: &Router, token: &str, name: &str, state: Option<DestState>) -> ReportReply {
     let req = ReportRequest {
-        reports: vec![Report {
-            name: name.into(),
-            state,
-        }],
+        reports: vec![Report::new(name, state)],
     };
     let (status, body, _) = call(
         app,
@@ -262,10 +259,10 @@ async fn agents_see_only_their_own_destination() {
     .await;
     let c_work: WorkReply = serde_json::from_slice(&body).unwrap();
     let req = ReportRequest {
-        reports: vec![Report {
-            name: c_work.jobs[0].name.clone(),
-            state: Some(DestState::Succeeded),
-        }],
+        reports: vec![Report::new(
+            c_work.jobs[0].name.clone(),
+            Some(DestState::Succeeded),
+        )],
     };
     let (status, _, _) = call(
         &app,
