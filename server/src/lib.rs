@@ -13,6 +13,7 @@
 //!   `destination: stage` from Kargo and Argo CD objects.
 //! * [`job`]: the Job object (name, labels, annotations, injected context) — pure.
 //! * [`verdict`]: per-destination state → measurement phase, message, metadata — pure.
+//! * [`observe`]: what is deployed (Argo Rollouts, Argo CD Applications) read into states — pure.
 //! * [`logs`]: the log tail of a failed container, bounded and redacted.
 //! * [`policy`]: which Kargo projects may use which destinations and namespaces, and with which
 //!   [`podsecurity`] profile (the Pod Security Standards check that the server and the agent run).
@@ -32,6 +33,7 @@ pub mod engine;
 pub mod http;
 pub mod job;
 pub mod logs;
+pub mod observe;
 pub mod podsecurity;
 pub mod policy;
 pub mod runs;
