@@ -210,6 +210,67 @@ pub struct ApplicationState {
     pub reconciled_at: Option<String>,
 }
 
+/// The most unhealthy resources a state carries.
+pub const MAX_UNHEALTHY: usize = 20;
+/// The most notes (metadata facts) one destination's report carries.
+pub const MAX_NOTES: usize = 8;
+
+impl ApplicationState {
+    /// The same state with every text cut to `max` bytes and at most [`MAX_UNHEALTHY`]
+    /// resources: what the server keeps of an agent's report, whatever its size.
+    #[must_use]
+    pub fn bounded(mut self, max: usize) -> Self {
+        let cut = |s: &mut String| *s = crate::state::truncate(s, max);
+        for s in [
+            &mut self.destination,
+            &mut self.namespace,
+            &mut self.name,
+            &mut self.sync.status,
+            &mut self.sync.revision,
+            &mut self.health.status,
+            &mut self.health.message,
+        ] {
+            cut(s);
+        }
+        if let Some(op) = &mut self.operation {
+            for s in [&mut op.phase, &mut op.message, &mut op.revision] {
+                cut(s);
+            }
+        }
+        self.unhealthy.truncate(MAX_UNHEALTHY);
+        for r in &mut self.unhealthy {
+            for s in [
+                &mut r.kind,
+                &mut r.object,
+                &mut r.health.status,
+                &mut r.health.message,
+            ] {
+                cut(s);
+            }
+        }
+        self
+    }
+}
+
+/// At most [`MAX_NOTES`] notes, keys of at most 63 bytes made of `[a-z0-9-]`, values cut to
+/// `max` bytes: what the server keeps of an agent's notes.
+pub fn bounded_notes(
+    notes: std::collections::BTreeMap<String, String>,
+    max: usize,
+) -> std::collections::BTreeMap<String, String> {
+    notes
+        .into_iter()
+        .filter(|(k, _)| {
+            !k.is_empty()
+                && k.len() <= 63
+                && k.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        })
+        .take(MAX_NOTES)
+        .map(|(k, v)| (k, crate::state::truncate(&v, max)))
+        .collect()
+}
+
 /// `status.sync` of an Application.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

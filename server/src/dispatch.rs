@@ -585,6 +585,8 @@ impl Dispatcher for EngineDispatcher {
                 // An agent's texts are kept as the server would have made them itself: no
                 // detail beyond MAX_DETAIL, no log tail beyond MAX_LOG_BYTES, whatever it sent.
                 report.state = report.state.map(|s| s.bounded(MAX_DETAIL, MAX_LOG_BYTES));
+                let notes = dispatch_api::observe::bounded_notes(report.notes, MAX_DETAIL);
+                let application = report.application.map(|a| a.bounded(MAX_DETAIL));
                 let Some(record) = store.get(&report.name) else {
                     reply.unknown.push(report.name);
                     continue;
@@ -600,11 +602,17 @@ impl Dispatcher for EngineDispatcher {
                 let result = if report.state.is_none() {
                     store.remove(&report.name).await
                 } else {
-                    let status = DispatchJobStatus::observed(report.state, &caller.subject);
-                    let unchanged = record
-                        .status
-                        .as_ref()
-                        .is_some_and(|s| s.state == status.state && s.deleted == status.deleted);
+                    let status = DispatchJobStatus {
+                        notes,
+                        application,
+                        ..DispatchJobStatus::observed(report.state, &caller.subject)
+                    };
+                    let unchanged = record.status.as_ref().is_some_and(|s| {
+                        s.state == status.state
+                            && s.deleted == status.deleted
+                            && s.notes == status.notes
+                            && s.application == status.application
+                    });
                     if unchanged {
                         Ok(())
                     } else {

@@ -10,8 +10,7 @@ use serde_json::Value;
 
 use super::ApplicationState;
 
-/// The most unhealthy resources kept in a state (a large Application would flood the message).
-pub const MAX_UNHEALTHY: usize = 20;
+pub use dispatch_api::observe::MAX_UNHEALTHY;
 
 /// Reads `app` (the whole Application object as JSON) on `destination`.
 pub fn state_of(destination: &str, app: &Value) -> ApplicationState {

@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::verdict::DestState;
+use dispatch_api::observe::ApplicationState;
 use futures::future::BoxFuture;
 
 /// API group of the `DispatchJob` resource.
@@ -59,6 +60,12 @@ pub struct DispatchJobStatus {
     /// the agent (its token subject)
     #[serde(default)]
     pub agent: String,
+    /// facts for the measurement's metadata (observe records: e.g. `analysisruns`)
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub notes: BTreeMap<String, String>,
+    /// the observed Application as Argo CD reports it (`application` records)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub application: Option<ApplicationState>,
 }
 
 impl DispatchJobStatus {
@@ -77,6 +84,8 @@ impl DispatchJobStatus {
                 .strftime("%Y-%m-%dT%H:%M:%SZ")
                 .to_string(),
             agent: agent.to_string(),
+            notes: BTreeMap::new(),
+            application: None,
         }
     }
 }
