@@ -522,6 +522,10 @@ pub async fn run(args: RunArgs) -> ExitCode {
             Outcome::Created => "created".to_string(),
             Outcome::Adopted => "adopted (already there)".to_string(),
             Outcome::NotCreated(s) => format!("not created: {}", redactor.redact(&s.summary())),
+            Outcome::Observed(object) => {
+                println!("{dest}: observing {object} (nothing is created)");
+                continue;
+            }
         };
         println!("{dest}: job {}/{} {what}", p.namespace, job.name);
     }
