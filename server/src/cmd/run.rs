@@ -638,6 +638,26 @@ spec:
     }
 
     #[test]
+    fn the_observe_examples_resolve_to_rollout_and_application_checks() {
+        use dispatch_api::observe::Observe;
+        let rollout = include_str!("../../../config/analysis-templates/rollout.yaml");
+        let args = over(&[("destination", "a"), ("image", "ghcr.io/example/web:1.2.3")]);
+        let r = resolve(rollout, "rollout.yaml", None, &args).unwrap();
+        let Some(Observe::Rollout(check)) = r.config.observe() else {
+            panic!("{:?}", r.config.check)
+        };
+        assert_eq!(check.image.as_deref(), Some("ghcr.io/example/web:1.2.3"));
+        let app = include_str!("../../../config/analysis-templates/application.yaml");
+        let args = over(&[("destination", "a"), ("revision", "4f2b9c1")]);
+        let r = resolve(app, "application.yaml", None, &args).unwrap();
+        assert!(
+            matches!(r.config.observe(), Some(Observe::Application(a)) if a.revision.as_deref() == Some("4f2b9c1")),
+            "{:?}",
+            r.config.check
+        );
+    }
+
+    #[test]
     fn errors_name_the_problem() {
         let err = |text: &str, metric: Option<&str>, overrides: &[(String, String)]| {
             resolve(text, "t.yaml", metric, overrides)
