@@ -413,3 +413,42 @@ async fn an_agent_destination_gives_the_same_verdicts_through_the_agent_pass() -
     assert!(a.get(&rollouts(), NS, "web").is_some());
     Ok(())
 }
+
+#[tokio::test]
+async fn sweep_and_expiry_drop_observe_records_and_never_touch_what_is_observed() -> Result<()> {
+    let w = World::start(AGENTS).await?;
+    let a = w.api("a");
+    put_rollout(a, "shop/web:2", "abc123", "abc123", "Healthy");
+    let store = w.engine.store().context("agent store")?.clone();
+    // An observe check on `a` (nothing created) and two on the agent destination.
+    start_rollout_check(&w, 9, "a").await?;
+    let expired = start_rollout_check(&w, 10, "edge").await?;
+    let orphan = start_rollout_check(&w, 11, "edge").await?;
+    let record = |job: &JobRef| store::record_name(&job.name, "edge");
+    let at =
+        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_hours(25);
+    let status = DispatchJobStatus {
+        observed_at: at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        ..DispatchJobStatus::observed(
+            Some(dispatch_server::verdict::DestState::Succeeded),
+            "agent",
+        )
+    };
+    store.set_status(&record(&expired), status).await?;
+
+    let report = w.engine.expire_records().await;
+    assert_eq!(report.deleted.len(), 1, "{report:?}");
+    assert!(store.get(&record(&expired)).context("expired")?.spec.delete);
+    assert!(!store.get(&record(&orphan)).context("orphan")?.spec.delete);
+
+    // The control plane has none of these runs: the sweep asks the agent to drop the record.
+    let swept = w.engine.sweep_orphans().await?;
+    assert!(swept.failed.is_empty(), "{swept:?}");
+    assert!(
+        store.get(&record(&orphan)).context("orphan")?.spec.delete,
+        "{swept:?}"
+    );
+    assert!(writes(a).is_empty(), "{:?}", writes(a));
+    assert!(a.get(&rollouts(), NS, "web").is_some());
+    Ok(())
+}
