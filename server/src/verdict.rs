@@ -24,6 +24,9 @@ pub struct DestinationStatus {
     pub namespace: String,
     /// its state
     pub state: DestState,
+    /// facts of an observe check for the metadata, as `<note>.<destination>` (e.g.
+    /// `analysisruns`: the observed Rollout's own AnalysisRuns); empty for Jobs
+    pub notes: BTreeMap<String, String>,
 }
 
 /// The measurement outcome across all destinations.
@@ -109,6 +112,9 @@ pub fn combine(require: Require, statuses: Vec<DestinationStatus>) -> Verdict {
     );
     for s in &statuses {
         metadata.insert(format!("state.{}", s.destination), s.state.short());
+        for (note, value) in &s.notes {
+            metadata.insert(format!("{note}.{}", s.destination), value.clone());
+        }
     }
     Verdict {
         phase,
@@ -226,7 +232,22 @@ mod tests {
             destination: dest.into(),
             namespace: "ns".into(),
             state,
+            notes: BTreeMap::new(),
         }
+    }
+
+    #[test]
+    fn notes_go_into_the_metadata_per_destination() {
+        let mut a = st("cluster-a", DestState::Succeeded);
+        a.notes
+            .insert("analysisruns".into(), "web-abc-2,web-abc-2-1".into());
+        let v = combine(Require::All, vec![a, st("cluster-b", DestState::Succeeded)]);
+        assert_eq!(
+            v.metadata["analysisruns.cluster-a"],
+            "web-abc-2,web-abc-2-1"
+        );
+        assert!(!v.metadata.contains_key("analysisruns.cluster-b"));
+        assert_eq!(v.message.lines().count(), 2, "{}", v.message);
     }
 
     fn failed() -> DestState {

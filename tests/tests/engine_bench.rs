@@ -97,6 +97,9 @@ fn bench_engine() -> Result<()> {
                     match &ensured.outcomes[0].1 {
                         Outcome::Created | Outcome::Adopted => refs.push(ensured.job),
                         Outcome::NotCreated(s) => bail!("job {i} on {dest}: {s:?}"),
+                        Outcome::Observed(o) => {
+                            bail!("job {i} on {dest}: observes {o}, a Job was asked")
+                        }
                     }
                 }
             });

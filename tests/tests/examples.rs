@@ -102,6 +102,19 @@ fn passes_the_example_policy(name: &str, config: &JobConfig) {
     )
     .expect("config/server.yaml is valid");
     let policy = Policy::new(server.policy.as_ref(), &server.origin);
+    if let Some(observe) = config.observe() {
+        // No Job, so no pod security: the policy gives team-web the observed object's namespace.
+        use dispatch_api::observe::Observe;
+        let namespace = match observe {
+            Observe::Rollout(r) => r.namespace.clone().unwrap_or_else(|| "verification".into()),
+            Observe::Application(a) => a.namespace.clone(),
+        };
+        assert!(
+            policy.check("team-web", "prod-eu", &namespace).is_ok(),
+            "{name}: config/server.yaml gives team-web no rule for namespace {namespace}"
+        );
+        return;
+    }
     for project in ["team-web", "team-payments"] {
         let run = RunContext {
             name: "uat.1".into(),

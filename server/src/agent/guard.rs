@@ -1,5 +1,6 @@
 //! The agent's own checks of the work the server sends, before any API call in its cluster: the
-//! namespace is one of the agent's (`--namespaces`), the Job is the one the record names, and
+//! namespace is one of the agent's (`--namespaces`; for an observe record, the namespace of
+//! the observed object, which the check must name alike), the Job is the one the record names, and
 //! its pod security profile (`--pod-security`, `--service-accounts`,
 //! `--automount-service-account-token`) allows it — the same `podsecurity` code the server ran.
 //!
@@ -8,6 +9,7 @@
 //! created; its report says which field the agent refused and why.
 
 use dispatch_api::agent::DispatchJobSpec;
+use dispatch_api::observe::Observe;
 use serde_json::Value;
 
 use crate::job;
@@ -71,6 +73,29 @@ impl Guard {
                 namespace: spec.namespace.clone(),
                 allowed: self.namespaces.join(", "),
             });
+        }
+        if let Some(observe) = &spec.observe {
+            // The agent reads the record's namespace (the one just checked): the check must
+            // name the same, and it never comes with a Job to create.
+            let named = match observe {
+                Observe::Rollout(r) => r.namespace.as_ref(),
+                Observe::Application(a) => Some(&a.namespace),
+            };
+            if let Some(ns) = named.filter(|ns| **ns != spec.namespace) {
+                return Err(AgentRefused::Mismatch {
+                    field: "observe.namespace",
+                    found: ns.clone(),
+                    expected: spec.namespace.clone(),
+                });
+            }
+            if spec.job.is_some() {
+                return Err(AgentRefused::Mismatch {
+                    field: "job",
+                    found: "a Job".into(),
+                    expected: "none with an observe check".into(),
+                });
+            }
+            return Ok(None);
         }
         let Some(job) = spec.job.as_ref().filter(|_| !spec.delete) else {
             return Ok(None);
@@ -189,6 +214,48 @@ mod tests {
         assert!(g.admit("edge", &bare).is_err());
         bare.namespace = "verify".into();
         assert_eq!(g.admit("edge", &bare), Ok(None));
+    }
+
+    #[test]
+    fn an_observe_record_is_checked_against_the_namespaces_and_never_carries_a_job() {
+        use dispatch_api::observe::{ApplicationCheck, RolloutCheck};
+        let g = guard(Level::Restricted);
+        let mut s = spec("verify", plain());
+        s.job = None;
+        s.observe = Some(Observe::Rollout(RolloutCheck {
+            name: "web".into(),
+            namespace: None,
+            image: None,
+            revision: None,
+        }));
+        assert_eq!(g.admit("b", &s), Ok(None));
+        let mut outside = s.clone();
+        outside.namespace = "kube-system".into();
+        let e = g.admit("b", &outside).unwrap_err();
+        assert!(e.to_string().contains("\"kube-system\""), "{e}");
+        let mut other = s.clone();
+        other.observe = Some(Observe::Application(ApplicationCheck {
+            name: "web".into(),
+            namespace: "argocd".into(),
+            revision: None,
+        }));
+        let e = g.admit("b", &other).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                AgentRefused::Mismatch {
+                    field: "observe.namespace",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let mut with_job = s;
+        with_job.job = Some(plain());
+        assert!(matches!(
+            g.admit("b", &with_job).unwrap_err(),
+            AgentRefused::Mismatch { field: "job", .. }
+        ));
     }
 
     #[test]

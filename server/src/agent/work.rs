@@ -1,5 +1,6 @@
 //! One pass of the agent over its destination's work: create, watch and delete the Jobs of the
-//! records and say which states changed ([`Worker::pass`]); then remember what the server
+//! records, read what observe records (`rollout:`, `application:`) follow, and say which states
+//! changed ([`Worker::pass`]); then remember what the server
 //! accepted ([`Worker::accepted`]).
 //!
 //! A record whose final state (succeeded, failed, a permanent error, or deleted) the server
@@ -24,6 +25,17 @@ use crate::verdict::DestState;
 /// How long the agent waits before it tries again to create a Job whose create failed
 /// transiently (5xx, timeout, 429).
 pub const CREATE_RETRY: Duration = Duration::from_secs(5);
+
+/// How often the agent reads the objects of one observe record (a `get`, and a `list` for a
+/// Rollout): the server's status calls come every few seconds at most.
+const OBSERVE_EVERY: Duration = Duration::from_secs(2);
+
+fn observe_name(observe: &dispatch_api::observe::Observe) -> &str {
+    match observe {
+        dispatch_api::observe::Observe::Rollout(r) => &r.name,
+        dispatch_api::observe::Observe::Application(a) => &a.name,
+    }
+}
 
 /// Whether a reported state is final: the Job's verdict cannot change any more (succeeded,
 /// failed, a permanent error) or the Job is gone as asked (`None`). Running, an image pull
@@ -69,8 +81,10 @@ pub struct Worker {
     entry: Entry,
     guard: Guard,
     no_secrets: Redactor,
-    /// what the server last accepted per record (`None`: deleted)
-    reported: HashMap<String, Option<DestState>>,
+    /// what the server last accepted per record (state `None`: deleted)
+    reported: HashMap<String, Report>,
+    /// when each observe record's objects were last read: at most every [`OBSERVE_EVERY`]
+    observed_at: HashMap<String, tokio::time::Instant>,
     /// the records whose Job this process created or adopted
     started: HashSet<String>,
     /// records whose create failed transiently, and when to try again
@@ -96,6 +110,7 @@ impl Worker {
             guard,
             no_secrets: Redactor::default(),
             reported: HashMap::new(),
+            observed_at: HashMap::new(),
             started: HashSet::new(),
             retry_at: HashMap::new(),
             settled: HashSet::new(),
@@ -121,10 +136,10 @@ impl Worker {
             if self.settled.contains(&item.name) {
                 continue;
             }
-            if let Some(state) = self.item(item).await {
-                if self.reported.get(&item.name) != Some(&state) {
-                    reports.push(Report::new(item.name.clone(), state));
-                } else if is_final(&state) {
+            if let Some(report) = self.item(item).await {
+                if self.reported.get(&item.name) != Some(&report) {
+                    reports.push(report);
+                } else if is_final(&report.state) {
                     // Checked again after its record changed (often only `reported`, which the
                     // server sets on the first report), and still what the server has.
                     self.settled.insert(item.name.clone());
@@ -144,7 +159,7 @@ impl Worker {
             if is_final(&r.state) {
                 self.settled.insert(r.name.clone());
             }
-            self.reported.insert(r.name, r.state);
+            self.reported.insert(r.name.clone(), r);
         }
     }
 
@@ -157,14 +172,72 @@ impl Worker {
         self.settled
             .retain(|k| matches!((before.get(k.as_str()), now.get(k.as_str())), (Some(a), Some(b)) if a == b));
         self.reported.retain(|k, _| now.contains_key(k.as_str()));
+        self.observed_at.retain(|k, _| now.contains_key(k.as_str()));
         self.started.retain(|k| now.contains_key(k.as_str()));
         self.retry_at.retain(|k, _| now.contains_key(k.as_str()));
         self.refused.retain(|k, _| now.contains_key(k.as_str()));
     }
 
+    /// The report of one record after acting on it; `None` when there is nothing to say yet.
+    async fn item(&mut self, item: &WorkItem) -> Option<Report> {
+        if item.spec.observe.is_some() {
+            return self.observe_item(item).await;
+        }
+        let state = self.job_item(item).await?;
+        Some(Report::new(item.name.clone(), state))
+    }
+
+    /// An observe record: read (`get`/`list` only) and judge what it observes in this cluster,
+    /// at most every [`OBSERVE_EVERY`]; a delete request is acknowledged without any call, as
+    /// there is nothing of ours to delete (the observed object is never deleted).
+    async fn observe_item(&mut self, item: &WorkItem) -> Option<Report> {
+        let destination = self.destination.as_str();
+        let spec = &item.spec;
+        let job = JobRef::of_record(spec, destination);
+        let observe = job.observe.clone()?;
+        let at = format!(
+            "{} {}/{}",
+            observe.kind(),
+            spec.namespace,
+            observe_name(&observe)
+        );
+        if let Err(refused) = self.guard.admit(destination, spec) {
+            warn!(%destination, observed = %at, run = %spec.run, error = %refused,
+                  "refused work from the server");
+            return Some(Report::new(
+                item.name.clone(),
+                Some(DestState::Error(format!(
+                    "{at} on {destination}: {refused}"
+                ))),
+            ));
+        }
+        if spec.delete {
+            return Some(Report::new(item.name.clone(), None));
+        }
+        let now = tokio::time::Instant::now();
+        if self
+            .observed_at
+            .get(&item.name)
+            .is_some_and(|last| now < *last + OBSERVE_EVERY)
+        {
+            return None;
+        }
+        self.observed_at.insert(item.name.clone(), now);
+        let seen = self
+            .engine
+            .observe_placement(&job, &job.placements[0], &observe)
+            .await;
+        Some(Report {
+            name: item.name.clone(),
+            state: Some(seen.state),
+            notes: seen.notes,
+            application: seen.application,
+        })
+    }
+
     /// The state of one record's Job after acting on it; `None` when there is nothing to say
     /// yet (a deletion under way or that failed, logged).
-    async fn item(&mut self, item: &WorkItem) -> Option<Option<DestState>> {
+    async fn job_item(&mut self, item: &WorkItem) -> Option<Option<DestState>> {
         let destination = self.destination.as_str();
         let spec = &item.spec;
         // The agent's own reference to a Job the server asked for: never signed, never handed
@@ -222,7 +295,7 @@ impl Worker {
                     .await;
                 info!(%destination, job = %at, run = %spec.run, outcome = ?outcome, "ensure");
                 match outcome {
-                    Outcome::Created | Outcome::Adopted => {
+                    Outcome::Created | Outcome::Adopted | Outcome::Observed(_) => {
                         self.started.insert(item.name.clone());
                         self.retry_at.remove(&item.name);
                     }

@@ -1,6 +1,7 @@
 //! `rollouts-dispatch doctor`: validates the configuration, starts the engine and checks every
 //! destination: API server reachable, watch caches synced, and the RBAC the engine needs
-//! (SelfSubjectAccessReview), and whether the AnalysisRuns that confirm requests (`confirmRuns`)
+//! (SelfSubjectAccessReview; then, per destination, a line on the reads of the `rollout:` and
+//! `application:` checks), and whether the AnalysisRuns that confirm requests (`confirmRuns`)
 //! can be watched. Prints a table; exit 0 when every row is fine, 1 otherwise. Then one line per
 //! destination on the Jobs left behind longer than the retention ([`super::leftovers`]), for a
 //! person to act on (they do not change the exit code).
@@ -117,6 +118,9 @@ pub(super) async fn run(args: DoctorArgs) -> ExitCode {
         .saturating_duration_since(Instant::now())
         .max(call_timeout);
     for line in super::leftovers::lines(&engine, store, left_timeout).await {
+        println!("{line}");
+    }
+    for line in observe_access(&entries, call_timeout).await {
         println!("{line}");
     }
     if rows.iter().all(|r| r.ok) {
@@ -252,6 +256,81 @@ async fn check(entry: &Entry, deadline: Instant, call_timeout: Duration) -> Row 
     row
 }
 
+/// The reads of the `rollout:` and `application:` checks, in a destination's namespace.
+const OBSERVE_CHECKS: [(&str, &str); 3] = [
+    ("get", "rollouts"),
+    ("list", "analysisruns"),
+    ("get", "applications"),
+];
+
+/// One line per destination: whether its credentials may do the reads of the observe checks
+/// (`argoproj.io`, in its default namespace). Needed only by templates with `rollout:` or
+/// `application:`, so informative: they do not change the exit code.
+async fn observe_access(entries: &[Entry], timeout: Duration) -> Vec<String> {
+    let lines = entries.iter().map(|entry| async move {
+        let name = entry.name();
+        let d = match entry {
+            Entry::Ready(d) => d,
+            Entry::Agent(_) => {
+                return format!(
+                    "observe checks on {name}: not checked here (the agent reads its own cluster                      with its ServiceAccount: it needs get on rollouts and applications, list on                      analysisruns of argoproj.io in its namespaces)"
+                )
+            }
+            Entry::Broken(_) => {
+                return format!("observe checks on {name}: not checked (unusable destination)")
+            }
+        };
+        let api: Api<SelfSubjectAccessReview> = Api::all(d.client().clone());
+        let mut parts = Vec::new();
+        for (verb, resource) in OBSERVE_CHECKS {
+            let answer = review(&api, verb, "argoproj.io", resource, "", Some(&d.namespace), timeout).await;
+            parts.push(match answer {
+                Ok(true) => format!("{verb} {resource}: yes"),
+                Ok(false) => format!("{verb} {resource}: NO"),
+                Err(e) => format!("{verb} {resource}: unknown ({})", one_line(&e.to_string())),
+            });
+        }
+        format!(
+            "observe checks on {name} (namespace {}; needed by rollout:/application: blocks only): {}",
+            d.namespace,
+            parts.join(", ")
+        )
+    });
+    futures::future::join_all(lines).await
+}
+
+/// Whether the API server allows `verb` on `group/resource[/sub]` in `namespace` (`None`: all)
+/// to the caller.
+async fn review(
+    api: &Api<SelfSubjectAccessReview>,
+    verb: &str,
+    group: &str,
+    resource: &str,
+    sub: &str,
+    namespace: Option<&str>,
+    timeout: Duration,
+) -> Result<bool, ReviewError> {
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                verb: Some(verb.to_string()),
+                group: Some(group.to_string()),
+                resource: Some(resource.to_string()),
+                subresource: (!sub.is_empty()).then(|| sub.to_string()),
+                namespace: namespace.map(str::to_string),
+                ..ResourceAttributes::default()
+            }),
+            ..SelfSubjectAccessReviewSpec::default()
+        },
+        ..SelfSubjectAccessReview::default()
+    };
+    match tokio::time::timeout(timeout, api.create(&PostParams::default(), &review)).await {
+        Ok(Ok(r)) => Ok(r.status.is_some_and(|s| s.allowed)),
+        Ok(Err(e)) => Err(ReviewError::Api(e)),
+        Err(_) => Err(ReviewError::Timeout(timeout)),
+    }
+}
+
 /// Why a SelfSubjectAccessReview gave no answer.
 #[derive(Debug, thiserror::Error)]
 enum ReviewError {
@@ -303,20 +382,6 @@ async fn rbac(
             .into_iter()
             .map(|(verb, group, resource, sub, scope)| {
                 let api = api.clone();
-                let review = SelfSubjectAccessReview {
-                    spec: SelfSubjectAccessReviewSpec {
-                        resource_attributes: Some(ResourceAttributes {
-                            verb: Some(verb.to_string()),
-                            group: Some(group.to_string()),
-                            resource: Some(resource.to_string()),
-                            subresource: (!sub.is_empty()).then(|| sub.to_string()),
-                            namespace: scope.map(str::to_string),
-                            ..ResourceAttributes::default()
-                        }),
-                        ..SelfSubjectAccessReviewSpec::default()
-                    },
-                    ..SelfSubjectAccessReview::default()
-                };
                 let what = format!(
                     "{verb} {resource}{}{}",
                     if sub.is_empty() {
@@ -331,13 +396,8 @@ async fn rbac(
                     }
                 );
                 async move {
-                    match tokio::time::timeout(timeout, api.create(&PostParams::default(), &review))
-                        .await
-                    {
-                        Ok(Ok(r)) => Ok((what, r.status.is_some_and(|s| s.allowed))),
-                        Ok(Err(e)) => Err(ReviewError::Api(e)),
-                        Err(_) => Err(ReviewError::Timeout(timeout)),
-                    }
+                    let allowed = review(&api, verb, group, resource, sub, scope, timeout).await?;
+                    Ok::<_, ReviewError>((what, allowed))
                 }
             });
     let results = futures::future::join_all(reviews).await;

@@ -522,6 +522,10 @@ pub async fn run(args: RunArgs) -> ExitCode {
             Outcome::Created => "created".to_string(),
             Outcome::Adopted => "adopted (already there)".to_string(),
             Outcome::NotCreated(s) => format!("not created: {}", redactor.redact(&s.summary())),
+            Outcome::Observed(object) => {
+                println!("{dest}: observing {object} (nothing is created)");
+                continue;
+            }
         };
         println!("{dest}: job {}/{} {what}", p.namespace, job.name);
     }
@@ -631,6 +635,26 @@ spec:
         assert_eq!(r.config.target_display(), "a");
         let ann = &r.config.job_spec().unwrap()["template"]["metadata"]["annotations"]["code"];
         assert_eq!(ann, "3");
+    }
+
+    #[test]
+    fn the_observe_examples_resolve_to_rollout_and_application_checks() {
+        use dispatch_api::observe::Observe;
+        let rollout = include_str!("../../../config/analysis-templates/rollout.yaml");
+        let args = over(&[("destination", "a"), ("image", "ghcr.io/example/web:1.2.3")]);
+        let r = resolve(rollout, "rollout.yaml", None, &args).unwrap();
+        let Some(Observe::Rollout(check)) = r.config.observe() else {
+            panic!("{:?}", r.config.check)
+        };
+        assert_eq!(check.image.as_deref(), Some("ghcr.io/example/web:1.2.3"));
+        let app = include_str!("../../../config/analysis-templates/application.yaml");
+        let args = over(&[("destination", "a"), ("revision", "4f2b9c1")]);
+        let r = resolve(app, "application.yaml", None, &args).unwrap();
+        assert!(
+            matches!(r.config.observe(), Some(Observe::Application(a)) if a.revision.as_deref() == Some("4f2b9c1")),
+            "{:?}",
+            r.config.check
+        );
     }
 
     #[test]

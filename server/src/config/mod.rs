@@ -533,7 +533,7 @@ engine: {connectTimeout: 2s}
         assert_eq!(c.confirm_runs, ConfirmRuns::On);
         assert!(matches!(&c.destinations[1].access, Access::Direct(d) if d.token_file.is_some()));
         let policy = c.policy.unwrap();
-        assert_eq!(policy.rules.len(), 3);
+        assert_eq!(policy.rules.len(), 4);
         assert!(policy.rules[2].automount_service_account_token && !policy.allow_all);
         assert_eq!(c.argocd.unwrap().default_namespace, "verification");
         let agents = c.agents.unwrap();

@@ -11,7 +11,8 @@ impl Engine {
         })
     }
 
-    /// Writes the record that asks `agent` to run Job `obj`; an existing record of the same run
+    /// Writes the record that asks `agent` to run Job `obj` (or to observe `observe`, with no
+    /// Job); an existing record of the same run
     /// is adopted (a retry, or another replica wrote it first).
     pub(super) async fn agent_create(
         &self,
@@ -19,7 +20,8 @@ impl Engine {
         namespace: &str,
         name: &str,
         req: &MeasureRequest,
-        obj: serde_json::Value,
+        obj: Option<serde_json::Value>,
+        observe: Option<Observe>,
     ) -> Outcome {
         let store = match self.agent_store() {
             Ok(s) => s,
@@ -36,9 +38,9 @@ impl Engine {
                 metric: req.metric.clone(),
                 measurement: req.measurement,
                 log_tail: req.config.log_tail,
-                job: Some(obj),
+                job: obj,
                 delete: false,
-                observe: None,
+                observe,
                 sync: None,
             },
             status: None,
@@ -241,7 +243,8 @@ pub(super) fn bare_record(
             log_tail: job.log_tail,
             job: None,
             delete,
-            observe: None,
+            // An observe record written again keeps what the signed reference observes.
+            observe: job.observe.clone(),
             sync: None,
         },
         status: None,

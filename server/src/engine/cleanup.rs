@@ -115,6 +115,12 @@ impl Engine {
         if let Some(Entry::Agent(a)) = self.inner.registry.get(&p.destination) {
             return self.agent_delete(&a, job, p).await;
         }
+        if job.observe.is_some() {
+            // An observe check created nothing on a direct destination (nor does the agent in
+            // its cluster): no call is made, and the observed Rollout or Application is never
+            // anyone's to delete here.
+            return Ok(false);
+        }
         let d = self
             .ready(&p.destination)
             .map_err(CleanupError::Destination)?;

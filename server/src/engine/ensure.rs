@@ -18,6 +18,16 @@ impl Engine {
         }
         let targets = self.targets(req).await?;
         let name = job::job_name(&req.run.uid, &req.metric, req.measurement);
+        if let Some(observe) = req.config.observe() {
+            // Nothing to build: no Job, no Pod, so no pod security either.
+            let outcomes = join_all(
+                targets
+                    .iter()
+                    .map(|(entry, ns)| self.observe_start(entry, ns, &name, req, observe)),
+            )
+            .await;
+            return Ok(self.ensured(req, name, &targets, outcomes));
+        }
         // Build and check every Job first: a bad or refused spec creates nothing anywhere.
         let mut objects = Vec::with_capacity(targets.len());
         for (entry, namespace) in &targets {
@@ -59,7 +69,7 @@ impl Engine {
             let name = &name;
             async move {
                 match entry {
-                    Entry::Agent(a) => self.agent_create(a, ns, name, req, obj).await,
+                    Entry::Agent(a) => self.agent_create(a, ns, name, req, Some(obj), None).await,
                     _ => {
                         self.create_or_adopt(entry, ns, name, &req.run.uid, obj)
                             .await
@@ -68,7 +78,19 @@ impl Engine {
             }
         }))
         .await;
-        let mut job = job_ref(req, name, &targets);
+        Ok(self.ensured(req, name, &targets, outcomes))
+    }
+
+    /// The result of `ensure` from the outcome on each target: the reference (with its
+    /// deadline) and the first verdict.
+    fn ensured(
+        &self,
+        req: &MeasureRequest,
+        name: String,
+        targets: &[(Entry, String)],
+        outcomes: Vec<Outcome>,
+    ) -> Ensured {
+        let mut job = job_ref(req, name, targets);
         job.deadline = self.deadline_of(req);
         let statuses = job
             .placements
@@ -79,8 +101,12 @@ impl Engine {
                 namespace: p.namespace.clone(),
                 state: match o {
                     Outcome::Created | Outcome::Adopted => DestState::Running(None),
+                    Outcome::Observed(what) => {
+                        DestState::Running(Some(format!("observing {what}")))
+                    }
                     Outcome::NotCreated(s) => s.clone(),
                 },
+                notes: BTreeMap::new(),
             })
             .collect();
         for ((entry, ns), o) in targets.iter().zip(&outcomes) {
@@ -89,7 +115,7 @@ impl Engine {
         }
         let redactor = Redactor::new(req.secrets.iter().cloned());
         let verdict = finish(&job, verdict::combine(job.require, statuses), &redactor);
-        Ok(Ensured {
+        Ensured {
             outcomes: job
                 .placements
                 .iter()
@@ -98,7 +124,7 @@ impl Engine {
                 .collect(),
             job,
             verdict,
-        })
+        }
     }
 
     /// The [`JobRef`] of a measurement without creating anything: where [`Engine::ensure`]
@@ -218,11 +244,7 @@ impl Engine {
         let mut allowed = Vec::new();
         let mut denied: Vec<EngineError> = Vec::new();
         for e in candidates {
-            let ns = req
-                .config
-                .namespace
-                .clone()
-                .unwrap_or_else(|| e.namespace().to_string());
+            let ns = placement_namespace(&req.config, e.namespace());
             // A destination limited to namespaces (its credentials and caches cover only
             // those) refuses the others before the policy is asked and before any API call.
             if let Some(limit) = e.namespaces().filter(|l| !l.contains(&ns)) {
@@ -400,6 +422,24 @@ impl Engine {
     }
 }
 
+/// The namespace of a placement on a destination whose default namespace is `default`: the
+/// observed object's for an observe check (`rollout.namespace`, else the block's `namespace`,
+/// else the default; `application.namespace`), else the Job's (the block's `namespace`, else the
+/// default). The policy and a destination's `namespaces` are checked on it.
+fn placement_namespace(config: &JobConfig, default: &str) -> String {
+    let block = || {
+        config
+            .namespace
+            .clone()
+            .unwrap_or_else(|| default.to_string())
+    };
+    match config.observe() {
+        Some(Observe::Rollout(r)) => r.namespace.clone().unwrap_or_else(block),
+        Some(Observe::Application(a)) => a.namespace.clone(),
+        None => block(),
+    }
+}
+
 /// The (unsigned) reference to the Jobs named `name` of `req` on `targets`.
 fn job_ref(req: &MeasureRequest, name: String, targets: &[(Entry, String)]) -> JobRef {
     JobRef {
@@ -419,6 +459,7 @@ fn job_ref(req: &MeasureRequest, name: String, targets: &[(Entry, String)]) -> J
             })
             .collect(),
         deadline: 0,
+        observe: req.config.observe().cloned(),
         sig: String::new(),
     }
 }

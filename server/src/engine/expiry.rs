@@ -74,7 +74,12 @@ impl Engine {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        job.deadline != 0 && now < job.deadline && self.agent_records_missing(job)
+        // An observe record needs no spec from the request: `agent_state` writes it again from
+        // the signed reference, whereas the request's block could name another object.
+        job.observe.is_none()
+            && job.deadline != 0
+            && now < job.deadline
+            && self.agent_records_missing(job)
     }
 }
 

@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 
+use dispatch_api::observe::Observe;
 use dispatch_api::Require;
 use serde::{Deserialize, Serialize};
 
@@ -131,6 +132,12 @@ pub struct JobRef {
     /// when the Jobs were created); 0: none (a reference from before deadlines)
     #[serde(default, skip_serializing_if = "is_zero")]
     pub deadline: u64,
+    /// what an observe check (`rollout:`, `application:`) follows on each placement, in the
+    /// placement's namespace; `None`: the placements hold Jobs. Signed with the rest, so the
+    /// block of a later request (which tenants can edit) never changes what is observed; left
+    /// out when `None`, so references signed before it still verify.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observe: Option<Observe>,
     /// the server's signature over the rest ([`JobRef::canonical`]); empty: unsigned
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub sig: String,
@@ -173,6 +180,7 @@ impl JobRef {
                 namespace: spec.namespace.clone(),
             }],
             deadline: 0,
+            observe: spec.observe.clone(),
             sig: String::new(),
         }
     }
@@ -295,6 +303,7 @@ mod tests {
                 namespace: "v".into(),
             }],
             deadline: 0,
+            observe: None,
             sig: String::new(),
         }
     }
@@ -351,6 +360,40 @@ mod tests {
         assert!(matches!(
             JobRef::from_request(&bad, &signer, expected()).unwrap_err(),
             RefRefused::Unreadable(_)
+        ));
+    }
+
+    #[test]
+    fn the_signature_covers_what_an_observe_check_follows() {
+        use dispatch_api::observe::RolloutCheck;
+        let signer = Signer::new(&[KEY.to_vec()]).unwrap();
+        let rollout = |name: &str| {
+            Some(Observe::Rollout(RolloutCheck {
+                name: name.into(),
+                namespace: None,
+                image: Some("shop/web:2".into()),
+                revision: None,
+            }))
+        };
+        // A reference without a check has no `observe` key: those signed before it verify.
+        assert!(!genuine().metadata()[REF_KEY].contains("observe"));
+        let signed = JobRef {
+            observe: rollout("web"),
+            ..genuine()
+        }
+        .signed(&signer);
+        assert_eq!(check(&signed).unwrap().unwrap().observe, rollout("web"));
+        let mut edited = signed.clone();
+        edited.observe = rollout("payments");
+        assert!(matches!(
+            check(&edited).unwrap_err(),
+            RefRefused::Signature(SignatureError::Mismatch { .. })
+        ));
+        let mut dropped = signed;
+        dropped.observe = None;
+        assert!(matches!(
+            check(&dropped).unwrap_err(),
+            RefRefused::Signature(SignatureError::Mismatch { .. })
         ));
     }
 

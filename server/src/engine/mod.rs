@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dispatch_api::block::{JobConfig, Target, PLUGIN_NAME};
+use dispatch_api::observe::Observe;
 use futures::future::join_all;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
@@ -50,6 +51,7 @@ mod cleanup;
 mod ensure;
 mod expiry;
 mod job_ref;
+mod observing;
 mod pending;
 mod start;
 mod status;
@@ -59,6 +61,7 @@ pub use cleanup::CleanupError;
 pub use job_ref::{
     Expected, JobRef, JobRefError, Placement, RefRefused, JOB_NAMESPACE_KEY, JOB_NAME_KEY, REF_KEY,
 };
+pub use observing::Observation;
 pub use pending::PendingReport;
 pub use sweep::{SweepReason, SweepReport, RUNS_PAGE};
 
@@ -112,6 +115,8 @@ pub enum Outcome {
     Adopted,
     /// no Job: the state says why
     NotCreated(DestState),
+    /// nothing to create: an observe check reads what is deployed (`kind namespace/name`)
+    Observed(String),
 }
 
 /// The result of [`Engine::ensure`].
@@ -448,6 +453,7 @@ mod tests {
                 },
             ],
             deadline: 0,
+            observe: None,
             sig: String::new(),
         };
         let m = r.metadata();
@@ -521,6 +527,7 @@ mod tests {
                         namespace: "ns".into(),
                     }],
                     deadline: 0,
+                    observe: None,
                     sig: String::new(),
                 },
                 &Redactor::default(),

@@ -48,7 +48,12 @@ impl Engine {
             humantime::format_rfc3339_seconds(at),
             now - job.deadline,
             verdict.message,
-            if report.failed.is_empty() {
+            if job.observe.is_some() && report.failed.is_empty() {
+                // An observe check created nothing; only agent records were asked to go.
+                "are none (an observe check creates nothing; the observed objects are left \
+                 alone)"
+                    .to_string()
+            } else if report.failed.is_empty() {
                 "were deleted".to_string()
             } else {
                 format!(
@@ -73,20 +78,36 @@ impl Engine {
         secrets: &Redactor,
         cached: bool,
     ) -> Verdict {
-        let states = join_all(
-            job.placements
-                .iter()
-                .map(|p| self.placement_state(job, p, secrets, cached, None)),
-        )
-        .await;
+        let states: Vec<(DestState, BTreeMap<String, String>)> = match &job.observe {
+            // What the signed reference observes, never what the request's block says.
+            Some(observe) => join_all(
+                job.placements
+                    .iter()
+                    .map(|p| self.observe_placement(job, p, observe)),
+            )
+            .await
+            .into_iter()
+            .map(|o| (o.state, o.notes))
+            .collect(),
+            None => join_all(
+                job.placements
+                    .iter()
+                    .map(|p| self.placement_state(job, p, secrets, cached, None)),
+            )
+            .await
+            .into_iter()
+            .map(|s| (s, BTreeMap::new()))
+            .collect(),
+        };
         let statuses = job
             .placements
             .iter()
             .zip(states)
-            .map(|(p, state)| DestinationStatus {
+            .map(|(p, (state, notes))| DestinationStatus {
                 destination: p.destination.clone(),
                 namespace: p.namespace.clone(),
                 state,
+                notes,
             })
             .collect();
         finish(job, verdict::combine(job.require, statuses), secrets)

@@ -1,7 +1,9 @@
 //! Reading what is already deployed on a destination, for the `rollout:` and `application:`
 //! checks and the Application sync trigger (pure: JSON of the objects in, states out).
 //!
-//! * [`application`]: an Argo CD Application's status → [`ApplicationState`].
+//! * [`application`]: an Argo CD Application's status → [`ApplicationState`], and the
+//!   `application:` check's judgement of it.
+//! * [`rollout`]: the `rollout:` check's judgement of a Rollout and its AnalysisRuns.
 //!
 //! The engine (direct destinations) and the agent (its own cluster) read the objects with
 //! their own kube clients and hand them here, so both judge them by the same rules.
@@ -9,6 +11,9 @@
 use kube::api::{ApiResource, GroupVersionKind};
 
 pub mod application;
+pub mod rollout;
+
+pub use rollout::Judged;
 
 pub use dispatch_api::observe::ApplicationState;
 

@@ -227,6 +227,7 @@ async fn no_request_reaches_a_placement_the_policy_denies() -> Result<()> {
                 log_tail: 0,
                 placements,
                 deadline: 0,
+                observe: None,
                 sig: String::new(),
             }
             .signed(&signer());

@@ -37,6 +37,10 @@
 //! * [`deadlines`]: a block asking for a 30-day `activeDeadline` (to hold its Stage) → 4xx
 //!   naming the field, its value, `engine.maxMeasurementDeadline` and the key to raise it; no
 //!   destination call, no agent record.
+//! * [`observe`]: an observe check (`rollout:`) redirected — the status block naming another
+//!   Rollout still observes the signed reference's; the reference edited to observe another →
+//!   403; an observed namespace outside the project's policy → 403 at ensure; no destination
+//!   write or delete.
 //! * [`tls`]: plain HTTP to the TLS port, clients refusing `http://`, the agent's pinned CA,
 //!   certificate, JWT key and revocation rotation on disk without a restart.
 
@@ -57,6 +61,7 @@ mod authz;
 mod budgets;
 mod deadlines;
 mod namespaces;
+mod observe;
 mod podsecurity;
 mod references;
 mod runs;

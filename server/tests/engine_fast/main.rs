@@ -26,6 +26,7 @@ mod fake_api;
 mod lifecycle;
 mod log_secrets;
 mod namespaces;
+mod observe;
 mod pending;
 mod refusals;
 mod stage;
