@@ -37,6 +37,9 @@
 //! * [`deadlines`]: a block asking for a 30-day `activeDeadline` (to hold its Stage) → 4xx
 //!   naming the field, its value, `engine.maxMeasurementDeadline` and the key to raise it; no
 //!   destination call, no agent record.
+//! * [`sync`]: the Application read and sync trigger — agent tokens, another project's
+//!   Application, a destination without `applicationSync`, names leaving the namespace, bad
+//!   bodies, no token → 403/400/401, no destination call; the genuine sync patches once.
 //! * [`tls`]: plain HTTP to the TLS port, clients refusing `http://`, the agent's pinned CA,
 //!   certificate, JWT key and revocation rotation on disk without a restart.
 
@@ -62,5 +65,6 @@ mod references;
 mod runs;
 mod scene;
 mod secrets;
+mod sync;
 mod tally;
 mod tls;
