@@ -315,6 +315,8 @@ struct Inner {
     control_plane_url: Option<String>,
     /// globs over the destinations whose Applications the API may sync (`applicationSync`)
     application_sync: Vec<String>,
+    /// when each record of the Application routes was last asked for (`applications.rs`)
+    app_records_asked: Mutex<HashMap<String, std::time::Instant>>,
 }
 
 impl std::fmt::Debug for Inner {

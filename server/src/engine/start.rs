@@ -139,6 +139,7 @@ impl Engine {
                 jobs,
                 control_plane_url,
                 application_sync,
+                app_records_asked: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -204,6 +205,7 @@ impl Engine {
                 jobs: crate::config::JobsSettings::default(),
                 control_plane_url: None,
                 application_sync: Vec::new(),
+                app_records_asked: Mutex::new(HashMap::new()),
             }),
         })
     }

@@ -192,3 +192,138 @@ async fn sync_needs_the_policy_and_application_sync() -> Result<()> {
     }
     Ok(())
 }
+
+/// The agent of `edge`, played by a [`Worker`] on destination `a` (its "own cluster").
+mod through_an_agent {
+    use super::*;
+    use dispatch_api::agent::{ReportRequest, WorkItem};
+    use dispatch_server::agent::{Guard, Worker};
+    use dispatch_server::http::auth::Projects;
+    use dispatch_server::podsecurity::{Origin, Profile};
+
+    const AGENTS: &str = "agents: {store: memory, destinations: [{name: edge, namespace: verify}]}";
+
+    fn agent(w: &World, argocd_sync: bool) -> Result<Worker> {
+        let guard = Guard {
+            namespaces: vec!["argocd".into()],
+            profile: Profile::restricted(Origin::Agent),
+        };
+        Ok(Worker::new(w.engine.clone(), "a", guard)
+            .context("destination a")?
+            .with_argocd_sync(argocd_sync))
+    }
+
+    fn work(w: &World) -> Result<Arc<Vec<WorkItem>>> {
+        let store = w.engine.store().context("an agent store")?;
+        Ok(Arc::new(
+            store
+                .for_destination("edge")
+                .into_iter()
+                .map(|r| WorkItem {
+                    reported: r.is_reported(),
+                    name: r.name,
+                    spec: r.spec,
+                })
+                .collect(),
+        ))
+    }
+
+    /// One pass of `worker` over edge's records, reported to the server as the agent does.
+    async fn pass(d: &EngineDispatcher, w: &World, worker: &mut Worker) -> Result<usize> {
+        let reports = worker.pass(&work(w)?).await;
+        let n = reports.len();
+        let me = Principal {
+            subject: "agent:edge".into(),
+            destination: Some("edge".into()),
+            projects: Projects::All,
+        };
+        let reply = d
+            .agent_report(
+                &me,
+                "edge".into(),
+                ReportRequest {
+                    reports: reports.clone(),
+                },
+            )
+            .await?;
+        worker.accepted(reports, &reply.unknown);
+        Ok(n)
+    }
+
+    #[tokio::test]
+    async fn the_agent_syncs_once_per_order_across_restarts() -> Result<()> {
+        let w = World::start(&format!("{APP_POLICY}\n{AGENTS}")).await?;
+        let d = dispatcher(&w)?;
+        let caller = Principal::plugin("kargo");
+        let a = &w.clusters.a;
+        a.put(&applications(), application("web", "old"));
+        let patches = || a.calls("PATCH", "/namespaces/argocd/applications/web");
+
+        let placed = d
+            .sync_application(&caller, app("edge", "web"), sync_to("new"))
+            .await?;
+        assert!(placed.sync_requested, "{placed:?}");
+        assert_eq!(patches(), 0, "the server never reaches an agent's cluster");
+
+        let mut worker = agent(&w, true)?;
+        assert_eq!(pass(&d, &w, &mut worker).await?, 1);
+        assert_eq!(patches(), 1);
+        let stored = a.get(&applications(), "argocd", "web").context("web")?;
+        assert_eq!(stored["operation"]["sync"]["revision"], "new");
+        assert_eq!(
+            stored["metadata"]["annotations"]["argocd.argoproj.io/refresh"],
+            "hard"
+        );
+        let state = d.application(&caller, app("edge", "web")).await?;
+        assert!(state.sync_requested, "{state:?}");
+        assert_eq!(state.destination, "edge");
+
+        // More passes, and a restarted agent (a new Worker with no memory): no second sync.
+        pass(&d, &w, &mut worker).await?;
+        let mut restarted = agent(&w, true)?;
+        pass(&d, &w, &mut restarted).await?;
+        assert_eq!(patches(), 1, "an order is carried out once");
+
+        // Argo CD syncs; the agent reports the new state on its next pass.
+        a.update(&applications(), "argocd", "web", |o| {
+            o.as_object_mut().map(|m| m.remove("operation"));
+            o["status"]["sync"]["revision"] = json!("new");
+            o["status"]["operationState"] =
+                json!({"phase": "Succeeded", "syncResult": {"revision": "new"}});
+        });
+        assert_eq!(pass(&d, &w, &mut restarted).await?, 1);
+        let state = d.application(&caller, app("edge", "web")).await?;
+        assert_eq!(state.sync.revision, "new");
+        assert_eq!(state.operation.map(|o| o.phase), Some("Succeeded".into()));
+        assert!(!state.sync_requested);
+
+        // A new order to an agent started without --argocd-sync: refused, named, not patched.
+        d.sync_application(&caller, app("edge", "web"), sync_to("newer"))
+            .await?;
+        let mut no_flag = agent(&w, false)?;
+        pass(&d, &w, &mut no_flag).await?;
+        let e = d
+            .application(&caller, app("edge", "web"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, DispatchError::Refused(m) if m.contains("--argocd-sync")),
+            "{e:?}"
+        );
+        assert_eq!(patches(), 1);
+        // The records of the routes belong to no run: only idleness removes them.
+        assert!(w
+            .engine
+            .expire_app_records(std::time::Duration::from_secs(60))
+            .await
+            .deleted
+            .is_empty());
+        let gone = w.engine.expire_app_records(std::time::Duration::ZERO).await;
+        assert_eq!(gone.deleted.len(), 1, "{gone:?}");
+        assert!(
+            a.get(&applications(), "argocd", "web").is_some(),
+            "never the Application"
+        );
+        Ok(())
+    }
+}
