@@ -259,6 +259,18 @@ mod through_an_agent {
         a.put(&applications(), application("web", "old"));
         let patches = || a.calls("PATCH", "/namespaces/argocd/applications/web");
 
+        // No agent has reported yet: the first GET waits for it, then asks to retry (503).
+        let e = d
+            .application(&caller, app("edge", "web"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, DispatchError::Unavailable(m) if m.contains("has not reported")),
+            "{e:?}"
+        );
+        assert_eq!(work(&w)?.len(), 1, "the GET wrote the agent's record");
+        assert!(work(&w)?[0].spec.sync.is_none(), "a read orders no sync");
+
         let placed = d
             .sync_application(&caller, app("edge", "web"), sync_to("new"))
             .await?;
