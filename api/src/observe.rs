@@ -179,6 +179,72 @@ fn object_name(field: &str, name: &str) -> Result<(), BlockError> {
     }
 }
 
+/// The Application a route names (`…/applications/{namespace}/{name}`), validated like the
+/// block's `application:`: a namespace name and an object name, nothing else (no `..`, no `/`).
+pub fn application_of_route(namespace: &str, name: &str) -> Result<ApplicationCheck, BlockError> {
+    if !is_dns_label(namespace) {
+        return fail(format!(
+            "path segment {{namespace}} is not a valid namespace name: {namespace:?} (lowercase \
+             letters, digits and '-', at most 63)"
+        ));
+    }
+    let valid = !name.is_empty() && name.len() <= 253 && name.split('.').all(is_dns_label);
+    if !valid {
+        return fail(format!(
+            "path segment {{name}} is not a valid Application name: {name:?} (lowercase letters, \
+             digits, '-' and '.', at most 253)"
+        ));
+    }
+    Ok(ApplicationCheck {
+        name: name.to_string(),
+        namespace: namespace.to_string(),
+        revision: None,
+    })
+}
+
+/// The refresh Argo CD is asked for when a sync request names none.
+pub const DEFAULT_REFRESH: &str = "normal";
+/// The longest revision a sync request may name (a SHA-256 commit is 64; a tag or branch fits).
+pub const MAX_REVISION: usize = 255;
+
+impl SyncRequest {
+    /// The refresh asked for (`normal` when none): `normal` or `hard`, Argo CD's
+    /// `RefreshTypeNormal`/`RefreshTypeHard`.
+    pub fn refresh(&self) -> &str {
+        self.refresh.as_deref().unwrap_or(DEFAULT_REFRESH)
+    }
+
+    /// Checks the body of [`APPLICATION_SYNC`]; the error names the field.
+    pub fn validate(&self) -> Result<(), BlockError> {
+        if !matches!(self.refresh(), "normal" | "hard") {
+            return fail(format!(
+                "field `refresh` must be \"normal\" or \"hard\", got {:?}",
+                self.refresh()
+            ));
+        }
+        if let Some(rev) = &self.revision {
+            unresolved("revision", rev)?;
+            if rev.is_empty()
+                || rev.len() > MAX_REVISION
+                || rev.chars().any(|c| c.is_whitespace() || c.is_control())
+            {
+                return fail(format!(
+                    "field `revision` must be a commit, tag or branch without white space, at \
+                     most {MAX_REVISION} bytes, got {rev:?}"
+                ));
+            }
+        }
+        if let Some(p) = &self.project {
+            if !is_dns_label(p) {
+                return fail(format!(
+                    "field `project` is not a Kargo project name: {p:?} (a namespace name)"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// An Application's state as Argo CD reports it, in a shape Kargo's `http` promotion step can
 /// test (`response.body.sync.status == 'Synced'`, …).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -18,6 +18,9 @@
 //! engine's redactor is empty here. A verdict that is `Error` only because a destination is
 //! unreachable becomes `503 unavailable`, which the plugin turns into a retry, not an error.
 
+mod app_records;
+mod applications;
+
 use dispatch_api::block::JobConfig;
 use dispatch_api::v1::{self as api, GcRequest, MeasurementRef, RunRef};
 
@@ -514,6 +517,23 @@ impl Dispatcher for EngineDispatcher {
             .collect();
         rows.sort_by(|a, b| a.name.cmp(&b.name));
         rows
+    }
+
+    fn application<'a>(
+        &'a self,
+        _caller: &'a Principal,
+        app: crate::http::AppRef,
+    ) -> BoxFuture<'a, Result<dispatch_api::observe::ApplicationState, DispatchError>> {
+        Box::pin(self.read_application(app))
+    }
+
+    fn sync_application<'a>(
+        &'a self,
+        _caller: &'a Principal,
+        app: crate::http::AppRef,
+        req: dispatch_api::observe::SyncRequest,
+    ) -> BoxFuture<'a, Result<dispatch_api::observe::ApplicationState, DispatchError>> {
+        Box::pin(self.request_sync(app, req))
     }
 
     fn agent_work<'a>(

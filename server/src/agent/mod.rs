@@ -7,9 +7,12 @@
 //! state change. It keeps nothing that matters: after a restart it lists its Jobs, adopts them,
 //! and reports again. Before it creates anything it checks the work itself ([`guard`]): its
 //! namespaces and the pod security of the Job, whatever the server asks. Each pass over the work
-//! ([`work`]) skips the records whose final state the server already accepted.
+//! ([`work`]) skips the records whose final state the server already accepted. The records of
+//! the Application routes (read an Argo CD Application, carry out a sync order once) are
+//! served by [`sync`].
 
 mod guard;
+mod sync;
 mod work;
 
 use std::hash::{BuildHasher, RandomState};
@@ -62,6 +65,8 @@ pub struct AgentOptions {
     pub service_accounts: Vec<String>,
     /// `--automount-service-account-token`
     pub automount_service_account_token: bool,
+    /// `--argocd-sync`: carry out the sync orders of the Application routes
+    pub argocd_sync: bool,
 }
 
 impl AgentOptions {
@@ -171,6 +176,8 @@ struct Shared {
     /// the last work the server sent, replaced whole when it changes (cheap to share)
     work: Mutex<Arc<Vec<WorkItem>>>,
     changed: Notify,
+    /// `--argocd-sync`
+    argocd_sync: bool,
 }
 
 /// The largest reply the agent reads from the server. A work reply lists every record of the
@@ -229,6 +236,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         destination: destination.clone(),
         work: Mutex::new(Arc::new(Vec::new())),
         changed: Notify::new(),
+        argocd_sync: opts.argocd_sync,
     });
     let poller = tokio::spawn(
         poll(
@@ -312,10 +320,11 @@ async fn sync(
 ) {
     let destination = shared.destination.clone();
     let path = api::path(api::REPORT, &destination);
-    let Some(mut worker) = Worker::new(engine, &destination, guard) else {
+    let Some(worker) = Worker::new(engine, &destination, guard) else {
         error!(%destination, "the agent's own cluster is not registered");
         return;
     };
+    let mut worker = worker.with_argocd_sync(shared.argocd_sync);
     loop {
         tokio::select! {
             () = shared.changed.notified() => {}
@@ -375,6 +384,7 @@ mod tests {
             pod_security: Level::Restricted,
             service_accounts: vec![],
             automount_service_account_token: false,
+            argocd_sync: false,
         };
         assert_eq!(
             opts(&["b", " a", "b"]).watched_namespaces(),

@@ -97,6 +97,8 @@ pub struct Worker {
     refused: HashMap<String, DestState>,
     /// the work of the previous pass (the poller replaces the whole list when it changes)
     last: Arc<Vec<WorkItem>>,
+    /// the records of the Application routes (`agent/sync.rs`)
+    apps: super::sync::Apps,
 }
 
 impl Worker {
@@ -116,7 +118,15 @@ impl Worker {
             settled: HashSet::new(),
             refused: HashMap::new(),
             last: Arc::new(Vec::new()),
+            apps: super::sync::Apps::default(),
         })
+    }
+
+    /// Carries out the sync orders of the Application routes (`--argocd-sync`).
+    #[must_use]
+    pub fn with_argocd_sync(mut self, on: bool) -> Self {
+        self.apps.argocd_sync = on;
+        self
     }
 
     /// How many records are settled (left the per-pass work).
@@ -133,6 +143,11 @@ impl Worker {
         }
         let mut reports = Vec::new();
         for item in work.iter() {
+            if crate::engine::applications::is_api_record(&item.spec) {
+                let (entry, dest) = (&self.entry, self.destination.as_str());
+                reports.extend(self.apps.pass(entry, dest, &self.guard, item).await);
+                continue;
+            }
             if self.settled.contains(&item.name) {
                 continue;
             }
@@ -151,6 +166,7 @@ impl Worker {
 
     /// The server stored `reports` except those of records it no longer has (`unknown`).
     pub fn accepted(&mut self, reports: Vec<Report>, unknown: &[String]) {
+        self.apps.accepted(&reports, unknown);
         let unknown: HashSet<&String> = unknown.iter().collect();
         for r in reports {
             if unknown.contains(&r.name) {
@@ -176,6 +192,7 @@ impl Worker {
         self.started.retain(|k| now.contains_key(k.as_str()));
         self.retry_at.retain(|k, _| now.contains_key(k.as_str()));
         self.refused.retain(|k, _| now.contains_key(k.as_str()));
+        self.apps.retain(|k| now.contains_key(k));
     }
 
     /// The report of one record after acting on it; `None` when there is nothing to say yet.

@@ -48,6 +48,12 @@ pub struct AgentArgs {
     /// service account tokens); without it, `automountServiceAccountToken: false` is set.
     #[arg(long)]
     pub automount_service_account_token: bool,
+    /// Carry out the Application sync orders of the server's sync trigger (`POST
+    /// /v1/destinations/{d}/applications/{ns}/{name}:sync`): patch the Application's operation
+    /// as Argo CD's API does, once per order. Needs `patch` on applications.argoproj.io
+    /// (chart value `agent.argocd.sync: true`). Without it a sync order is refused and reported.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_AGENT_ARGOCD_SYNC")]
+    pub argocd_sync: bool,
 }
 
 /// Runs the agent; returns the exit code.
@@ -66,6 +72,7 @@ pub(super) async fn run(args: AgentArgs) -> ExitCode {
         pod_security: args.pod_security,
         service_accounts: args.service_accounts,
         automount_service_account_token: args.automount_service_account_token,
+        argocd_sync: args.argocd_sync,
     };
     match crate::agent::run(opts).await {
         Ok(()) => ExitCode::SUCCESS,

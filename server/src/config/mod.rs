@@ -116,6 +116,9 @@ pub struct ServerConfig {
     pub confirm_runs: ConfirmRuns,
     /// how long our Jobs stay once done
     pub jobs: JobsSettings,
+    /// globs over the destinations whose Argo CD Applications the API may sync
+    /// (`applicationSync.destinations`; empty: none, the sync trigger answers 403)
+    pub application_sync: Vec<String>,
 }
 
 /// Whether the server confirms, on every measurement request, that the run it names exists on
@@ -388,6 +391,7 @@ impl ServerConfig {
             agents: None,
             confirm_runs: ConfirmRuns::NoControlPlane,
             jobs: JobsSettings::default(),
+            application_sync: Vec::new(),
         }
     }
 

@@ -167,6 +167,14 @@ pub(super) struct RawConfig {
     agents: Option<RawAgents>,
     confirm_runs: Option<bool>,
     jobs: Option<RawJobs>,
+    application_sync: Option<RawApplicationSync>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawApplicationSync {
+    #[serde(default)]
+    destinations: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -476,6 +484,15 @@ impl RawConfig {
             Some(a) => Some(validate_agents(a, &names)?),
         };
         let jobs = validate_jobs(self.jobs)?;
+        let application_sync = self.application_sync.map_or(Ok(Vec::new()), |a| {
+            match a.destinations.iter().position(|g| g.trim().is_empty()) {
+                Some(i) => Err(invalid(
+                    format!("applicationSync.destinations[{i}]"),
+                    Problem::EmptyGlob,
+                )),
+                None => Ok(a.destinations),
+            }
+        })?;
         Ok(ServerConfig {
             origin: origin.to_string(),
             control_plane,
@@ -487,6 +504,7 @@ impl RawConfig {
             agents,
             confirm_runs,
             jobs,
+            application_sync,
         })
     }
 }

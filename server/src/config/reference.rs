@@ -80,6 +80,7 @@ pub fn reference() -> Vec<FieldDoc> {
         f("agents", "object", Unset("unset: no agent destinations"), "destinations reached through `rollouts-dispatch agent` (clusters that can only dial out; the server holds no credentials for them)"),
         f("confirmRuns", "bool", Value("true"), "with `controlPlane`: every measurement request (run, resume, terminate, garbage collection) is served only when its AnalysisRun exists on the control plane with that namespace, name and uid and has that metric with the rollouts-dispatch/job plugin, from a watch of analysisruns (needs list and watch on `analysisruns.argoproj.io` there; until the watch has listed them, requests are answered 503 and retried). Without `controlPlane` runs are not confirmed (logged at start, shown by `doctor`), and `true` is an error; `false` turns it off"),
         f("jobs", "object", Unset("the defaults below"), "how long our Jobs stay once done"),
+        f("applicationSync", "object", Unset("unset: no Application may be synced through the API"), "the sync trigger of Argo CD Applications (`POST /v1/destinations/{d}/applications/{ns}/{name}:sync`, for Kargo's `http` step); reading an Application (`GET`) needs only the policy"),
     ];
     for (key, ty, default, description) in ACCESS_FIELDS {
         docs.push(f(&format!("controlPlane.{key}"), ty, default, description));
@@ -128,6 +129,7 @@ pub fn reference() -> Vec<FieldDoc> {
         f("agents.destinations[].name", "string", Required, "its name in `destination:` and in the agent's token; unique, not also in `destinations`"),
         f("agents.destinations[].labels", "string map", Unset("no labels"), "labels for `destinationSelector`"),
         f("agents.destinations[].namespace", "string", Value("default"), "default namespace of Jobs there"),
+        f("applicationSync.destinations", "list of globs", Unset("none: every sync is refused (403 naming this key)"), "globs (`*`, `?`) over the destinations whose Applications a plugin token may sync (on top of `policy.rules`: project × destination × the Application's namespace). The server patches the Application itself on a direct destination (needs `patch` on `applications.argoproj.io` there); an agent destination's agent does it, only when started with `--argocd-sync`"),
         f("jobs.ttlAfterFinished", "duration", Value("1h"), "`spec.ttlSecondsAfterFinished` of every Job whose template sets none (the template's wins): the destination deletes the Job and its Pods this long after it finished; at least 1m, long enough that the verdict is read first"),
         f("jobs.retention", "duration", Value("24h"), "the orphan sweep (`serve --sweep-orphans-every`) deletes the Jobs and agent records of AnalysisRuns that completed longer ago than this, as well as those of deleted runs; the same loop, with `agents` and no control plane too, asks agents to delete the Jobs of records whose final state was reported longer ago than this (but never sooner than `engine.maxMeasurementDeadline` + `engine.deadlineGrace`); at least 1m"),
     ]);

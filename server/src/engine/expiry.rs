@@ -34,7 +34,7 @@ impl Engine {
     /// [`SweepReason::RecordRetention`]. Without agents, nothing to do.
     #[tracing::instrument(name = "expire_records", skip_all)]
     pub async fn expire_records(&self) -> SweepReport {
-        let mut report = SweepReport::default();
+        let mut report = self.expire_app_records(applications::APP_RECORD_IDLE).await;
         let Some(store) = &self.inner.store else {
             return report;
         };
@@ -44,7 +44,10 @@ impl Engine {
             .and_then(|keep| Timestamp::now().checked_sub(keep).ok())
             .unwrap_or(Timestamp::MIN);
         for r in store.all() {
-            if r.spec.delete || !observed_final_before(&r, cutoff) {
+            if r.spec.delete
+                || applications::is_api_record(&r.spec)
+                || !observed_final_before(&r, cutoff)
+            {
                 continue;
             }
             match store.request_delete(&r.name).await {

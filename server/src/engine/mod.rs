@@ -47,6 +47,7 @@ use crate::store::{self, Created, DispatchJob, DispatchJobSpec, Store};
 use crate::verdict::{self, DestState, DestinationStatus, Observed, Verdict};
 
 mod agents;
+pub mod applications;
 mod cleanup;
 mod ensure;
 mod expiry;
@@ -266,6 +267,19 @@ pub enum EngineError {
     Start(String),
 }
 
+/// The API may not sync Applications on a destination (`applicationSync`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "syncing Argo CD Applications is not enabled for destination {destination:?}: add \
+     {destination:?} (or a glob matching it) to `applicationSync.destinations` in {origin}"
+)]
+pub struct SyncDisabled {
+    /// the destination
+    pub destination: String,
+    /// the config file
+    pub origin: String,
+}
+
 /// The engine. Cheap to clone; dropping the last clone stops every watch.
 #[derive(Debug, Clone)]
 pub struct Engine {
@@ -304,6 +318,10 @@ struct Inner {
     /// the control plane's API server URL (no trailing `/`), when its credentials resolve: a
     /// destination at that URL is the cluster of the AnalysisRuns (`Engine::on_control_plane`)
     control_plane_url: Option<String>,
+    /// globs over the destinations whose Applications the API may sync (`applicationSync`)
+    application_sync: Vec<String>,
+    /// when each record of the Application routes was last asked for (`applications.rs`)
+    app_records_asked: Mutex<HashMap<String, std::time::Instant>>,
 }
 
 impl std::fmt::Debug for Inner {

@@ -21,6 +21,7 @@ impl Engine {
             // read by `serve`, which watches the runs (`cmd::serve::confirming_runs`)
             confirm_runs: _,
             jobs,
+            application_sync,
         } = config;
         let policy = Policy::new(policy.as_ref(), &origin);
         if let Some(w) = policy.warning() {
@@ -137,6 +138,8 @@ impl Engine {
                 marks_sent: false,
                 jobs,
                 control_plane_url,
+                application_sync,
+                app_records_asked: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -201,6 +204,8 @@ impl Engine {
                 // never the control plane.
                 jobs: crate::config::JobsSettings::default(),
                 control_plane_url: None,
+                application_sync: Vec::new(),
+                app_records_asked: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -283,6 +288,22 @@ impl Engine {
     /// The policy in force.
     pub fn policy(&self) -> &Policy {
         &self.inner.policy
+    }
+
+    /// Whether the API may sync Argo CD Applications on `destination`
+    /// (`applicationSync.destinations`); the refusal names the key to set.
+    pub fn sync_enabled(&self, destination: &str) -> Result<(), SyncDisabled> {
+        let globs = &self.inner.application_sync;
+        if globs
+            .iter()
+            .any(|g| crate::policy::glob_match(g, destination))
+        {
+            return Ok(());
+        }
+        Err(SyncDisabled {
+            destination: destination.to_string(),
+            origin: self.inner.origin.clone(),
+        })
     }
 
     /// Waits up to `timeout` for live sources and every destination's caches; returns the

@@ -30,6 +30,9 @@ pub enum SweepReason {
     /// its agent record's final state was observed longer ago than the records' retention
     /// (`Engine::expire_records`, needs no control plane)
     RecordRetention,
+    /// an agent record of the Application routes (read, sync) nobody asked for in
+    /// [`super::applications::APP_RECORD_IDLE`] (`Engine::expire_app_records`)
+    ApplicationIdle,
 }
 
 impl SweepReason {
@@ -40,6 +43,7 @@ impl SweepReason {
             Self::Retention => "retention",
             Self::RunCompleted => "run_completed",
             Self::RecordRetention => "record_retention",
+            Self::ApplicationIdle => "application_idle",
         }
     }
 }
@@ -154,7 +158,8 @@ impl Engine {
         }
         if let Some(store) = &self.inner.store {
             for r in records {
-                if r.spec.delete {
+                // The Application routes' records belong to no run (`expire_app_records`).
+                if r.spec.delete || applications::is_api_record(&r.spec) {
                     continue;
                 }
                 let active = r

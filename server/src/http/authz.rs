@@ -54,6 +54,58 @@ pub(super) fn measurement_caller(caller: &Principal, run: &RunRef) -> Result<(),
     )))
 }
 
+/// The project a caller acts for on the Application routes: plugin tokens only (agent tokens
+/// are refused), for the project the request names (`project` in the body, `?project=`), which
+/// the caller must be bound to; a caller bound to exactly one project (no glob) may leave it out.
+pub(super) fn application_caller(
+    caller: &Principal,
+    destination: &str,
+    named: Option<&str>,
+) -> Result<String, DispatchError> {
+    if let Some(dest) = &caller.destination {
+        tracing::warn!(subject = %caller.subject, token_destination = %dest, destination,
+                       "refused: agent token on an Application route");
+        return Err(DispatchError::Forbidden(format!(
+            "{} holds an agent token for destination {dest:?}; agent tokens may only poll and \
+             report that destination's work, never read or sync Applications: Kargo's http step \
+             needs a plugin token (rollouts-dispatch token issue --project <project>)",
+            caller.subject
+        )));
+    }
+    let only_one = match &caller.projects {
+        Projects::Only { globs, .. } if globs.len() == 1 && !globs[0].contains(['*', '?']) => {
+            Some(globs[0].as_str())
+        }
+        _ => None,
+    };
+    let Some(project) = named.or(only_one) else {
+        return Err(DispatchError::Forbidden(format!(
+            "{} may act for more than one project: name the Kargo project the request is for \
+             (`project` in the POST body, `?project=` on GET), or use a token issued for one \
+             project (rollouts-dispatch token issue --project <project>)",
+            caller.subject
+        )));
+    };
+    if caller.projects.allows(project) {
+        return Ok(project.to_string());
+    }
+    tracing::warn!(subject = %caller.subject, %project, destination,
+                   "refused: caller not bound to the project it names");
+    let fix = match &caller.projects {
+        Projects::Only {
+            bound_by: ScopeSource::Config { index, origin },
+            ..
+        } => format!("add {project:?} to policy.callers[{index}] in {origin}"),
+        _ => {
+            format!("use a token issued for it (rollouts-dispatch token issue --project {project})")
+        }
+    };
+    Err(DispatchError::Forbidden(format!(
+        "{} may not act for project {project:?}: {fix}",
+        caller.subject
+    )))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

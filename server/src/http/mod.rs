@@ -2,12 +2,14 @@
 //!
 //! * [`router`] builds the API (`/v1/...`, all authenticated) over a [`Dispatcher`]; the
 //!   measurement routes refuse agent tokens and callers not bound to the run's project
-//!   (`authz`) before the dispatcher sees the request;
+//!   (`authz`) before the dispatcher sees the request; the Argo CD Application routes
+//!   (`applications`: read an Application, trigger its sync) likewise;
 //! * the admin port, the listener (TLS, drain) and the metrics live in [`crate::runtime`].
 //!
 //! Errors are stable JSON (`{"code": …, "message": …}`) and never carry internals: the cause of an
 //! internal error is logged in the request span and the reply names only an id to look it up.
 
+mod applications;
 pub mod auth;
 mod authz;
 mod error;
@@ -23,8 +25,10 @@ use dispatch_api::v1::{self as api, Ensured, GcRequest, MeasurementRef, Verdict}
 use dispatch_api::v1::{DestinationInfo, GcReply};
 
 use crate::runtime::metrics::{self, Metrics};
+pub use applications::AppRef;
 pub use auth::{Authenticator, Principal};
 use dispatch_api::agent::{self as agent_api, ReportReply, ReportRequest, WorkReply, WorkRequest};
+use dispatch_api::observe::{self as observe_api, ApplicationState, SyncRequest};
 pub use error::{ApiFailure, DispatchError};
 use futures::future::BoxFuture;
 use tracing::Instrument;
@@ -57,6 +61,32 @@ pub trait Dispatcher: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<u32, DispatchError>>;
     /// Every known destination.
     fn destinations(&self) -> Vec<DestinationInfo>;
+    /// An Argo CD Application's state (read only); the caller and `app.project` were checked.
+    fn application<'a>(
+        &'a self,
+        caller: &'a Principal,
+        app: AppRef,
+    ) -> BoxFuture<'a, Result<ApplicationState, DispatchError>> {
+        let _ = caller;
+        Box::pin(std::future::ready(Err(DispatchError::NotFound(format!(
+            "this server does not read Argo CD Applications ({})",
+            app.object()
+        )))))
+    }
+    /// Asks Argo CD to refresh and sync an Application; its state as it is now (the sync runs
+    /// in Argo CD, later).
+    fn sync_application<'a>(
+        &'a self,
+        caller: &'a Principal,
+        app: AppRef,
+        req: SyncRequest,
+    ) -> BoxFuture<'a, Result<ApplicationState, DispatchError>> {
+        let _ = (caller, req);
+        Box::pin(std::future::ready(Err(DispatchError::NotFound(format!(
+            "this server does not sync Argo CD Applications ({})",
+            app.object()
+        )))))
+    }
     /// The work of an agent destination (long poll).
     fn agent_work<'a>(
         &'a self,
@@ -108,6 +138,10 @@ pub fn router(state: AppState) -> Router {
         .route(api::TERMINATE, post(terminate))
         .route(api::GC, post(gc))
         .route("/v1/destinations", get(destinations))
+        .route(
+            observe_api::APPLICATION,
+            get(applications::get).post(applications::post),
+        )
         .route(agent_api::WORK, post(agent_work))
         .route(agent_api::REPORT, post(agent_report))
         .route("/v1/openapi.json", get(openapi))

@@ -389,6 +389,8 @@ async fn the_openapi_document_lists_exactly_the_routes() {
         "/v1/openapi.json",
         agent_api::WORK,
         agent_api::REPORT,
+        dispatch_api::observe::APPLICATION,
+        dispatch_api::observe::APPLICATION_SYNC,
     ];
     served.sort();
     assert_eq!(documented, served);

@@ -41,6 +41,9 @@
 //!   Rollout still observes the signed reference's; the reference edited to observe another →
 //!   403; an observed namespace outside the project's policy → 403 at ensure; no destination
 //!   write or delete.
+//! * [`sync`]: the Application read and sync trigger — agent tokens, another project's
+//!   Application, a destination without `applicationSync`, names leaving the namespace, bad
+//!   bodies, no token → 403/400/401, no destination call; the genuine sync patches once.
 //! * [`tls`]: plain HTTP to the TLS port, clients refusing `http://`, the agent's pinned CA,
 //!   certificate, JWT key and revocation rotation on disk without a restart.
 
@@ -67,5 +70,6 @@ mod references;
 mod runs;
 mod scene;
 mod secrets;
+mod sync;
 mod tally;
 mod tls;

@@ -125,6 +125,7 @@ fn agent_options(server: &str, ca_file: Option<PathBuf>, token_file: PathBuf) ->
         pod_security: dispatch_server::podsecurity::Level::Restricted,
         service_accounts: vec!["default".into()],
         automount_service_account_token: false,
+        argocd_sync: false,
     }
 }
 

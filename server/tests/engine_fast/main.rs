@@ -15,6 +15,7 @@
 
 mod agent_loop;
 mod agents;
+mod applications;
 mod cleanup;
 mod cluster_side;
 mod create;

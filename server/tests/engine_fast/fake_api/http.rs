@@ -1,6 +1,7 @@
 //! The HTTP face of the fake API server: Kubernetes URL paths (`/api/v1/...`,
 //! `/apis/GROUP/VERSION/...`, namespaced or not) to store operations, answers and `Status`
 //! errors in the API server's shapes, and watches as newline-delimited JSON event streams.
+//! PATCH applies JSON merge patches only (what the Application sync trigger sends).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -125,6 +126,7 @@ async fn handle(
         (&Method::GET, Some(name), Some("log")) => return pod_log(&shared, &target, name, &query),
         (&Method::POST, None, None) => create(&shared, &target, &body),
         (&Method::DELETE, Some(name), None) => delete(&shared, &target, name, &body),
+        (&Method::PATCH, Some(name), None) => patch(&shared, &target, name, &headers, &body),
         _ => Err(ApiError::new(
             405,
             format!("{method} {path} is not supported by the fake API server"),
@@ -231,6 +233,61 @@ fn create(shared: &Shared, target: &Target, body: &[u8]) -> Answer {
     }
     let created = shared.change(|s| s.store.create(&target.res, object))?;
     Ok((201, created))
+}
+
+/// RFC 7386 JSON merge patch: objects merge, `null` removes, anything else replaces.
+fn merge(target: &mut Value, patch: &Value) {
+    let Some(fields) = patch.as_object() else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let object = target.as_object_mut().expect("made an object above");
+    for (k, v) in fields {
+        if v.is_null() {
+            object.remove(k);
+        } else {
+            merge(object.entry(k.clone()).or_insert(Value::Null), v);
+        }
+    }
+}
+
+/// A JSON merge patch (`application/merge-patch+json`), as the API server applies it: a
+/// `metadata.resourceVersion` in the patch must be the stored one (else 409).
+fn patch(shared: &Shared, target: &Target, name: &str, headers: &HeaderMap, body: &[u8]) -> Answer {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|c| c.to_str().ok())
+        .unwrap_or_default();
+    if content_type != "application/merge-patch+json" {
+        return Err(ApiError::new(
+            415,
+            format!("the fake API server applies merge patches only, not {content_type:?}"),
+        ));
+    }
+    let patch: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::new(400, format!("the patch is not JSON: {e}")))?;
+    let ns = target.namespace.as_deref().unwrap_or_default();
+    shared.change(|s| {
+        let current = s
+            .store
+            .get(&target.res, ns, name)
+            .ok_or_else(|| ApiError::not_found(&target.res, name))?;
+        if let Some(rv) = patch.pointer("/metadata/resourceVersion").and_then(Value::as_str) {
+            if current.pointer("/metadata/resourceVersion").and_then(Value::as_str) != Some(rv) {
+                return Err(ApiError::new(
+                    409,
+                    format!("Operation cannot be fulfilled on {} {name:?}: the object has been modified; please apply your changes to the latest version and try again", target.res.plural),
+                ));
+            }
+        }
+        let patched = s.store.update(&target.res, ns, name, |o| merge(o, &patch));
+        patched
+            .map(|o| (200, o))
+            .ok_or_else(|| ApiError::not_found(&target.res, name))
+    })
 }
 
 fn delete(shared: &Shared, target: &Target, name: &str, body: &[u8]) -> Answer {

@@ -3,7 +3,8 @@
 //!
 //! It speaks the part of the API the engine uses — GET, LIST (with label selectors, full or as
 //! `PartialObjectMetadataList`), WATCH (`?watch=true`, streamed from any resourceVersion), POST,
-//! DELETE (UID precondition, foreground or background propagation) and `pods/log` — for any
+//! DELETE (UID precondition, foreground or background propagation), PATCH (JSON merge patch, with
+//! a resourceVersion precondition) and `pods/log` — for any
 //! resource, generically, over the [`store::Store`]. The test plays the Job controller and the
 //! kubelet with [`FakeApi::put`] and [`FakeApi::update`], and scripts trouble with
 //! [`FakeApi::fail`] (an error answer), [`FakeApi::hold_watches`] (events that arrive late) and

@@ -1,0 +1,139 @@
+//! The Application routes of the dispatcher: read an Argo CD Application, and request its sync,
+//! on a direct destination with the server's own client (`engine::applications`), on an agent
+//! destination through its agent (`dispatch/app_records.rs`).
+//!
+//! Every call first applies the policy to (project, destination, the Application's namespace),
+//! deny by default like Jobs: the Application a tenant may read or sync is one in a namespace
+//! its project may use there. A sync also needs `applicationSync.destinations` to list the
+//! destination. A refusal reaches no destination.
+
+use dispatch_api::agent::SyncOrder;
+use dispatch_api::observe::{ApplicationState, SyncRequest};
+
+use crate::destinations::{Destination, Entry};
+use crate::engine::applications::{new_sync_id, AppError, AppTarget};
+use crate::http::{AppRef, DispatchError};
+use crate::observe::application::state_of;
+
+use super::EngineDispatcher;
+
+/// The destination of an Application route, once the policy allows it.
+pub(super) enum Place {
+    /// the server reads and patches the Application itself
+    Direct(std::sync::Arc<Destination>),
+    /// its agent does
+    Agent,
+}
+
+pub(super) fn app_error(e: AppError) -> DispatchError {
+    let message = e.to_string();
+    match e {
+        AppError::NotFound { .. } => DispatchError::NotFound(message),
+        AppError::Busy { .. } => DispatchError::Conflict(message),
+        AppError::Api { source, .. } => match &source {
+            kube::Error::Api(s) if s.code == 403 || s.code == 401 => {
+                DispatchError::Forbidden(format!(
+                    "{message}: grant the server's credentials for that destination get (and, to \
+                     sync, patch) on applications.argoproj.io in that namespace"
+                ))
+            }
+            _ => DispatchError::Unavailable(message),
+        },
+    }
+}
+
+/// `app` on the direct destination `d`.
+fn target<'a>(d: &'a Destination, app: &'a AppRef) -> AppTarget<'a> {
+    AppTarget {
+        client: d.client(),
+        destination: &app.destination,
+        namespace: &app.namespace,
+        name: &app.name,
+    }
+}
+
+impl EngineDispatcher {
+    /// Where `app` lives, if the policy lets `app.project` use it (and, with `sync`,
+    /// `applicationSync` allows syncing there).
+    pub(super) fn application_place(
+        &self,
+        app: &AppRef,
+        sync: bool,
+    ) -> Result<Place, DispatchError> {
+        let refused = |why: String| {
+            tracing::warn!(application = %app.object(), project = %app.project, sync,
+                           reason = %why, "refused: application route");
+            DispatchError::Forbidden(why)
+        };
+        let entry = self
+            .engine
+            .registry()
+            .get(&app.destination)
+            .ok_or_else(|| {
+                DispatchError::UnknownDestination(format!(
+                    "unknown destination {:?} (known: {}); add it to `destinations` in {}",
+                    app.destination,
+                    self.engine.registry().names().join(", "),
+                    self.engine.origin()
+                ))
+            })?;
+        self.engine
+            .policy()
+            .check(&app.project, &app.destination, &app.namespace)
+            .map_err(|d| refused(d.to_string()))?;
+        if sync {
+            self.engine
+                .sync_enabled(&app.destination)
+                .map_err(|e| refused(e.to_string()))?;
+        }
+        match entry {
+            Entry::Ready(d) => Ok(Place::Direct(d)),
+            Entry::Agent(_) => Ok(Place::Agent),
+            Entry::Broken(b) => Err(DispatchError::Unavailable(format!(
+                "destination {:?} cannot be used: {}",
+                app.destination, b.error
+            ))),
+        }
+    }
+
+    /// `GET …/applications/{ns}/{name}`.
+    pub(super) async fn read_application(
+        &self,
+        app: AppRef,
+    ) -> Result<ApplicationState, DispatchError> {
+        match self.application_place(&app, false)? {
+            Place::Direct(d) => {
+                let target = target(&d, &app);
+                let found = target.read().await.map_err(app_error)?;
+                Ok(state_of(&app.destination, &found))
+            }
+            Place::Agent => self.agent_application(&app, None).await,
+        }
+    }
+
+    /// `POST …/applications/{ns}/{name}:sync`.
+    pub(super) async fn request_sync(
+        &self,
+        app: AppRef,
+        req: SyncRequest,
+    ) -> Result<ApplicationState, DispatchError> {
+        let place = self.application_place(&app, true)?;
+        let order = SyncOrder {
+            id: new_sync_id(),
+            refresh: req.refresh().to_string(),
+            revision: req.revision,
+        };
+        match place {
+            Place::Direct(d) => {
+                let target = target(&d, &app);
+                let found = target.read().await.map_err(app_error)?;
+                let patched = target
+                    .request_sync(&found, &order)
+                    .await
+                    .map_err(app_error)?;
+                Ok(state_of(&app.destination, &patched))
+            }
+            Place::Agent => self.agent_application(&app, Some(order)).await,
+        }
+    }
+}

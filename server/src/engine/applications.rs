@@ -1,0 +1,403 @@
+//! Reading an Argo CD Application and asking Argo CD to sync it, with one destination's kube
+//! client: the server does it on a direct destination, the agent on its own cluster
+//! (`agent/sync.rs`), so both write the same patch.
+//!
+//! The sync is requested the way Argo CD's own API does it (argo-cd v3.6.1
+//! `server/application/application.go:2177-2190` builds an `Operation{Sync, InitiatedBy}`,
+//! `util/argo/argo.go:1002-1026` `SetAppOperation` writes it): refuse when an operation is
+//! already set (argo.go:1009-1011, `ErrAnotherOperationInProgress`), else set `operation` and
+//! clear `status.operationState` (argo.go:1012-1013; the CRD has no status subresource,
+//! `manifests/crds/application-crd.yaml:7229`), so that a reader never takes the previous sync's
+//! `Succeeded` for this one. We write it as one JSON merge patch carrying the resourceVersion we
+//! read (a concurrent writer makes it fail with 409 instead of being overwritten), plus the
+//! refresh annotation `argocd.argoproj.io/refresh: normal|hard`
+//! (`pkg/apis/application/v1alpha1/application_annotations.go:4-6`, values `RefreshTypeNormal`,
+//! `RefreshTypeHard`, types.go:543-544) and our `rollouts-dispatch.io/sync-id`, which lets the
+//! agent carry out each order once.
+//!
+//! On an agent destination the routes keep one DispatchJob record per Application
+//! ([`api_record`]: `observe: application`, no Job, no run, `sync` for a sync order), which the
+//! agent serves (`agent/sync.rs`) and [`Engine::expire_app_records`] removes once nobody asked
+//! for it in [`APP_RECORD_IDLE`]; the run sweep and the record retention leave them alone.
+
+use std::time::{Duration, Instant};
+
+use dispatch_api::agent::SyncOrder;
+use dispatch_api::observe::{ApplicationCheck, Observe};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use serde_json::{json, Value};
+
+use super::{Engine, SweepReason, SweepReport};
+use crate::destinations::client;
+use crate::observe::application_resource;
+use crate::store::{self, DispatchJob, DispatchJobSpec};
+
+/// A record of the Application routes nobody asked for this long is removed (the Application
+/// itself is never touched).
+pub const APP_RECORD_IDLE: Duration = Duration::from_secs(15 * 60);
+
+/// Whether `spec` is a record of the Application routes: it observes an Application and belongs
+/// to no AnalysisRun (an `application:` check's records carry their run's uid).
+pub fn is_api_record(spec: &DispatchJobSpec) -> bool {
+    spec.run_uid.is_empty() && matches!(spec.observe, Some(Observe::Application(_)))
+}
+
+/// The record of Application `namespace/name` on agent destination `destination`, with the
+/// sync order `sync`. Its name is stable per Application (`app.<ns>.<name>.<hash of the
+/// destination>`), hashed when that would pass the 253 characters of an object name.
+pub fn api_record(
+    destination: &str,
+    namespace: &str,
+    name: &str,
+    sync: Option<SyncOrder>,
+) -> DispatchJob {
+    let mut base = format!("app.{namespace}.{name}");
+    if base.len() > 200 {
+        base = format!(
+            "app.{namespace}.{:016x}",
+            crate::job::fnv1a(name.as_bytes())
+        );
+    }
+    DispatchJob {
+        name: store::record_name(&base, destination),
+        spec: DispatchJobSpec {
+            destination: destination.to_string(),
+            namespace: namespace.to_string(),
+            job_name: name.to_string(),
+            run_uid: String::new(),
+            run: String::new(),
+            metric: String::new(),
+            measurement: 0,
+            log_tail: 0,
+            job: None,
+            delete: false,
+            observe: Some(Observe::Application(ApplicationCheck {
+                name: name.to_string(),
+                namespace: namespace.to_string(),
+                revision: None,
+            })),
+            sync,
+        },
+        status: None,
+        resource_version: None,
+    }
+}
+
+impl Engine {
+    /// Record `name` of the Application routes was asked for now.
+    pub fn app_record_asked(&self, name: &str) {
+        let mut asked = self
+            .inner
+            .app_records_asked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        asked.insert(name.to_string(), Instant::now());
+    }
+
+    /// Removes the records of the Application routes that nobody asked for in `idle` (a
+    /// record this process has not seen asked for counts from when it first saw it: another
+    /// replica's, or from before a restart).
+    pub async fn expire_app_records(&self, idle: Duration) -> SweepReport {
+        let mut report = SweepReport::default();
+        let Some(store) = &self.inner.store else {
+            return report;
+        };
+        let now = Instant::now();
+        let idle_ones: Vec<DispatchJob> = {
+            let mut asked = self
+                .inner
+                .app_records_asked
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let records: Vec<DispatchJob> = store
+                .all()
+                .into_iter()
+                .filter(|r| is_api_record(&r.spec))
+                .collect();
+            asked.retain(|name, _| records.iter().any(|r| &r.name == name));
+            records
+                .into_iter()
+                .filter(|r| {
+                    let at = *asked.entry(r.name.clone()).or_insert(now);
+                    now.duration_since(at) >= idle
+                })
+                .collect()
+        };
+        for r in idle_ones {
+            match store.remove(&r.name).await {
+                Ok(()) => {
+                    self.inner
+                        .app_records_asked
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&r.name);
+                    report.deleted.push((
+                        r.spec.destination.clone(),
+                        format!("{}/{}", r.spec.namespace, r.spec.job_name),
+                        SweepReason::ApplicationIdle,
+                    ));
+                }
+                Err(e) => report
+                    .failed
+                    .push((r.spec.destination.clone(), e.to_string())),
+            }
+        }
+        if !report.deleted.is_empty() {
+            tracing::info!(removed = ?report.deleted, idle_s = idle.as_secs(),
+                           "records of the Application routes nobody asked for are removed");
+        }
+        report
+    }
+}
+
+/// Our annotation on an Application: the id of the last sync we requested.
+pub const ANN_SYNC_ID: &str = "rollouts-dispatch.io/sync-id";
+/// Argo CD's refresh annotation (`AnnotationKeyRefresh`).
+pub const ANN_REFRESH: &str = "argocd.argoproj.io/refresh";
+/// `operation.initiatedBy.username` of our syncs, as Argo CD shows it in the UI and history.
+pub const INITIATED_BY: &str = "rollouts-dispatch";
+
+/// Why an Application could not be read or its sync requested.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// there is no such Application
+    #[error("Application {namespace}/{name} does not exist on destination {destination:?}")]
+    NotFound {
+        /// the destination
+        destination: String,
+        /// its namespace
+        namespace: String,
+        /// its name
+        name: String,
+    },
+    /// a sync operation is running or requested already
+    #[error(
+        "Application {namespace}/{name} on destination {destination:?}: {why}; ask again once \
+         it has finished (GET the Application: operation.phase)"
+    )]
+    Busy {
+        /// the destination
+        destination: String,
+        /// its namespace
+        namespace: String,
+        /// its name
+        name: String,
+        /// what is running
+        why: String,
+    },
+    /// the destination's API refused or failed the call
+    #[error("{what} Application {namespace}/{name} on destination {destination:?}: {detail}")]
+    Api {
+        /// `reading` or `patching`
+        what: &'static str,
+        /// the destination
+        destination: String,
+        /// its namespace
+        namespace: String,
+        /// its name
+        name: String,
+        /// the API's answer, described
+        detail: String,
+        /// the error
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// A new sync id: 128 random bits, hex.
+pub fn new_sync_id() -> String {
+    use ring::rand::SecureRandom;
+    let mut bytes = [0u8; 16];
+    // The system RNG fails only on a broken OS; an id from the clock is still unique enough
+    // for "carry out once".
+    if ring::rand::SystemRandom::new().fill(&mut bytes).is_err() {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        bytes = nanos.to_be_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Why Argo CD would refuse another operation now, if it would: an operation requested and not
+/// picked up yet (`operation` set), or one running (`status.operationState.phase: Running`).
+pub fn busy(app: &Value) -> Option<String> {
+    if app.get("operation").is_some_and(|o| !o.is_null()) {
+        return Some("a sync operation is already requested (`operation` is set)".into());
+    }
+    let phase = app
+        .pointer("/status/operationState/phase")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    (phase == "Running" || phase == "Terminating").then(|| {
+        format!(
+            "a sync operation is {} (status.operationState.phase)",
+            phase.to_lowercase()
+        )
+    })
+}
+
+/// The sync id we last wrote on `app`, if any.
+pub fn sync_id_of(app: &Value) -> Option<&str> {
+    app.pointer("/metadata/annotations")
+        .and_then(|a| a.get(ANN_SYNC_ID))
+        .and_then(Value::as_str)
+}
+
+/// The merge patch requesting `order` on an Application read at `resource_version`.
+pub fn sync_patch(order: &SyncOrder, resource_version: Option<&str>) -> Value {
+    let mut sync = json!({});
+    if let Some(rev) = &order.revision {
+        sync["revision"] = json!(rev);
+    }
+    let mut metadata = json!({"annotations": {
+        ANN_REFRESH: order.refresh,
+        ANN_SYNC_ID: order.id,
+    }});
+    if let Some(rv) = resource_version {
+        metadata["resourceVersion"] = json!(rv);
+    }
+    json!({
+        "metadata": metadata,
+        "operation": {"sync": sync, "initiatedBy": {"username": INITIATED_BY}},
+        "status": {"operationState": null},
+    })
+}
+
+/// One Application on one destination.
+pub struct AppTarget<'a> {
+    /// the destination's client
+    pub client: &'a kube::Client,
+    /// the destination's name (messages)
+    pub destination: &'a str,
+    /// its namespace
+    pub namespace: &'a str,
+    /// its name
+    pub name: &'a str,
+}
+
+impl AppTarget<'_> {
+    fn api(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), self.namespace, &application_resource())
+    }
+
+    fn api_error(&self, what: &'static str, source: kube::Error) -> AppError {
+        if let kube::Error::Api(s) = &source {
+            if s.code == 404 {
+                return self.not_found();
+            }
+            if s.code == 409 {
+                return AppError::Busy {
+                    destination: self.destination.to_string(),
+                    namespace: self.namespace.to_string(),
+                    name: self.name.to_string(),
+                    why: "it changed while the sync was requested".into(),
+                };
+            }
+        }
+        AppError::Api {
+            what,
+            destination: self.destination.to_string(),
+            namespace: self.namespace.to_string(),
+            name: self.name.to_string(),
+            detail: client::describe(&source),
+            source,
+        }
+    }
+
+    fn not_found(&self) -> AppError {
+        AppError::NotFound {
+            destination: self.destination.to_string(),
+            namespace: self.namespace.to_string(),
+            name: self.name.to_string(),
+        }
+    }
+
+    /// The Application as JSON.
+    pub async fn read(&self) -> Result<Value, AppError> {
+        let app = self
+            .api()
+            .get(self.name)
+            .await
+            .map_err(|e| self.api_error("reading", e))?;
+        serde_json::to_value(app).map_err(|e| AppError::Api {
+            what: "reading",
+            destination: self.destination.to_string(),
+            namespace: self.namespace.to_string(),
+            name: self.name.to_string(),
+            detail: e.to_string(),
+            source: kube::Error::SerdeError(e),
+        })
+    }
+
+    /// Requests `order` on the Application `app` (as just read): refused when Argo CD is busy
+    /// with another operation; returns the Application as patched.
+    pub async fn request_sync(&self, app: &Value, order: &SyncOrder) -> Result<Value, AppError> {
+        if let Some(why) = busy(app) {
+            return Err(AppError::Busy {
+                destination: self.destination.to_string(),
+                namespace: self.namespace.to_string(),
+                name: self.name.to_string(),
+                why,
+            });
+        }
+        let rv = app
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str);
+        let patched = self
+            .api()
+            .patch(
+                self.name,
+                &PatchParams::default(),
+                &Patch::Merge(sync_patch(order, rv)),
+            )
+            .await
+            .map_err(|e| self.api_error("patching", e))?;
+        tracing::info!(destination = self.destination, namespace = self.namespace,
+                       application = self.name, sync_id = %order.id, revision = ?order.revision,
+                       refresh = %order.refresh, "requested a sync of the application");
+        serde_json::to_value(patched)
+            .map_err(|e| self.api_error("patching", kube::Error::SerdeError(e)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_patch_is_argo_cds_operation_with_refresh_and_our_id() {
+        let order = SyncOrder {
+            id: "abc".into(),
+            revision: Some("0123abc".into()),
+            refresh: "hard".into(),
+        };
+        let p = sync_patch(&order, Some("42"));
+        assert_eq!(p["operation"]["sync"]["revision"], "0123abc");
+        assert_eq!(p["operation"]["initiatedBy"]["username"], INITIATED_BY);
+        assert_eq!(p["metadata"]["annotations"][ANN_REFRESH], "hard");
+        assert_eq!(p["metadata"]["annotations"][ANN_SYNC_ID], "abc");
+        assert_eq!(p["metadata"]["resourceVersion"], "42");
+        assert!(p["status"]["operationState"].is_null());
+        let none = sync_patch(
+            &SyncOrder {
+                revision: None,
+                ..order
+            },
+            None,
+        );
+        assert_eq!(none["operation"]["sync"], json!({}));
+        assert!(none["metadata"].get("resourceVersion").is_none());
+    }
+
+    #[test]
+    fn busy_when_an_operation_is_set_or_running() {
+        assert!(busy(&json!({"status": {"operationState": {"phase": "Succeeded"}}})).is_none());
+        let e = busy(&json!({"operation": {"sync": {}}})).unwrap();
+        assert!(e.contains("already requested"), "{e}");
+        let e = busy(&json!({"status": {"operationState": {"phase": "Running"}}})).unwrap();
+        assert!(e.contains("running"), "{e}");
+        assert_ne!(new_sync_id(), new_sync_id());
+        assert_eq!(new_sync_id().len(), 32);
+    }
+}

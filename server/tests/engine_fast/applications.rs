@@ -1,0 +1,341 @@
+//! The Application routes of the dispatcher on a direct destination: reading an Argo CD
+//! Application's state, and requesting its sync the way Argo CD's API does (one merge patch:
+//! `operation` + the refresh annotation + our sync id), refused while another operation is
+//! requested or running, and only where `applicationSync` enables it.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use dispatch_api::observe::SyncRequest;
+use dispatch_server::dispatch::EngineDispatcher;
+use dispatch_server::http::{AppRef, DispatchError, Dispatcher, Principal};
+use dispatch_server::runtime::metrics::Metrics;
+use dispatch_server::signing::Signer;
+use serde_json::{json, Value};
+
+use crate::fake_api::Res;
+use crate::world::{World, MARK_KEY, PROJECT};
+
+/// `team-a` may use the Applications in namespace `argocd` of `a` and `b`; only `a` syncs.
+pub(crate) const APP_POLICY: &str = "policy: {rules: [{projects: [team-a], destinations: [a, b, edge], namespaces: [argocd]}]}\napplicationSync: {destinations: [a, edge]}";
+
+pub(crate) fn applications() -> Res {
+    Res::new("argoproj.io/v1alpha1", "applications")
+}
+
+/// An Application `argocd/name` Synced to `revision` and Healthy after a finished sync.
+pub(crate) fn application(name: &str, revision: &str) -> Value {
+    json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+        "metadata": {"name": name, "namespace": "argocd"},
+        "spec": {"project": "default", "source": {"repoURL": "https://git.example/app", "targetRevision": "main"}},
+        "status": {
+            "sync": {"status": "Synced", "revision": revision},
+            "health": {"status": "Healthy"},
+            "operationState": {"phase": "Succeeded", "message": "successfully synced",
+                               "syncResult": {"revision": revision}}
+        }
+    })
+}
+
+pub(crate) fn dispatcher(w: &World) -> Result<EngineDispatcher> {
+    Ok(EngineDispatcher::new(
+        w.engine.clone(),
+        Arc::new(Metrics::new()),
+        Arc::new(Signer::new(&[MARK_KEY.to_vec()])?),
+    ))
+}
+
+pub(crate) fn app(destination: &str, name: &str) -> AppRef {
+    AppRef {
+        destination: destination.into(),
+        namespace: "argocd".into(),
+        name: name.into(),
+        project: PROJECT.into(),
+    }
+}
+
+fn sync_to(revision: &str) -> SyncRequest {
+    SyncRequest {
+        revision: Some(revision.into()),
+        refresh: Some("hard".into()),
+        project: None,
+    }
+}
+
+#[tokio::test]
+async fn get_reads_the_state_and_a_sync_is_requested_once() -> Result<()> {
+    let w = World::start(APP_POLICY).await?;
+    let d = dispatcher(&w)?;
+    let caller = Principal::plugin("kargo");
+    w.clusters.a.put(&applications(), application("web", "old"));
+
+    let state = d.application(&caller, app("a", "web")).await?;
+    assert_eq!(
+        (state.sync.status.as_str(), state.sync.revision.as_str()),
+        ("Synced", "old")
+    );
+    assert_eq!(state.health.status, "Healthy");
+    assert_eq!(
+        state.operation.as_ref().map(|o| o.phase.as_str()),
+        Some("Succeeded")
+    );
+    assert_eq!(
+        w.clusters.a.calls("PATCH", "/applications/"),
+        0,
+        "GET only reads"
+    );
+
+    let state = d
+        .sync_application(&caller, app("a", "web"), sync_to("new"))
+        .await?;
+    assert!(state.sync_requested, "{state:?}");
+    assert!(
+        state.operation.is_none(),
+        "the old operationState is cleared: {state:?}"
+    );
+    let stored = w
+        .clusters
+        .a
+        .get(&applications(), "argocd", "web")
+        .context("the application")?;
+    assert_eq!(stored["operation"]["sync"]["revision"], "new");
+    assert_eq!(
+        stored["operation"]["initiatedBy"]["username"],
+        "rollouts-dispatch"
+    );
+    let annotations = &stored["metadata"]["annotations"];
+    assert_eq!(annotations["argocd.argoproj.io/refresh"], "hard");
+    let id = annotations["rollouts-dispatch.io/sync-id"]
+        .as_str()
+        .context("a sync id")?;
+    assert_eq!(id.len(), 32, "{id}");
+    assert!(stored["status"].get("operationState").is_none(), "{stored}");
+    assert_eq!(
+        w.clusters
+            .a
+            .calls("PATCH", "/namespaces/argocd/applications/web"),
+        1
+    );
+
+    // Requested and not yet picked up by Argo CD: a second sync is refused.
+    let again = d
+        .sync_application(&caller, app("a", "web"), sync_to("newer"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&again, DispatchError::Conflict(m) if m.contains("already requested")),
+        "{again:?}"
+    );
+    // Argo CD picked it up and runs it: still refused.
+    w.clusters.a.update(&applications(), "argocd", "web", |o| {
+        o.as_object_mut().map(|m| m.remove("operation"));
+        o["status"]["operationState"] = json!({"phase": "Running", "message": "syncing"});
+    });
+    let running = d
+        .sync_application(&caller, app("a", "web"), sync_to("newer"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&running, DispatchError::Conflict(m) if m.contains("running")),
+        "{running:?}"
+    );
+    assert_eq!(
+        w.clusters.a.calls("PATCH", "/applications/"),
+        1,
+        "exactly one sync"
+    );
+    let state = d.application(&caller, app("a", "web")).await?;
+    assert_eq!(state.operation.map(|o| o.phase), Some("Running".into()));
+    Ok(())
+}
+
+#[tokio::test]
+async fn sync_needs_the_policy_and_application_sync() -> Result<()> {
+    let w = World::start(APP_POLICY).await?;
+    let d = dispatcher(&w)?;
+    let caller = Principal::plugin("kargo");
+    w.clusters.b.put(&applications(), application("web", "old"));
+    // `b` is in the policy (reads work) but not in applicationSync.destinations.
+    d.application(&caller, app("b", "web")).await?;
+    let e = d
+        .sync_application(&caller, app("b", "web"), sync_to("new"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, DispatchError::Forbidden(m) if m.contains("applicationSync.destinations")),
+        "{e:?}"
+    );
+    // Another project, or another namespace: the policy denies both, reads included.
+    let mut other = app("a", "web");
+    other.project = "team-b".into();
+    let e = d.application(&caller, other).await.unwrap_err();
+    assert!(
+        matches!(&e, DispatchError::Forbidden(m) if m.contains("policy.rules")),
+        "{e:?}"
+    );
+    let mut kube_system = app("a", "web");
+    kube_system.namespace = "kube-system".into();
+    let e = d
+        .sync_application(&caller, kube_system, sync_to("new"))
+        .await
+        .unwrap_err();
+    assert!(matches!(&e, DispatchError::Forbidden(_)), "{e:?}");
+    // A missing Application is 404, not a sync.
+    let e = d.application(&caller, app("a", "nope")).await.unwrap_err();
+    assert!(
+        matches!(&e, DispatchError::NotFound(m) if m.contains("argocd/nope")),
+        "{e:?}"
+    );
+    for api in [&w.clusters.a, &w.clusters.b] {
+        assert_eq!(api.calls("PATCH", "/applications/"), 0);
+    }
+    Ok(())
+}
+
+/// The agent of `edge`, played by a [`Worker`] on destination `a` (its "own cluster").
+mod through_an_agent {
+    use super::*;
+    use dispatch_api::agent::{ReportRequest, WorkItem};
+    use dispatch_server::agent::{Guard, Worker};
+    use dispatch_server::http::auth::Projects;
+    use dispatch_server::podsecurity::{Origin, Profile};
+
+    const AGENTS: &str = "agents: {store: memory, destinations: [{name: edge, namespace: verify}]}";
+
+    fn agent(w: &World, argocd_sync: bool) -> Result<Worker> {
+        let guard = Guard {
+            namespaces: vec!["argocd".into()],
+            profile: Profile::restricted(Origin::Agent),
+        };
+        Ok(Worker::new(w.engine.clone(), "a", guard)
+            .context("destination a")?
+            .with_argocd_sync(argocd_sync))
+    }
+
+    fn work(w: &World) -> Result<Arc<Vec<WorkItem>>> {
+        let store = w.engine.store().context("an agent store")?;
+        Ok(Arc::new(
+            store
+                .for_destination("edge")
+                .into_iter()
+                .map(|r| WorkItem {
+                    reported: r.is_reported(),
+                    name: r.name,
+                    spec: r.spec,
+                })
+                .collect(),
+        ))
+    }
+
+    /// One pass of `worker` over edge's records, reported to the server as the agent does.
+    async fn pass(d: &EngineDispatcher, w: &World, worker: &mut Worker) -> Result<usize> {
+        let reports = worker.pass(&work(w)?).await;
+        let n = reports.len();
+        let me = Principal {
+            subject: "agent:edge".into(),
+            destination: Some("edge".into()),
+            projects: Projects::All,
+        };
+        let reply = d
+            .agent_report(
+                &me,
+                "edge".into(),
+                ReportRequest {
+                    reports: reports.clone(),
+                },
+            )
+            .await?;
+        worker.accepted(reports, &reply.unknown);
+        Ok(n)
+    }
+
+    #[tokio::test]
+    async fn the_agent_syncs_once_per_order_across_restarts() -> Result<()> {
+        let w = World::start(&format!("{APP_POLICY}\n{AGENTS}")).await?;
+        let d = dispatcher(&w)?;
+        let caller = Principal::plugin("kargo");
+        let a = &w.clusters.a;
+        a.put(&applications(), application("web", "old"));
+        let patches = || a.calls("PATCH", "/namespaces/argocd/applications/web");
+
+        // No agent has reported yet: the first GET waits for it, then asks to retry (503).
+        let e = d
+            .application(&caller, app("edge", "web"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, DispatchError::Unavailable(m) if m.contains("has not reported")),
+            "{e:?}"
+        );
+        assert_eq!(work(&w)?.len(), 1, "the GET wrote the agent's record");
+        assert!(work(&w)?[0].spec.sync.is_none(), "a read orders no sync");
+
+        let placed = d
+            .sync_application(&caller, app("edge", "web"), sync_to("new"))
+            .await?;
+        assert!(placed.sync_requested, "{placed:?}");
+        assert_eq!(patches(), 0, "the server never reaches an agent's cluster");
+
+        let mut worker = agent(&w, true)?;
+        assert_eq!(pass(&d, &w, &mut worker).await?, 1);
+        assert_eq!(patches(), 1);
+        let stored = a.get(&applications(), "argocd", "web").context("web")?;
+        assert_eq!(stored["operation"]["sync"]["revision"], "new");
+        assert_eq!(
+            stored["metadata"]["annotations"]["argocd.argoproj.io/refresh"],
+            "hard"
+        );
+        let state = d.application(&caller, app("edge", "web")).await?;
+        assert!(state.sync_requested, "{state:?}");
+        assert_eq!(state.destination, "edge");
+
+        // More passes, and a restarted agent (a new Worker with no memory): no second sync.
+        pass(&d, &w, &mut worker).await?;
+        let mut restarted = agent(&w, true)?;
+        pass(&d, &w, &mut restarted).await?;
+        assert_eq!(patches(), 1, "an order is carried out once");
+
+        // Argo CD syncs; the agent reports the new state on its next pass.
+        a.update(&applications(), "argocd", "web", |o| {
+            o.as_object_mut().map(|m| m.remove("operation"));
+            o["status"]["sync"]["revision"] = json!("new");
+            o["status"]["operationState"] =
+                json!({"phase": "Succeeded", "syncResult": {"revision": "new"}});
+        });
+        assert_eq!(pass(&d, &w, &mut restarted).await?, 1);
+        let state = d.application(&caller, app("edge", "web")).await?;
+        assert_eq!(state.sync.revision, "new");
+        assert_eq!(state.operation.map(|o| o.phase), Some("Succeeded".into()));
+        assert!(!state.sync_requested);
+
+        // A new order to an agent started without --argocd-sync: refused, named, not patched.
+        d.sync_application(&caller, app("edge", "web"), sync_to("newer"))
+            .await?;
+        let mut no_flag = agent(&w, false)?;
+        pass(&d, &w, &mut no_flag).await?;
+        let e = d
+            .application(&caller, app("edge", "web"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, DispatchError::Refused(m) if m.contains("--argocd-sync")),
+            "{e:?}"
+        );
+        assert_eq!(patches(), 1);
+        // The records of the routes belong to no run: only idleness removes them.
+        assert!(w
+            .engine
+            .expire_app_records(std::time::Duration::from_secs(60))
+            .await
+            .deleted
+            .is_empty());
+        let gone = w.engine.expire_app_records(std::time::Duration::ZERO).await;
+        assert_eq!(gone.deleted.len(), 1, "{gone:?}");
+        assert!(
+            a.get(&applications(), "argocd", "web").is_some(),
+            "never the Application"
+        );
+        Ok(())
+    }
+}
