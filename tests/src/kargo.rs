@@ -193,3 +193,22 @@ impl Verification {
         .with_context(|| format!("building AnalysisRun {name}"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_observe_block_is_the_routing_and_the_check_without_a_job() {
+        let check = json!({"rollout": {"name": "shop", "image": "r:v2"}});
+        let block = Verification::new("s", "01j", "cluster-a")
+            .observes(check)
+            .block_json();
+        assert_eq!(
+            block,
+            json!({"destination": "{{args.destination}}", "rollout": {"name": "shop", "image": "r:v2"}})
+        );
+        let job = Verification::new("s", "01j", "cluster-a").block_json();
+        assert!(job.get("spec").is_some() && job.get("rollout").is_none());
+    }
+}

@@ -292,3 +292,30 @@ pub fn text(object: &DynamicObject, pointer: &str) -> String {
         Some(other) => other.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rollout_runs_its_analysis_in_the_background_and_pauses_as_told() {
+        let timed = Rollout::new("shop", "a", Analysis::Fails).manifest(&image("v1"));
+        let canary = &timed["spec"]["strategy"]["canary"];
+        assert_eq!(
+            canary["analysis"]["templates"][0]["templateName"],
+            "smoke-fails"
+        );
+        assert_eq!(canary["steps"][1]["pause"]["duration"], PAUSE);
+        assert_eq!(
+            timed["spec"]["template"]["spec"]["containers"][0]["image"],
+            "example.invalid/shop:v1"
+        );
+        let held = Rollout::new("shop", "b", Analysis::Passes)
+            .pausing()
+            .manifest("x");
+        assert_eq!(
+            held["spec"]["strategy"]["canary"]["steps"][1]["pause"],
+            json!({})
+        );
+    }
+}
