@@ -36,7 +36,7 @@ use dispatch_tests::summary;
 use dispatch_tests::wait::{eventually, Progress};
 use dispatch_tests::world::agents::Agents;
 use dispatch_tests::world::World;
-use kube::api::DynamicObject;
+use kube::api::{DynamicObject, Patch, PatchParams};
 use serde_json::{json, Value};
 
 /// The namespace of the Rollouts on cluster-a.
@@ -160,9 +160,10 @@ fn the_harness_rollouts_own_analysis_passes_and_fails_and_the_application_crd_is
     on_scene(async |s| {
         let pass = Rollout::new(SHOP, "proof-pass", Analysis::Passes);
         let fail = Rollout::new(SHOP, "proof-fail", Analysis::Fails);
-        let (passed, failed) = tokio::try_join!(
+        let (passed, failed, ()) = tokio::try_join!(
             update_and_decide(s, &pass, "v2"),
-            update_and_decide(s, &fail, "v2")
+            update_and_decide(s, &fail, "v2"),
+            aborted_by_hand(s),
         )?;
         ensure!(
             phase(&passed) == "Successful",
@@ -201,14 +202,56 @@ fn the_harness_rollouts_own_analysis_passes_and_fails_and_the_application_crd_is
             "the Application CRD dropped the status: {}",
             read.data
         );
+        // The player syncs as Argo CD does when an operation is written on the Application
+        // (what the agent writes for the sync trigger).
+        let operation = json!({"operation": {"sync": {"revision": NEW_SHA}, "initiatedBy": {"username": "e2e"}}});
+        argocd::applications(&s.b)
+            .patch(
+                "proof-app",
+                &PatchParams::default(),
+                &Patch::Merge(&operation),
+            )
+            .await?;
+        eventually("the player synced proof-app", SYNC_TIMEOUT, || async {
+            let app = argocd::applications(&s.b).get("proof-app").await?;
+            let synced = app.data.pointer("/status/sync/revision") == Some(&json!(NEW_SHA))
+                && app.data.pointer("/status/operationState/phase") == Some(&json!("Succeeded"))
+                && app
+                    .data
+                    .pointer("/status/operationState/syncResult/revision")
+                    == Some(&json!(NEW_SHA))
+                && app.data.get("operation").is_none_or(Value::is_null);
+            Ok(if synced {
+                Progress::Done(())
+            } else {
+                Progress::Waiting(app.data.to_string())
+            })
+        })
+        .await?;
         println!(
-            "e2e-observe: harness: {} Successful → proof-pass Healthy; {} Failed ({:?}) → proof-fail aborted; Application CRD on cluster-b keeps status",
+            "e2e-observe: harness: {} Successful → proof-pass Healthy; {} Failed ({:?}) → proof-fail aborted; proof-abort aborted by hand; Application CRD on cluster-b keeps status, its sync operation played",
             analysis::name(&passed),
             analysis::name(&failed),
             text(&failed, "/status/message"),
         );
         Ok(())
     })
+}
+
+/// A paused canary aborted as `kubectl argo rollouts abort` does ends Degraded with
+/// `status.abort`, its stable ReplicaSet back at every replica.
+async fn aborted_by_hand(s: &Scene) -> Result<()> {
+    let held = Rollout::new(SHOP, "proof-abort", Analysis::Passes).pausing();
+    updated(s, &held, "v2").await?;
+    held.wait_phase(&s.a, "Paused").await?;
+    held.abort(&s.a).await?;
+    let aborted = held.wait_phase(&s.a, "Degraded").await?;
+    ensure!(
+        aborted.data.pointer("/status/abort") == Some(&json!(true)),
+        "the abort did not take: {}",
+        aborted.data["status"]
+    );
+    Ok(())
 }
 
 /// Creates `rollout` at v1, updates it to `tag` and returns its own AnalysisRun, decided.
