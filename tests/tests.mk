@@ -22,6 +22,7 @@ test: ## the whole suite: Rust tests, golden vectors, Go conformance, real clust
 	$(MAKE) test-cli
 	$(MAKE) e2e
 	$(MAKE) e2e-agent
+	$(MAKE) e2e-observe
 	$(MAKE) chart
 
 .PHONY: attacks
@@ -102,6 +103,16 @@ e2e-agent: k8s-bin plugin-release ## agent mode end to end: 2 server replicas on
 	$(CARGO) build --locked -p dispatch-server --bin rollouts-dispatch
 	$(CLUSTER_ENV) $(CARGO) test --locked -p dispatch-tests --test e2e_agent -- \
 	  --ignored --nocapture
+
+# Issue #16: verifying what is already deployed. The scenarios share one scene (the agent scene,
+# a Rollouts controller on cluster-a, Argo CD's Application CRD on cluster-b) and spend their time
+# waiting for Rollouts, so they run side by side.
+E2E_OBSERVE_TEST_THREADS ?= 8
+
+.PHONY: e2e-observe
+e2e-observe: k8s-bin plugin-release ## rollout: and application: checks and the sync trigger against a real Rollouts controller on cluster-a and Argo CD's Application CRD behind cluster-b's agent; last line `observe: rollout_pass=… rollout_fail=… app_healthy=… app_degraded=… sync_trigger=…`
+	$(CARGO) build --locked -p dispatch-server --bin rollouts-dispatch
+	$(call summary_test,e2e_observe,$(CLUSTER_ENV) RUST_TEST_THREADS=$(E2E_OBSERVE_TEST_THREADS),grep -vE '^time=|^[0-9-]+T[0-9:.]+Z ')
 
 .PHONY: bench-agents
 bench-agents: ## one server replica (release) with 500 simulated agents long-polling, 2 000 Jobs dispatched (last line: agents=500 dispatch_p99_ms=X server_rss_mib=Y)

@@ -12,12 +12,17 @@ ETCD_VERSION := v3.7.3
 KWOK_VERSION := v0.8.0
 # v1.10.2 needs Go >= 1.26.10 (`go 1.26.10` in its go.mod); the toolchain here is 1.26.8.
 ARGO_ROLLOUTS_VERSION := v1.10.1
+# Only the Application CRD manifest is used (the e2e-observe Application tests); no build. The
+# module's go.mod says `go 1.27.3`, so `go mod download` needs that toolchain (fetched by Go).
+ARGO_CD_VERSION := v3.6.1
+ARGO_CD_TOOLCHAIN := go1.27.3
 
 K8S_BIN_ROOT := $(CACHE_DIR)/bin
 KUBE_BIN_DIR := $(K8S_BIN_ROOT)/kubernetes-$(KUBERNETES_VERSION)
 ETCD_BIN_DIR := $(K8S_BIN_ROOT)/etcd-$(ETCD_VERSION)
 KWOK_BIN_DIR := $(K8S_BIN_ROOT)/kwok-$(KWOK_VERSION)
 ARGO_BIN_DIR := $(K8S_BIN_ROOT)/argo-rollouts-$(ARGO_ROLLOUTS_VERSION)
+ARGO_CD_DIR := $(K8S_BIN_ROOT)/argo-cd-$(ARGO_CD_VERSION)
 K8S_BIN_ENV := $(K8S_BIN_ROOT)/k8s-bin.env
 
 GO ?= go
@@ -70,8 +75,19 @@ $(ARGO_BIN_DIR)/rollouts-controller:
 	  mkdir -p "$$out/crds" && cp "$$src"/manifests/crds/*.yaml "$$out/crds/" && \
 	  chmod -R u+w "$$out/crds")
 
+# Argo CD's CRDs from the module source in the Go module cache (downloaded if absent: the
+# module only, nothing is built), never committed.
+$(ARGO_CD_DIR)/crds/application-crd.yaml:
+	@set -euo pipefail; out="$(ARGO_CD_DIR).tmp.$$$$"; rm -rf "$$out"; mkdir -p "$$out/crds"; \
+	src=$$(cd /tmp && GOTOOLCHAIN=$(ARGO_CD_TOOLCHAIN) GOFLAGS=-mod=mod $(GO) mod download -json \
+	  github.com/argoproj/argo-cd/v3@$(ARGO_CD_VERSION) | sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p'); \
+	if [ ! -f "$$src/manifests/crds/application-crd.yaml" ]; then \
+	  echo "k8s.mk: no manifests/crds/application-crd.yaml in argo-cd $(ARGO_CD_VERSION) ($$src)" >&2; exit 1; fi; \
+	cp "$$src"/manifests/crds/*-crd.yaml "$$out/crds/"; chmod -R u+w "$$out"; \
+	rm -rf "$(ARGO_CD_DIR)"; mv "$$out" "$(ARGO_CD_DIR)"; echo "k8s-bin: copied argo-cd $(ARGO_CD_VERSION) CRDs"
+
 K8S_BINARIES := $(KUBE_BIN_DIR)/kube-apiserver $(ETCD_BIN_DIR)/etcd $(KWOK_BIN_DIR)/kwok \
-	$(ARGO_BIN_DIR)/rollouts-controller
+	$(ARGO_BIN_DIR)/rollouts-controller $(ARGO_CD_DIR)/crds/application-crd.yaml
 
 $(K8S_BIN_ENV): $(K8S_BINARIES) $(K8S_DIR)/k8s.mk
 	@mkdir -p $(dir $@)
@@ -83,8 +99,9 @@ $(K8S_BIN_ENV): $(K8S_BINARIES) $(K8S_DIR)/k8s.mk
 	  echo "ETCD=$(ETCD_BIN_DIR)/etcd"; \
 	  echo "KWOK=$(KWOK_BIN_DIR)/kwok"; \
 	  echo "ROLLOUTS_CONTROLLER=$(ARGO_BIN_DIR)/rollouts-controller"; \
-	  echo "ARGO_ROLLOUTS_CRDS=$(ARGO_BIN_DIR)/crds"; } > $@.tmp && mv $@.tmp $@
+	  echo "ARGO_ROLLOUTS_CRDS=$(ARGO_BIN_DIR)/crds"; \
+	  echo "ARGO_CD_CRDS=$(ARGO_CD_DIR)/crds"; } > $@.tmp && mv $@.tmp $@
 	@echo "k8s-bin: wrote $@"
 
 .PHONY: k8s-bin
-k8s-bin: $(K8S_BIN_ENV) ## build the missing test-cluster binaries (kube-*, kubectl, etcd, kwok, rollouts-controller) into CACHE_DIR/bin
+k8s-bin: $(K8S_BIN_ENV) ## build the missing test-cluster binaries (kube-*, kubectl, etcd, kwok, rollouts-controller, Argo CD CRDs) into CACHE_DIR/bin

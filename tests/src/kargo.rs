@@ -77,6 +77,7 @@ pub struct Verification {
     duration: String,
     image: Option<String>,
     promotion: bool,
+    observe: Option<Value>,
 }
 
 impl Verification {
@@ -92,6 +93,7 @@ impl Verification {
             duration: "2s".into(),
             image: None,
             promotion: true,
+            observe: None,
         }
     }
 
@@ -129,6 +131,27 @@ impl Verification {
         self
     }
 
+    /// An observe check instead of a Job: `check` is the block's `rollout` or `application`
+    /// field as a Stage's AnalysisTemplate writes it, e.g.
+    /// `json!({"rollout": {"name": "shop", "image": "repo:tag"}})`, beside the routing fields.
+    pub fn observes(mut self, check: Value) -> Self {
+        self.observe = Some(check);
+        self
+    }
+
+    /// The block of the verification's metric as the plugin receives it: the routing fields and
+    /// the observe check, else [`Self::block`]'s Job.
+    pub fn block_json(&self) -> Value {
+        match (&self.observe, &self.routing) {
+            (Some(Value::Object(check)), Value::Object(routing)) => {
+                let mut block = routing.clone();
+                block.extend(check.clone());
+                Value::Object(block)
+            }
+            _ => self.block().json(),
+        }
+    }
+
     /// The plugin block of the verification's metric.
     pub fn block(&self) -> Block {
         let mut block = Block::routed(self.routing.clone())
@@ -164,9 +187,28 @@ impl Verification {
             },
             "spec": {
                 "args": [{"name": "destination", "value": self.destination}],
-                "metrics": [{"name": "smoke", "provider": {"plugin": {PLUGIN_NAME: self.block().json()}}}]
+                "metrics": [{"name": "smoke", "provider": {"plugin": {PLUGIN_NAME: self.block_json()}}}]
             }
         }))
         .with_context(|| format!("building AnalysisRun {name}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_observe_block_is_the_routing_and_the_check_without_a_job() {
+        let check = json!({"rollout": {"name": "shop", "image": "r:v2"}});
+        let block = Verification::new("s", "01j", "cluster-a")
+            .observes(check)
+            .block_json();
+        assert_eq!(
+            block,
+            json!({"destination": "{{args.destination}}", "rollout": {"name": "shop", "image": "r:v2"}})
+        );
+        let job = Verification::new("s", "01j", "cluster-a").block_json();
+        assert!(job.get("spec").is_some() && job.get("rollout").is_none());
     }
 }

@@ -184,28 +184,33 @@ pub async fn apply_crds(client: &Client, dir: &Path) -> Result<()> {
     }
     let mut names = Vec::new();
     for path in &entries {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let crd: CustomResourceDefinition =
-            serde_saphyr::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-        let name = crd
-            .metadata
-            .name
-            .clone()
-            .with_context(|| format!("{} has no metadata.name", path.display()))?;
-        api.patch(
-            &name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .with_context(|| format!("applying crd {name}"))?;
-        names.push(name);
+        names.push(apply_crd_file(&api, path).await?);
     }
     for name in names {
         wait_established(client, &name).await?;
     }
     Ok(())
+}
+
+/// Applies the CRD manifest at `path` (server-side apply); returns the CRD's name.
+pub async fn apply_crd_file(api: &Api<CustomResourceDefinition>, path: &Path) -> Result<String> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let crd: CustomResourceDefinition =
+        serde_saphyr::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let name = crd
+        .metadata
+        .name
+        .clone()
+        .with_context(|| format!("{} has no metadata.name", path.display()))?;
+    api.patch(
+        &name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .with_context(|| format!("applying crd {name}"))?;
+    Ok(name)
 }
 
 /// Creates (or keeps) a namespace.

@@ -113,6 +113,34 @@ impl Binaries {
     }
 }
 
+/// Key of `k8s-bin.env` naming the directory of Argo CD's CRD manifests (copied by `make k8s-bin`
+/// from the `github.com/argoproj/argo-cd/v3` module's `manifests/crds/`): only the tests that
+/// play Argo CD need it, so it is not one of [`Binaries`]' required keys.
+pub const ARGO_CD_CRDS: &str = "ARGO_CD_CRDS";
+
+/// The directory of Argo CD's CRD manifests (`$ARGO_CD_CRDS`, else `k8s-bin.env`).
+pub fn argo_cd_crds() -> Result<PathBuf> {
+    let env_file = env_file_path();
+    let value = std::env::var(ARGO_CD_CRDS)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string(&env_file)
+                .ok()
+                .and_then(|text| parse_env_file(&text).remove(ARGO_CD_CRDS))
+        });
+    match value {
+        Some(dir) if Path::new(&dir).join("application-crd.yaml").exists() => Ok(dir.into()),
+        Some(dir) => {
+            bail!("{ARGO_CD_CRDS}={dir} holds no application-crd.yaml: run `make k8s-bin`")
+        }
+        None => bail!(
+            "{ARGO_CD_CRDS} is not in {}: run `make k8s-bin` (it copies Argo CD's CRDs)",
+            env_file.display()
+        ),
+    }
+}
+
 fn parse_env_file(text: &str) -> HashMap<String, String> {
     text.lines()
         .map(str::trim)

@@ -7,13 +7,17 @@
 //! `/readyz` is ok, the `default` ServiceAccount exists and the fake node is Ready. All state is
 //! in one temporary directory; every process is in one process group that dies with the
 //! [`Cluster`] (see [`process`]). [`start_many`] starts several clusters in parallel.
-//! [`argo::ArgoRollouts`] runs the real Argo Rollouts controller on a cluster.
+//! [`argo::ArgoRollouts`] runs the real Argo Rollouts controller on a cluster; [`rollout`] an
+//! application it deploys (a canary Rollout with a background analysis) on a destination;
+//! [`argocd`] Argo CD's Application CRD and a stand-in for its controller.
 
 pub mod argo;
+pub mod argocd;
 pub mod binaries;
 pub mod kwok;
 pub(crate) mod pki;
 pub mod process;
+pub mod rollout;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -64,6 +64,8 @@ pub struct Agents {
     serve_args: Vec<String>,
     /// What `start_with_agent_config` appended to the config.
     extra_yaml: String,
+    /// Extra `agent` flags of B's agent (`start_with_agent_options`).
+    agent_args: Vec<String>,
 }
 
 /// Where a replica keeps agent work (`agents.store`).
@@ -103,6 +105,17 @@ impl World<Agents> {
     /// [`World::start_with_agent`] with `extra_yaml` appended to the servers' config: more
     /// top-level sections (`engine:`, `jobs:`), each a complete YAML block.
     pub async fn start_with_agent_config(serve_args: &[&str], extra_yaml: &str) -> Result<Self> {
+        Self::start_with_agent_options(serve_args, extra_yaml, &[]).await
+    }
+
+    /// [`World::start_with_agent_config`] with `agent_args`, extra `rollouts-dispatch agent`
+    /// flags of B's agent (kept for [`World::spawn_agent`]), e.g. `--namespaces argocd`.
+    pub async fn start_with_agent_options(
+        serve_args: &[&str],
+        extra_yaml: &str,
+        agent_args: &[&str],
+    ) -> Result<Self> {
+        let agent_args: Vec<String> = agent_args.iter().map(|s| s.to_string()).collect();
         let binary = rollouts_dispatch_binary()?;
         let [mut control, a, mut b] = start_clusters().await?;
         let client = control.client().await?;
@@ -162,7 +175,13 @@ impl World<Agents> {
         ensure!(issued.status.success(), "token issue: {issued:?}");
         std::fs::write(&agent_token, &issued.stdout)?;
         write_agent_kubeconfig(&b).await?;
-        let agent_admin = spawn_agent(&mut b, &binary, &url, &ca, &agent_token, "agent")?;
+        let agent = AgentProcess {
+            binary: &binary,
+            url: &url,
+            ca: &ca,
+            args: &agent_args,
+        };
+        let agent_admin = agent.spawn(&mut b, &agent_token, "agent")?;
         wait_ready("the agent", agent_admin).await?;
 
         let plugin_args = [
@@ -186,6 +205,7 @@ impl World<Agents> {
             agent_token,
             serve_args: extra,
             extra_yaml: extra_yaml.to_string(),
+            agent_args,
         };
         Self::assemble([control, a, b], url, plugin_args, agents).await
     }
@@ -246,7 +266,13 @@ impl World<Agents> {
     /// (Re)starts B's agent under process name `name` with `token_file`; returns its admin port.
     pub fn spawn_agent(&mut self, name: &str, token_file: &Path) -> Result<u16> {
         let d = &self.dispatch;
-        spawn_agent(&mut self.b, &d.binary, &self.url, &d.ca, token_file, name)
+        let agent = AgentProcess {
+            binary: &d.binary,
+            url: &self.url,
+            ca: &d.ca,
+            args: &d.agent_args,
+        };
+        agent.spawn(&mut self.b, token_file, name)
     }
 }
 
@@ -397,28 +423,33 @@ async fn write_agent_kubeconfig(cluster: &Cluster) -> Result<PathBuf> {
     Ok(kubeconfig)
 }
 
-fn spawn_agent(
-    b: &mut Cluster,
-    binary: &Path,
-    url: &str,
-    ca: &Path,
-    token_file: &Path,
-    name: &str,
-) -> Result<u16> {
-    let admin = free_port()?;
-    let mut cmd = Command::new(binary);
-    cmd.args(["agent", "--server", url, "--token-file"])
-        .arg(token_file)
-        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
-        .args(["--poll-wait", "10s"])
-        // The agent destination's Jobs go to its default namespace.
-        .args(["--namespaces", "default"])
-        .arg("--ca-file")
-        .arg(ca)
-        .env("ROLLOUTS_DISPATCH_LOG", "dispatch_server=debug,info")
-        .env("KUBECONFIG", b.dir.join("agent.kubeconfig"));
-    b.spawn_process(name, cmd)?;
-    Ok(admin)
+/// How B's agent is started: the binary, the server it dials, the CA it pins, extra flags.
+struct AgentProcess<'a> {
+    binary: &'a Path,
+    url: &'a str,
+    ca: &'a Path,
+    args: &'a [String],
+}
+
+impl AgentProcess<'_> {
+    /// Spawns the agent on `b` as process `name` with `token_file`; returns its admin port.
+    fn spawn(&self, b: &mut Cluster, token_file: &Path, name: &str) -> Result<u16> {
+        let admin = free_port()?;
+        let mut cmd = Command::new(self.binary);
+        cmd.args(["agent", "--server", self.url, "--token-file"])
+            .arg(token_file)
+            .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+            .args(["--poll-wait", "10s"])
+            // The agent destination's Jobs go to its default namespace.
+            .args(["--namespaces", "default"])
+            .arg("--ca-file")
+            .arg(self.ca)
+            .args(self.args)
+            .env("ROLLOUTS_DISPATCH_LOG", "dispatch_server=debug,info")
+            .env("KUBECONFIG", b.dir.join("agent.kubeconfig"));
+        b.spawn_process(name, cmd)?;
+        Ok(admin)
+    }
 }
 
 /// Waits until the log file at `path` holds `needle`; on timeout, quotes the log's end.
