@@ -64,13 +64,11 @@ static SCENE: Shared<Scene> = Shared::new();
 impl Scene {
     async fn start() -> Result<Self> {
         // B's agent observes Applications in `argocd` (it refuses any namespace not in its
-        // --namespaces) and, with the sync part, carries out sync orders (--argocd-sync), which
-        // the servers allow for cluster-b only through `applicationSync.destinations`.
-        let (sync_yaml, mut agent_args) =
-            (sync_part_config()?, vec!["--namespaces", argocd::NAMESPACE]);
-        if !sync_yaml.is_empty() {
-            agent_args.push("--argocd-sync");
-        }
+        // --namespaces) and carries out sync orders (--argocd-sync, with the RBAC of
+        // config/agent-rbac-argocd-sync.yaml), which the servers allow for cluster-b only
+        // through `applicationSync.destinations`.
+        let sync_yaml = "applicationSync:\n  destinations: [\"cluster-b\"]\n";
+        let agent_args = ["--namespaces", argocd::NAMESPACE, "--argocd-sync"];
         let mut w = World::start_with_agent_options(&[], sync_yaml, &agent_args).await?;
         let rollouts_a = ArgoRollouts::install(&mut w.a, &[])
             .await
@@ -88,23 +86,6 @@ impl Scene {
             _player: player,
         })
     }
-}
-
-/// The servers' `applicationSync` section when the binary has the sync trigger (its agent has
-/// `--argocd-sync`), else nothing: both are the `sync` part of #16, built beside this test; until
-/// it is merged, a server would refuse the unknown key and the agent the unknown flag.
-fn sync_part_config() -> Result<&'static str> {
-    let help = std::process::Command::new(dispatch_tests::rollouts_dispatch_binary()?)
-        .args(["agent", "--help"])
-        .output()
-        .context("rollouts-dispatch agent --help")?;
-    Ok(
-        if String::from_utf8_lossy(&help.stdout).contains("--argocd-sync") {
-            "applicationSync:\n  destinations: [\"cluster-b\"]\n"
-        } else {
-            ""
-        },
-    )
 }
 
 /// Runs `scenario` on the shared scene.

@@ -174,7 +174,8 @@ impl World<Agents> {
             .output()?;
         ensure!(issued.status.success(), "token issue: {issued:?}");
         std::fs::write(&agent_token, &issued.stdout)?;
-        write_agent_kubeconfig(&b).await?;
+        let argocd_sync = agent_args.iter().any(|a| a == "--argocd-sync");
+        write_agent_kubeconfig(&b, argocd_sync).await?;
         let agent = AgentProcess {
             binary: &binary,
             url: &url,
@@ -376,11 +377,11 @@ fn spawn_server(
     control.spawn_process(&replica.name, cmd)
 }
 
-/// Applies `config/agent-rbac.yaml` to `cluster` and writes `agent.kubeconfig` in its directory,
-/// authenticating as that ServiceAccount (a TokenRequest token): the agent runs with exactly the
-/// documented rights.
-async fn write_agent_kubeconfig(cluster: &Cluster) -> Result<PathBuf> {
-    let path = repo_path("config/agent-rbac.yaml");
+/// Applies `config/agent-rbac.yaml` (and, for an agent with `--argocd-sync`,
+/// `config/agent-rbac-argocd-sync.yaml`) to `cluster` and writes `agent.kubeconfig` in its
+/// directory, authenticating as that ServiceAccount (a TokenRequest token): the agent runs with
+/// exactly the documented rights.
+async fn write_agent_kubeconfig(cluster: &Cluster, argocd_sync: bool) -> Result<PathBuf> {
     let kubectl = |args: &[&str]| {
         Command::new(&cluster.binaries.kubectl)
             .arg("--kubeconfig")
@@ -388,13 +389,20 @@ async fn write_agent_kubeconfig(cluster: &Cluster) -> Result<PathBuf> {
             .args(args)
             .output()
     };
-    let applied = kubectl(&["apply", "-f", &path.display().to_string()])?;
-    ensure!(
-        applied.status.success(),
-        "kubectl apply -f {}: {}",
-        path.display(),
-        String::from_utf8_lossy(&applied.stderr)
-    );
+    let mut files = vec!["config/agent-rbac.yaml"];
+    if argocd_sync {
+        files.push("config/agent-rbac-argocd-sync.yaml");
+    }
+    for file in files {
+        let path = repo_path(file);
+        let applied = kubectl(&["apply", "-f", &path.display().to_string()])?;
+        ensure!(
+            applied.status.success(),
+            "kubectl apply -f {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&applied.stderr)
+        );
+    }
     let token = kubectl(&[
         "create",
         "token",
