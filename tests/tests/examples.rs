@@ -191,17 +191,38 @@ fn dispatch_metric_provider_args(argv: &[String]) -> String {
     argv.join(" ")
 }
 
+/// The names of a Stage's `verification.args`.
+fn stage_args(stage: &Value) -> Vec<&str> {
+    stage["spec"]["verification"]["args"]
+        .as_array()
+        .expect("verification.args")
+        .iter()
+        .map(|a| a["name"].as_str().expect("name"))
+        .collect()
+}
+
+/// Kargo drops a Stage arg that no template declares (akuity/kargo
+/// `pkg/rollouts/analysis_template.go:179-197`, `mergeArgs`): the examples declare each one.
+fn assert_declares(stage: &Value, name: &str, template: &Value) {
+    let declared: Vec<&str> = template["spec"]["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a["name"].as_str())
+        .collect();
+    for a in stage_args(stage) {
+        assert!(
+            declared.contains(&a),
+            "template {name} does not declare Stage arg {a}: Kargo would drop it"
+        );
+    }
+}
+
 #[test]
 fn the_kargo_stage_uses_existing_templates_that_declare_its_args() {
     let stage = yaml(&config_dir().join("kargo-stage.yaml"));
     assert_eq!(stage["kind"], "Stage");
     let templates = templates();
-    let stage_args: Vec<&str> = stage["spec"]["verification"]["args"]
-        .as_array()
-        .expect("verification.args")
-        .iter()
-        .map(|a| a["name"].as_str().expect("name"))
-        .collect();
     for r in stage["spec"]["verification"]["analysisTemplates"]
         .as_array()
         .expect("templates")
@@ -210,17 +231,71 @@ fn the_kargo_stage_uses_existing_templates_that_declare_its_args() {
         let t = templates
             .get(name)
             .unwrap_or_else(|| panic!("the Stage references {name}, which config/ lacks"));
-        let declared: Vec<&str> = t["spec"]["args"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|a| a["name"].as_str())
-            .collect();
-        for a in &stage_args {
-            assert!(
-                declared.contains(a),
-                "template {name} does not declare Stage arg {a}: Kargo would fail the verification"
-            );
-        }
+        assert_declares(&stage, name, t);
     }
+}
+
+#[test]
+fn the_airgapped_stage_syncs_through_the_api_and_verifies_with_its_application_template() {
+    let path = config_dir().join("kargo-stage-airgapped.yaml");
+    let text = std::fs::read_to_string(&path).expect("config/kargo-stage-airgapped.yaml");
+    let docs: Vec<Value> = text
+        .split("\n---\n")
+        .map(|d| serde_saphyr::from_str(d).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        .collect();
+    let of_kind = |kind: &str| {
+        docs.iter()
+            .find(|d| d["kind"] == kind)
+            .unwrap_or_else(|| panic!("{} has no {kind}", path.display()))
+    };
+    let (stage, template) = (of_kind("Stage"), of_kind("AnalysisTemplate"));
+    let name = template["metadata"]["name"].as_str().expect("a name");
+    assert_eq!(
+        stage["spec"]["verification"]["analysisTemplates"][0]["name"], name,
+        "the Stage verifies with the template beside it"
+    );
+    assert_declares(stage, name, template);
+
+    // The plugin block, with the args as the controller substitutes them, is an application check.
+    let args: BTreeMap<String, String> = stage_args(stage)
+        .into_iter()
+        .map(|a| (a.to_string(), format!("example-{a}")))
+        .collect();
+    let block = &template["spec"]["metrics"][0]["provider"]["plugin"][PLUGIN_NAME];
+    let json = substitute(&serde_json::to_string(block).expect("json"), &args);
+    let config = JobConfig::parse(json.as_bytes()).unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(
+        config.observe().map(|o| o.kind()),
+        Some("application"),
+        "{name}: {json}"
+    );
+
+    // The http steps call the sync trigger, then poll the Application's state.
+    let urls: Vec<(String, String)> = stage["spec"]["promotionTemplate"]["spec"]["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .filter(|s| s["uses"] == "http")
+        .map(|s| {
+            let c = &s["config"];
+            (
+                c["method"].as_str().unwrap_or("GET").to_string(),
+                c["url"].as_str().expect("url").to_string(),
+            )
+        })
+        .collect();
+    let route = dispatch_api::observe::APPLICATION
+        .split("/{destination}")
+        .next()
+        .expect("the routes' prefix");
+    assert!(
+        urls.iter()
+            .any(|(m, u)| m == "POST" && u.contains(route) && u.ends_with(":sync")),
+        "no POST …:sync step: {urls:?}"
+    );
+    assert!(
+        urls.iter()
+            .any(|(m, u)| m == "GET" && u.contains("/applications/") && !u.ends_with(":sync")),
+        "no GET step polling the Application: {urls:?}"
+    );
 }
