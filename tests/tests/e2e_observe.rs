@@ -327,9 +327,16 @@ fn rollout_fail_fails_quoting_the_rollouts_own_analysis() -> Result<()> {
         ensure!(phase(&run) == "Failed", "want Failed: {}", report(s, &run));
         let own = shop.decided_analysis_run(&s.a).await?;
         let message = measurement_message(&run);
+        // The Rollout's own run by name, its metric, and the controller's reason (a `job`
+        // metric has no message of its own: the run's status.message carries it).
+        let reason = own.data["status"]["message"].as_str().unwrap_or_default();
         ensure!(
-            message.contains(analysis::name(&own)) || message.contains(METRIC),
-            "the failure quotes neither the Rollout's AnalysisRun {} nor its metric {METRIC}: {}",
+            message.contains(analysis::name(&own))
+                && message.contains(METRIC)
+                && !reason.is_empty()
+                && message.contains(reason),
+            "the failure does not quote the Rollout's AnalysisRun {}, its metric {METRIC} and its \
+             message {reason:?}: {}",
             analysis::name(&own),
             report(s, &run)
         );

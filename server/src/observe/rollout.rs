@@ -241,7 +241,12 @@ fn failed_run(object: &str, run: &Value) -> String {
                 text(m, "/name"),
                 text(m, "/phase")
             ));
-            let message = text(m, "/message");
+            // A built-in `job` metric leaves its own message empty; the run's
+            // `status.message` then says why ("Metric \"x\" assessed Failed due to failed (1) >
+            // failureLimit (0)", argo-rollouts analysis/analysis.go).
+            let message = Some(text(m, "/message"))
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| text(run, "/status/message"));
             if !message.is_empty() {
                 out.push_str(&format!(": {message}"));
             }
@@ -407,6 +412,29 @@ mod tests {
         ] {
             assert!(detail.contains(part), "{part}: {detail}");
         }
+    }
+
+    #[test]
+    fn a_job_metric_without_its_own_message_quotes_the_runs() {
+        // The shape the real controller writes for a failed built-in `job` metric (seen in
+        // `make e2e-observe`): no metric message, the reason in the run's status.message.
+        let r = rollout("shop/web:2", "abc123", "old111", "Degraded");
+        let mut failed = run(
+            "web-abc123-2",
+            "Failed",
+            json!([{"name": "shop-health", "phase": "Failed", "failed": 1,
+                    "measurements": [{"phase": "Failed"}]}]),
+        );
+        failed["status"]["message"] =
+            json!("Metric \"shop-health\" assessed Failed due to failed (1) > failureLimit (0)");
+        let j = judge(&check(None, None), "shop/web", Some(&r), &[failed]);
+        let DestState::Failed { detail, .. } = &j.state else {
+            panic!("{j:?}")
+        };
+        assert!(
+            detail.contains("\"shop-health\" Failed: Metric \"shop-health\" assessed Failed"),
+            "{detail}"
+        );
     }
 
     #[test]
