@@ -41,9 +41,7 @@ use crate::runtime::metrics::Metrics;
 use crate::signing::Signer;
 use crate::store::{DispatchJobStatus, Store};
 use crate::verdict::{Phase, Verdict};
-use dispatch_api::agent::{
-    self as agent_api, ReportReply, ReportRequest, WorkItem, WorkReply, WorkRequest,
-};
+use dispatch_api::agent::{self as agent_api, ReportReply, ReportRequest, WorkReply, WorkRequest};
 use dispatch_api::state::MAX_DETAIL;
 use dispatch_api::v1::DestinationInfo;
 use futures::future::BoxFuture;
@@ -574,11 +572,7 @@ impl Dispatcher for EngineDispatcher {
                         fingerprint,
                         jobs: records
                             .into_iter()
-                            .map(|r| WorkItem {
-                                reported: r.is_reported(),
-                                name: r.name,
-                                spec: r.spec,
-                            })
+                            .map(crate::store::DispatchJob::into_work_item)
                             .collect(),
                     });
                 }

@@ -139,6 +139,15 @@ impl DispatchJob {
             .as_ref()
             .is_some_and(|s| !s.state.as_ref().is_some_and(DestState::is_retryable))
     }
+
+    /// The record as its agent receives it in the work reply.
+    pub fn into_work_item(self) -> dispatch_api::agent::WorkItem {
+        dispatch_api::agent::WorkItem {
+            reported: self.is_reported(),
+            name: self.name,
+            spec: self.spec,
+        }
+    }
 }
 
 /// The record of Job `job_name` on `destination`: the Job name plus a hash of the destination,

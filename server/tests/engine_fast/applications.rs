@@ -219,11 +219,7 @@ mod through_an_agent {
             store
                 .for_destination("edge")
                 .into_iter()
-                .map(|r| WorkItem {
-                    reported: r.is_reported(),
-                    name: r.name,
-                    spec: r.spec,
-                })
+                .map(dispatch_server::store::DispatchJob::into_work_item)
                 .collect(),
         ))
     }
