@@ -10,6 +10,7 @@
 //! * [`agent`]: the agent routes (long-polled work, reports) and what they carry.
 //! * [`block`]: the `rollouts-dispatch/job` plugin block, validated into [`JobConfig`].
 //! * [`observe`]: the `rollout:` and `application:` checks and the Application sync trigger.
+//! * [`logs`]: full logs of a run's Jobs (the route, its query, the NDJSON events, agent log requests).
 //! * [`selector`]: label selectors for `destinationSelector`.
 //! * [`duration`]: Go's duration syntax.
 //! * [`phase`]: Argo's measurement phases; [`state`]: one destination's Job state.
@@ -21,6 +22,7 @@ pub mod block;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod duration;
+pub mod logs;
 pub mod observe;
 pub mod phase;
 pub mod redact;

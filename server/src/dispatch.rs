@@ -18,6 +18,7 @@
 //! engine's redactor is empty here. A verdict that is `Error` only because a destination is
 //! unreachable becomes `503 unavailable`, which the plugin turns into a retry, not an error.
 
+mod agent_logs;
 mod app_records;
 mod applications;
 

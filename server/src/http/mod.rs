@@ -14,6 +14,7 @@ pub mod auth;
 mod authz;
 mod error;
 pub mod tokenreview;
+pub mod viewer;
 
 use std::sync::Arc;
 
@@ -28,10 +29,22 @@ use crate::runtime::metrics::{self, Metrics};
 pub use applications::AppRef;
 pub use auth::{Authenticator, Principal};
 use dispatch_api::agent::{self as agent_api, ReportReply, ReportRequest, WorkReply, WorkRequest};
+use dispatch_api::logs::{LogEvent, LogsQuery};
 use dispatch_api::observe::{self as observe_api, ApplicationState, SyncRequest};
 pub use error::{ApiFailure, DispatchError};
 use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 use tracing::Instrument;
+
+/// An AnalysisRun named by people and tools (the log API, the pages): no uid, which they do not
+/// know; the dispatcher finds it on the control plane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunName {
+    /// the run's namespace (the Kargo project)
+    pub namespace: String,
+    /// the run
+    pub name: String,
+}
 
 /// What the API needs from the engine (direct destinations) or the agent store.
 pub trait Dispatcher: Send + Sync + 'static {
@@ -85,6 +98,20 @@ pub trait Dispatcher: Send + Sync + 'static {
         Box::pin(std::future::ready(Err(DispatchError::NotFound(format!(
             "this server does not sync Argo CD Applications ({})",
             app.object()
+        )))))
+    }
+    /// The whole log of a run's Jobs, as far as `viewer` may see it (checked by the
+    /// dispatcher: a person by SubjectAccessReview, a service by its projects).
+    fn run_logs<'a>(
+        &'a self,
+        viewer: &'a viewer::Viewer,
+        run: RunName,
+        query: LogsQuery,
+    ) -> BoxFuture<'a, Result<BoxStream<'static, LogEvent>, DispatchError>> {
+        let _ = (viewer, query);
+        Box::pin(std::future::ready(Err(DispatchError::NotFound(format!(
+            "this server serves no logs (run {}/{})",
+            run.namespace, run.name
         )))))
     }
     /// The work of an agent destination (long poll).

@@ -7,6 +7,7 @@
 //! [`render`] redacts the run's secret values, then bounds the text to `logTail` lines and
 //! [`MAX_LOG_BYTES`]. Before any of that leaves the destination, the values of the Secrets the
 //! container could read are redacted too, or the tail is withheld ([`secrets`]).
+//! [`stream`] is the whole log of a Job, for the log API.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,6 +18,7 @@ use kube::api::{Api, LogParams};
 pub use dispatch_api::redact::{Redactor, REDACTED};
 
 pub mod secrets;
+pub mod stream;
 
 /// The most bytes of log text a message carries.
 pub const MAX_LOG_BYTES: usize = 4096;

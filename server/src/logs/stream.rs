@@ -1,0 +1,197 @@
+//! The whole log of one Job, as a stream of [`LogEvent`]s: every pod (one per attempt, oldest
+//! first) and in each its init containers then its containers, line by line, redacted.
+//!
+//! Shared by the server (direct destinations, with its client of the destination) and the agent
+//! (its own cluster, streaming to the server on request), so both label and redact alike.
+//!
+//! Without `follow` the containers are read one after the other, so the whole log arrives in
+//! order. With `follow` they are read side by side (a sidecar never ends, and a Job's containers
+//! run at once), each container's lines in order; a container still waiting to start is waited
+//! for. Pods created after the stream opened (a retry) are not followed: ask again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dispatch_api::logs::LogEvent;
+use futures::stream::{self, BoxStream, StreamExt};
+use futures::AsyncBufReadExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, LogParams};
+
+use super::Redactor;
+
+/// The label the Job controller puts on its pods (also set as `batch.kubernetes.io/job-name`
+/// since Kubernetes 1.27; the short one is on pods of every version).
+const JOB_NAME_LABEL: &str = "job-name";
+/// How often a container still waiting to start is asked again when following.
+const WAITING_POLL: Duration = Duration::from_secs(1);
+
+/// Which Job's log, and how.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobLog {
+    /// the destination's name (labels every event)
+    pub destination: String,
+    /// the Job's namespace
+    pub namespace: String,
+    /// the Job
+    pub job: String,
+    /// only this container
+    pub container: Option<String>,
+    /// keep streaming until the containers end
+    pub follow: bool,
+}
+
+/// The log of `target`'s pods on the cluster of `client`, secret values replaced by `redactor`.
+/// Never fails: what cannot be read becomes a [`LogEvent::Note`].
+pub fn job_log(
+    client: kube::Client,
+    target: JobLog,
+    redactor: Arc<Redactor>,
+) -> BoxStream<'static, LogEvent> {
+    let pods: Api<Pod> = Api::namespaced(client, &target.namespace);
+    let target = Arc::new(target);
+    stream::once(async move {
+        let lp = ListParams::default().labels(&format!("{JOB_NAME_LABEL}={}", target.job));
+        match pods.list(&lp).await {
+            Err(e) => note(&target, None, format!("cannot list the Job's pods: {e}")).boxed(),
+            Ok(list) if list.items.is_empty() => note(
+                &target,
+                None,
+                format!(
+                    "Job {}/{} has no pods (not started yet, or deleted with its Job)",
+                    target.namespace, target.job
+                ),
+            )
+            .boxed(),
+            Ok(list) => {
+                let mut items = list.items;
+                items.sort_by(|a, b| {
+                    (&a.metadata.creation_timestamp, &a.metadata.name)
+                        .cmp(&(&b.metadata.creation_timestamp, &b.metadata.name))
+                });
+                let parts: Vec<BoxStream<'static, LogEvent>> = items
+                    .iter()
+                    .flat_map(|pod| containers_of(pod, target.container.as_deref()))
+                    .map(|(pod, container)| {
+                        container_log(
+                            pods.clone(),
+                            target.clone(),
+                            pod,
+                            container,
+                            redactor.clone(),
+                        )
+                    })
+                    .collect();
+                if target.follow {
+                    stream::select_all(parts).boxed()
+                } else {
+                    stream::iter(parts).flatten().boxed()
+                }
+            }
+        }
+    })
+    .flatten()
+    .boxed()
+}
+
+/// `(pod, container)` for the pod's init containers then its containers, maybe only `only`.
+fn containers_of(pod: &Pod, only: Option<&str>) -> Vec<(String, String)> {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let Some(spec) = &pod.spec else {
+        return Vec::new();
+    };
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+        .map(|c| c.name.clone())
+        .filter(|c| only.is_none_or(|o| o == c))
+        .map(|c| (name.clone(), c))
+        .collect()
+}
+
+/// One container's log, line by line.
+fn container_log(
+    pods: Api<Pod>,
+    target: Arc<JobLog>,
+    pod: String,
+    container: String,
+    redactor: Arc<Redactor>,
+) -> BoxStream<'static, LogEvent> {
+    let params = LogParams {
+        container: Some(container.clone()),
+        follow: target.follow,
+        ..LogParams::default()
+    };
+    let opened = {
+        let (target, pod) = (target.clone(), pod.clone());
+        async move {
+            loop {
+                match pods.log_stream(&pod, &params).await {
+                    Ok(reader) => return Ok(reader.lines()),
+                    Err(e) if target.follow && is_waiting(&e) => {
+                        tokio::time::sleep(WAITING_POLL).await;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+    };
+    stream::once(opened)
+        .flat_map(move |opened| match opened {
+            Err(e) => note(
+                &target,
+                Some(pod.clone()),
+                format!("container {container}: cannot read its log: {e}"),
+            )
+            .boxed(),
+            Ok(lines) => {
+                let (target, pod, container, redactor) = (
+                    target.clone(),
+                    pod.clone(),
+                    container.clone(),
+                    redactor.clone(),
+                );
+                lines
+                    .map(move |line| match line {
+                        Ok(text) => LogEvent::Line {
+                            destination: target.destination.clone(),
+                            pod: pod.clone(),
+                            container: container.clone(),
+                            text: redactor.redact(&text),
+                        },
+                        Err(e) => LogEvent::Note {
+                            destination: target.destination.clone(),
+                            pod: Some(pod.clone()),
+                            text: format!("container {container}: the log stream broke: {e}"),
+                        },
+                    })
+                    .boxed()
+            }
+        })
+        .boxed()
+}
+
+/// Whether `pods/log` refused because the container has not started yet (HTTP 400 "… is
+/// waiting to start" or "PodInitializing"), which a follower waits out.
+fn is_waiting(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => {
+            s.code == 400
+                && (s.message.contains("waiting to start") || s.message.contains("PodInitializing"))
+        }
+        _ => false,
+    }
+}
+
+fn note(
+    target: &JobLog,
+    pod: Option<String>,
+    text: String,
+) -> impl futures::Stream<Item = LogEvent> {
+    stream::iter([LogEvent::Note {
+        destination: target.destination.clone(),
+        pod,
+        text,
+    }])
+}
