@@ -237,6 +237,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let state = AppState {
         dispatcher,
         auth,
+        people: Arc::new(http::viewer::NoPeople),
         metrics,
     };
     // Outermost: an overloaded server refuses before authenticating (no TokenReview spent).

@@ -147,6 +147,8 @@ pub struct AppState {
     pub dispatcher: Arc<dyn Dispatcher>,
     /// who may call
     pub auth: Arc<dyn Authenticator>,
+    /// people of the control plane (logs, pages); [`viewer::NoPeople`] without one
+    pub people: Arc<dyn viewer::People>,
     /// request and verdict metrics
     pub metrics: Arc<Metrics>,
 }

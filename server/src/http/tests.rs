@@ -154,6 +154,7 @@ fn state() -> (AppState, Arc<Scripted>) {
         AppState {
             dispatcher: d.clone(),
             auth,
+            people: Arc::new(super::viewer::NoPeople),
             metrics: Arc::new(Metrics::new()),
         },
         d,

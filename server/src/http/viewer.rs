@@ -10,10 +10,11 @@
 
 use std::net::SocketAddr;
 
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, StatusCode};
 use futures::future::BoxFuture;
 
 use super::auth::{AuthError, Principal};
+use super::{ApiFailure, AppState};
 
 /// A person of the control plane.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,15 +57,18 @@ impl Viewer {
 
 /// Identifies people and says what they may see.
 pub trait People: Send + Sync + 'static {
-    /// The person behind a request: the trusted proxy's headers (when `peer` is a trusted proxy),
-    /// else the bearer `token` reviewed by the control plane. `Ok(None)`: not a person of the
-    /// control plane (the caller may still be a service).
-    fn identify<'a>(
-        &'a self,
-        headers: &'a HeaderMap,
+    /// The person a trusted authenticating proxy vouches for: `Some` only when `peer` is one of
+    /// the configured proxy addresses and the user header is set; headers from anyone else are
+    /// ignored.
+    fn by_proxy(
+        &self,
+        headers: &HeaderMap,
         peer: Option<SocketAddr>,
-        token: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Option<Person>, AuthError>>;
+    ) -> Result<Option<Person>, AuthError>;
+
+    /// The person a bearer token of the control plane belongs to (TokenReview); `Ok(None)` when
+    /// people's tokens are not accepted here.
+    fn by_token<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Option<Person>, AuthError>>;
 
     /// Whether `person` may `get analysisruns.argoproj.io` in `namespace` on the control plane.
     fn may_see<'a>(
@@ -79,16 +83,79 @@ pub trait People: Send + Sync + 'static {
 pub struct NoPeople;
 
 impl People for NoPeople {
-    fn identify<'a>(
-        &'a self,
-        _: &'a HeaderMap,
-        _: Option<SocketAddr>,
-        _: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Option<Person>, AuthError>> {
+    fn by_proxy(&self, _: &HeaderMap, _: Option<SocketAddr>) -> Result<Option<Person>, AuthError> {
+        Ok(None)
+    }
+
+    fn by_token<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Option<Person>, AuthError>> {
         Box::pin(std::future::ready(Ok(None)))
     }
 
     fn may_see<'a>(&'a self, _: &'a Person, _: &'a str) -> BoxFuture<'a, Result<bool, AuthError>> {
         Box::pin(std::future::ready(Ok(false)))
+    }
+}
+
+/// The viewer behind a request: the person a trusted proxy names; else the bearer `token` as a
+/// service token (an agent token is refused: 403); else as a person's token of the control plane.
+/// No token, or one nobody accepts: 401.
+pub async fn identify(
+    state: &AppState,
+    headers: &HeaderMap,
+    peer: Option<SocketAddr>,
+    token: Option<&str>,
+) -> Result<Viewer, ApiFailure> {
+    let unauthenticated = |e: AuthError| {
+        let status = if matches!(e, AuthError::Unavailable(_)) {
+            StatusCode::SERVICE_UNAVAILABLE
+        } else {
+            StatusCode::UNAUTHORIZED
+        };
+        ApiFailure::new(status, "unauthenticated", e.to_string())
+    };
+    if let Some(person) = state
+        .people
+        .by_proxy(headers, peer)
+        .map_err(unauthenticated)?
+    {
+        return Ok(Viewer::Person(person));
+    }
+    let token = token.ok_or_else(|| unauthenticated(AuthError::Missing))?;
+    match state.auth.authenticate(token).await {
+        Ok(principal) if principal.destination.is_some() => Err(ApiFailure::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!(
+                "{} holds an agent token; agent tokens read no logs or pages: use a plugin or \
+                 tooling token (rollouts-dispatch token issue --project …) or your own \
+                 Kubernetes token",
+                principal.subject
+            ),
+        )),
+        Ok(principal) => Ok(Viewer::Service(principal)),
+        Err(service_refusal) => match state.people.by_token(token).await {
+            Ok(Some(person)) => Ok(Viewer::Person(person)),
+            Ok(None) => Err(unauthenticated(service_refusal)),
+            Err(e) => Err(unauthenticated(e)),
+        },
+    }
+}
+
+/// Whether `viewer` may see the runs of `namespace`: a service by its projects, a person by a
+/// SubjectAccessReview (`get analysisruns` there).
+pub async fn may_see(
+    state: &AppState,
+    viewer: &Viewer,
+    namespace: &str,
+) -> Result<bool, ApiFailure> {
+    match viewer {
+        Viewer::Service(p) => Ok(p.destination.is_none() && p.projects.allows(namespace)),
+        Viewer::Person(person) => state.people.may_see(person, namespace).await.map_err(|e| {
+            ApiFailure::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                e.to_string(),
+            )
+        }),
     }
 }

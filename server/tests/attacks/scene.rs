@@ -94,6 +94,7 @@ impl Scene {
         let state = AppState {
             dispatcher: Arc::new(dispatcher),
             auth,
+            people: Arc::new(dispatch_server::http::viewer::NoPeople),
             metrics,
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -305,6 +306,7 @@ impl ServedScene {
                 Arc::new(signer()),
             )),
             auth: Arc::new(jwt),
+            people: Arc::new(dispatch_server::http::viewer::NoPeople),
             metrics,
         };
         let tls = listener::reloading_tls_config(&files.tls_cert, &files.tls_key, RELOAD_EVERY)?;
