@@ -1,15 +1,27 @@
-# Image of the rollouts-dispatch server and agent (`rollouts-dispatch serve` / `agent`).
-# Build: docker build -t ghcr.io/rollouts-dispatch/rollouts-dispatch:0.1.0 .
-# (No Docker engine runs in this project's CI; `make dist` builds the same binaries.)
+# Image of the rollouts-dispatch server and agent (`rollouts-dispatch serve` / `agent`), for those
+# who build with Docker. `make image` builds the same image without Docker (image/build.sh: crane,
+# an empty base, one layer) and runs it from its root filesystem as uid 65532 (image/check.sh);
+# that is the image tested and shipped by `make dist`.
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked -p dispatch-server --bin rollouts-dispatch
+# Static (no libc in the image), as `make server-release` builds it.
+RUN RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked \
+      --target x86_64-unknown-linux-gnu -p dispatch-server --bin rollouts-dispatch
+RUN mkdir -p /rootfs/etc/ssl/certs /rootfs/tmp /rootfs/home/nonroot /rootfs/usr/local/bin \
+ && chmod 1777 /rootfs/tmp && chmod 0700 /rootfs/home/nonroot && chown 65532:65532 /rootfs/home/nonroot \
+ && printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' > /rootfs/etc/passwd \
+ && printf 'root:x:0:\nnonroot:x:65532:\n' > /rootfs/etc/group \
+ && printf 'hosts: files dns\n' > /rootfs/etc/nsswitch.conf \
+ && cp /etc/ssl/certs/ca-certificates.crt /rootfs/etc/ssl/certs/ \
+ && cp target/x86_64-unknown-linux-gnu/release/rollouts-dispatch /rootfs/usr/local/bin/
 
-# glibc + CA certificates, no shell, non-root (uid 65532 matches the Helm chart).
-FROM gcr.io/distroless/cc-debian12:nonroot
-COPY --from=build /src/target/release/rollouts-dispatch /usr/local/bin/rollouts-dispatch
+# Nothing but the binary, users, CA certificates; no shell; non-root (uid 65532, as the chart).
+FROM scratch
+COPY --from=build /rootfs/ /
+ENV PATH=/usr/local/bin SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
 USER 65532:65532
+WORKDIR /home/nonroot
 EXPOSE 8443 9090
 ENTRYPOINT ["/usr/local/bin/rollouts-dispatch"]
 CMD ["serve"]

@@ -77,6 +77,7 @@ include tests/k8s/k8s.mk
 include tests/tests.mk
 include charts/chart.mk
 include coverage.mk
+include image/image.mk
 
 # Release artifacts: the static plugin (what argo-rollouts-config downloads; its sha256 is what
 # Argo >= 1.8 checks), and a tarball with both binaries; SHA256SUMS covers everything.
@@ -84,13 +85,13 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
 DIST := dist
 
 .PHONY: dist
-dist: plugin-release ## release artifacts in dist/: static plugin binary + sha256, tarball of both binaries, SHA256SUMS
-	$(CARGO) build --release --locked -p dispatch-server --bin rollouts-dispatch
+dist: plugin-release image ## release artifacts in dist/: static plugin binary + sha256, tarball of both static binaries, the OCI image archive + digest, SHA256SUMS
 	@set -euo pipefail; rm -rf $(DIST); mkdir -p $(DIST)/stage; \
 	cp $(PLUGIN_BIN) $(DIST)/rollouts-dispatch-plugin-linux-amd64; \
-	cp $(PLUGIN_BIN) target/release/rollouts-dispatch README.md $(DIST)/stage/; \
+	cp $(PLUGIN_BIN) $(SERVER_BIN) README.md $(DIST)/stage/; \
 	tar -C $(DIST)/stage -czf $(DIST)/rollouts-dispatch-$(VERSION)-linux-amd64.tar.gz .; rm -rf $(DIST)/stage; \
+	cp $(IMAGE_ARCHIVE) $(DIST)/; cp $(IMAGE_DIR)/digest $(DIST)/rollouts-dispatch-$(VERSION)-image.digest; \
 	(cd $(DIST) && sha256sum rollouts-dispatch-plugin-linux-amd64 | cut -d' ' -f1 > rollouts-dispatch-plugin-linux-amd64.sha256 \
-	  && sha256sum rollouts-dispatch-plugin-linux-amd64 rollouts-dispatch-$(VERSION)-linux-amd64.tar.gz > SHA256SUMS \
+	  && sha256sum rollouts-dispatch-plugin-linux-amd64 rollouts-dispatch-$(VERSION)-linux-amd64.tar.gz $(notdir $(IMAGE_ARCHIVE)) > SHA256SUMS \
 	  && sha256sum -c --quiet SHA256SUMS); \
 	ls -l $(DIST); echo "dist: plugin sha256 for argo-rollouts-config: $$(cat $(DIST)/rollouts-dispatch-plugin-linux-amd64.sha256)"
