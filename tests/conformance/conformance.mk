@@ -41,3 +41,24 @@ bench-plugin: plugin-release ## compare the Rust plugin with the Go reference: R
 conformance-lint: ## gofmt check and go vet for the Go test module (tests/conformance)
 	@out=$$(cd $(CONFORMANCE_DIR) && gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	cd $(CONFORMANCE_DIR) && $(CONFORMANCE_GO) vet ./...
+
+# The conformance suite against the plugin client of the newest patch of every Argo Rollouts
+# minor from v1.7 (the first with metric-provider plugins' current rpc) to the newest. Each is its
+# own module file (tests/conformance/matrix/<version>.mod and .sum, `go test -modfile`), written by
+# `go mod tidy` from a require of that version alone, so the client, go-plugin and Kubernetes
+# types are the ones that release builds with. v1.9.3 and v1.10.2 declare `go 1.26.10`: they need
+# the toolchain go1.27.3, which the go command fetches from the Go module proxy.
+CONFORMANCE_MATRIX := v1.7.2:local v1.8.5:local v1.9.3:go1.27.3 v1.10.2:go1.27.3
+
+.PHONY: conformance-matrix
+conformance-matrix: plugin-release ## the conformance suite through the plugin client of Argo Rollouts v1.7.2, v1.8.5, v1.9.3 and v1.10.2; last line `conformance: v1.7=pass v1.8=pass v1.9=pass v1.10=pass`
+	@set -uo pipefail; summary=; status=0; mkdir -p $(CACHE_DIR); \
+	for entry in $(CONFORMANCE_MATRIX); do \
+	  version=$${entry%%:*}; toolchain=$${entry#*:}; minor=$$(echo $$version | cut -d. -f1,2); \
+	  log=$(CACHE_DIR)/conformance-$$version.log; \
+	  if (cd $(CONFORMANCE_DIR) && PLUGIN_BINARY=$(abspath $(PLUGIN_BIN)) GOTOOLCHAIN=$$toolchain GOFLAGS=-mod=readonly \
+	      nice -n 10 go test -modfile=matrix/$$version.mod -count=1 -v $(CONFORMANCE_FLAGS) .) > $$log 2>&1; then result=pass; \
+	  else result=fail; status=1; grep -E '^ *--- FAIL|^FAIL|panic|_test\.go:[0-9]+: ' $$log | head -20; fi; \
+	  echo "conformance-matrix: argo-rollouts $$version (toolchain $$toolchain): $$result, $$(grep -c '^ *--- PASS' $$log) passed, $$(grep -c '^ *--- FAIL' $$log) failed (log: $$log)"; \
+	  summary="$$summary $$minor=$$result"; \
+	done; echo "conformance:$$summary"; exit $$status
