@@ -50,6 +50,12 @@ pub(crate) enum UiProblem {
     )]
     TokenReviewWithoutControlPlane,
     #[error(
+        "needs `controlPlane`: what a person named by the proxy may see is decided by \
+         SubjectAccessReviews there; add `controlPlane` (`controlPlane: {{}}` in-cluster), or \
+         remove the proxy"
+    )]
+    ProxyWithoutControlPlane,
+    #[error(
         "is empty: list the proxy's addresses (IPs or CIDRs, e.g. 10.0.0.0/8); headers from any \
          other peer are ignored, so without one the proxy is never trusted"
     )]
@@ -92,6 +98,12 @@ pub(in crate::config) fn validate_ui(
         (Some(v), _) => v,
         (None, cp) => cp,
     };
+    if people.proxy.is_some() && !control_plane {
+        return Err(invalid(
+            "ui.people.proxy",
+            UiProblem::ProxyWithoutControlPlane,
+        ));
+    }
     let proxy = people.proxy.map(validate_proxy).transpose()?;
     Ok(UiConfig {
         external_url,
@@ -171,6 +183,8 @@ mod tests {
             e.contains("ui.people.tokenReview: `true` needs `controlPlane`"),
             "{e}"
         );
+        let e = parse("ui: {people: {proxy: {trustedAddresses: ['::1']}}}").unwrap_err();
+        assert!(e.contains("ui.people.proxy: needs `controlPlane`"), "{e}");
     }
 
     #[test]
@@ -197,7 +211,10 @@ mod tests {
 
     #[test]
     fn the_proxy_is_trusted_only_from_its_addresses() {
-        let c = parse("ui: {people: {proxy: {trustedAddresses: ['10.1.0.0/16', '::1']}}}").unwrap();
+        let c = parse(
+            "controlPlane: {}\nui: {people: {proxy: {trustedAddresses: ['10.1.0.0/16', '::1']}}}",
+        )
+        .unwrap();
         let p = c.ui.people.proxy.unwrap();
         assert_eq!(p.user_header, "x-forwarded-user");
         assert_eq!(p.groups_header, "x-forwarded-groups");
@@ -230,7 +247,7 @@ mod tests {
             ),
             ("ui: {externalUrl: x}", "unknown field `externalUrl`"),
         ] {
-            let e = parse(text).unwrap_err();
+            let e = parse(&format!("controlPlane: {{}}\n{text}")).unwrap_err();
             assert!(e.contains(needle), "{text}: {e}");
         }
     }
