@@ -202,7 +202,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         )
         .instrument(info_span!("admin", listen = %admin_listen)),
     );
-    let mut dispatcher = EngineDispatcher::new(engine.clone(), metrics.clone(), signer);
+    let mut dispatcher = EngineDispatcher::new(engine.clone(), metrics.clone(), signer)
+        .with_external_url(ui.external_url.clone());
     if let Some(runs) = &runs {
         dispatcher = dispatcher.with_runs(runs.clone());
     }

@@ -42,7 +42,29 @@ const GONE: &str = "Jobs are kept for jobs.ttlAfterFinished after they finish (d
                     sweep deletes those of runs completed longer ago than jobs.retention), then \
                     deleted with their pods and logs";
 
+/// What ends a measurement message when `ui.externalURL` is set: ` — logs: <url>`.
+const LINK_PREFIX: &str = " — logs: ";
+
+/// `message` ending with the address of run `namespace/name`'s page under `external_url` (run
+/// names are DNS subdomains: no escaping needed).
+pub(super) fn with_logs_link(
+    message: String,
+    external_url: &str,
+    namespace: &str,
+    name: &str,
+) -> String {
+    format!("{message}{LINK_PREFIX}{external_url}/ui/runs/{namespace}/{name}")
+}
+
 impl EngineDispatcher {
+    /// `message` with the run page's link when `ui.externalURL` is configured.
+    pub(super) fn linked(&self, run: &dispatch_api::v1::RunRef, message: String) -> String {
+        match &self.external_url {
+            Some(url) => with_logs_link(message, url, &run.namespace, &run.name),
+            None => message,
+        }
+    }
+
     /// The log stream of run `run` as `query` narrows it (see the module).
     pub(super) async fn logs_of_run(
         &self,
@@ -338,4 +360,22 @@ fn note(destination: &str, pod: Option<String>, text: String) -> BoxStream<'stat
         text,
     }])
     .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_message_ends_with_the_run_page() {
+        assert_eq!(
+            with_logs_link(
+                "cluster-a: check: exit 1".into(),
+                "https://d.example.com/dispatch",
+                "team-a",
+                "uat.01j.abc"
+            ),
+            "cluster-a: check: exit 1 — logs: https://d.example.com/dispatch/ui/runs/team-a/uat.01j.abc"
+        );
+    }
 }
