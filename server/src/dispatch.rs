@@ -21,6 +21,7 @@
 mod agent_logs;
 mod app_records;
 mod applications;
+mod run_logs;
 
 use dispatch_api::block::JobConfig;
 use dispatch_api::v1::{self as api, GcRequest, MeasurementRef, RunRef};
@@ -63,6 +64,8 @@ pub struct EngineDispatcher {
     stopping: tokio::sync::watch::Sender<bool>,
     /// the control plane's AnalysisRuns, when requests are confirmed against them
     runs: Option<Runs>,
+    /// `ui.externalURL`: every measurement message ends with the run page's address under it
+    external_url: Option<String>,
 }
 
 /// The phase of a Job for the `jobs` metric.
@@ -91,7 +94,15 @@ impl EngineDispatcher {
             signer,
             stopping: tokio::sync::watch::channel(false).0,
             runs: None,
+            external_url: None,
         }
+    }
+
+    /// Ends every measurement message with the run page under `url` (`ui.externalURL`), so
+    /// that Kargo's verification tab shows where the full logs are.
+    pub fn with_external_url(mut self, url: Option<String>) -> Self {
+        self.external_url = url;
+        self
     }
 
     /// Serves only measurement requests whose run `runs` confirms (`confirmRuns`).
@@ -377,7 +388,9 @@ impl Dispatcher for EngineDispatcher {
                 tracing::info!(run = %format!("{}/{}", req.run.namespace, req.run.name), metric = %req.metric,
                                deleted = ?report.deleted, failed = ?report.failed,
                                "a destination refused the job; the others' jobs are deleted");
-                return Err(DispatchError::Refused(ensured.verdict.message));
+                return Err(DispatchError::Refused(
+                    self.linked(&req.run, ensured.verdict.message),
+                ));
             }
             let job = ensured.job.signed(&self.signer);
             let mut metadata = ensured.verdict.metadata;
@@ -431,7 +444,9 @@ impl Dispatcher for EngineDispatcher {
             if verdict.phase != Phase::Running && !verdict.retryable {
                 self.observe_latency(&job);
             }
-            wire(verdict)
+            let mut reply = wire(verdict)?;
+            reply.message = self.linked(&req.run, reply.message);
+            Ok(reply)
         })
     }
 
@@ -533,6 +548,18 @@ impl Dispatcher for EngineDispatcher {
         req: dispatch_api::observe::SyncRequest,
     ) -> BoxFuture<'a, Result<dispatch_api::observe::ApplicationState, DispatchError>> {
         Box::pin(self.request_sync(app, req))
+    }
+
+    fn run_logs<'a>(
+        &'a self,
+        _viewer: &'a crate::http::viewer::Viewer,
+        run: crate::http::RunName,
+        query: dispatch_api::logs::LogsQuery,
+    ) -> BoxFuture<
+        'a,
+        Result<futures::stream::BoxStream<'static, dispatch_api::logs::LogEvent>, DispatchError>,
+    > {
+        Box::pin(self.logs_of_run(run, query))
     }
 
     fn agent_work<'a>(

@@ -392,6 +392,7 @@ async fn the_openapi_document_lists_exactly_the_routes() {
         agent_api::REPORT,
         dispatch_api::observe::APPLICATION,
         dispatch_api::observe::APPLICATION_SYNC,
+        dispatch_api::logs::RUN_LOGS,
     ];
     served.sort();
     assert_eq!(documented, served);

@@ -30,6 +30,7 @@ mod namespaces;
 mod observe;
 mod pending;
 mod refusals;
+mod run_logs;
 mod stage;
 mod status;
 mod world;

@@ -161,3 +161,34 @@ async fn a_lost_agent_record_is_written_again_with_its_spec_from_the_request() -
     assert!(!again.spec.delete);
     Ok(())
 }
+
+#[tokio::test]
+async fn with_ui_external_url_every_message_ends_with_the_run_page() -> Result<()> {
+    let w = World::start("").await?;
+    let d = dispatcher(&w)?.with_external_url(Some("https://dispatch.example.com".into()));
+    let link =
+        format!(" — logs: https://dispatch.example.com/ui/runs/{PROJECT}/uat.verify.refused");
+    let caller = Principal::plugin("controller");
+    // A running measurement's status message.
+    let mut m = measurement("0000aaaa-aaaa-4bbb-8ccc-000000000011", "a");
+    let ensured = d.ensure(&caller, m.clone()).await?;
+    m.metadata = ensured.metadata;
+    let v = d.status(&caller, m).await?;
+    assert!(v.message.ends_with(&link), "{v:?}");
+    // A refusal at ensure, which the plugin turns into the measurement's Error message.
+    w.api("b").refuse_with("POST", "/jobs", 403, DENIED);
+    let refused = d
+        .ensure(
+            &caller,
+            measurement("0000aaaa-aaaa-4bbb-8ccc-000000000012", "b"),
+        )
+        .await;
+    let Err(DispatchError::Refused(message)) = refused else {
+        bail!("expected a refusal, got {refused:?}");
+    };
+    assert!(
+        message.contains("images must be pinned") && message.ends_with(&link),
+        "{message}"
+    );
+    Ok(())
+}
