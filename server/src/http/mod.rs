@@ -1,6 +1,7 @@
 //! The server's `/v1` JSON API and the admin endpoints.
 //!
-//! * [`router`] builds the API (`/v1/...`, all authenticated) over a [`Dispatcher`]; the
+//! * [`router`] builds the API (`/v1/...`, all authenticated) over a [`Dispatcher`]; the log
+//!   route (`logs`) identifies people as well as services (`viewer`, [`people`]); the
 //!   measurement routes refuse agent tokens and callers not bound to the run's project
 //!   (`authz`) before the dispatcher sees the request; the Argo CD Application routes
 //!   (`applications`: read an Application, trigger its sync) likewise;
@@ -13,6 +14,8 @@ mod applications;
 pub mod auth;
 mod authz;
 mod error;
+mod logs;
+pub mod people;
 pub mod tokenreview;
 pub mod viewer;
 
@@ -29,7 +32,7 @@ use crate::runtime::metrics::{self, Metrics};
 pub use applications::AppRef;
 pub use auth::{Authenticator, Principal};
 use dispatch_api::agent::{self as agent_api, ReportReply, ReportRequest, WorkReply, WorkRequest};
-use dispatch_api::logs::{LogEvent, LogsQuery};
+use dispatch_api::logs::{self as logs_api, LogEvent, LogsQuery};
 use dispatch_api::observe::{self as observe_api, ApplicationState, SyncRequest};
 pub use error::{ApiFailure, DispatchError};
 use futures::future::BoxFuture;
@@ -100,8 +103,8 @@ pub trait Dispatcher: Send + Sync + 'static {
             app.object()
         )))))
     }
-    /// The whole log of a run's Jobs, as far as `viewer` may see it (checked by the
-    /// dispatcher: a person by SubjectAccessReview, a service by its projects).
+    /// The whole log of a run's Jobs for `viewer`, who may see the run's namespace (checked by
+    /// the route before: a person by SubjectAccessReview, a service by its projects).
     fn run_logs<'a>(
         &'a self,
         viewer: &'a viewer::Viewer,
@@ -175,7 +178,9 @@ pub const OPENAPI: &str = include_str!("openapi.json");
 
 /// Builds the `/v1` API. Every route requires a bearer token accepted by `state.auth`.
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    // The log route identifies people as well as services (`logs`), so it sits outside
+    // `require_bearer`; every other route, and the fallback, stay behind it.
+    let authenticated = Router::new()
         .route(api::ENSURE, post(ensure))
         .route(api::STATUS, post(status))
         .route(api::TERMINATE, post(terminate))
@@ -198,7 +203,10 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_bearer,
-        ))
+        ));
+    Router::new()
+        .route(logs_api::RUN_LOGS, get(logs::run_logs))
+        .merge(authenticated)
         .layer(middleware::from_fn_with_state(
             state.metrics.clone(),
             metrics::track,

@@ -48,6 +48,10 @@
 //!   unknown id uploading a pending request's log → 403/404, nothing reaches the reader; an
 //!   agent asked for a Job not of its records or outside its `--namespaces` streams nothing and
 //!   makes no call in its cluster.
+//! * [`logs`]: the log route — people without `get analysisruns` in the namespace (by
+//!   SubjectAccessReview), agent tokens, JWTs of another project → 403; proxy headers from an
+//!   untrusted address → ignored (401); `..`, `%2F` and unknown query fields → 400; no token →
+//!   401; none of them costs a destination call.
 //! * [`tls`]: plain HTTP to the TLS port, clients refusing `http://`, the agent's pinned CA,
 //!   certificate, JWT key and revocation rotation on disk without a restart.
 
@@ -71,6 +75,7 @@ mod authn;
 mod authz;
 mod budgets;
 mod deadlines;
+mod logs;
 mod namespaces;
 mod observe;
 mod podsecurity;
