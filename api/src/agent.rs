@@ -49,6 +49,31 @@ pub struct WorkReply {
     pub fingerprint: String,
     /// the records, by name
     pub jobs: Vec<WorkItem>,
+    /// logs to stream now, each `POST`ed to [`crate::logs::AGENT_LOGS`] with its id (absent for
+    /// older servers; older agents ignore it). A request stays listed until its upload starts,
+    /// so the agent skips the ids it already serves.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub logs: Vec<crate::logs::LogRequest>,
+}
+
+/// The longest line of an agent's log upload (one JSON [`crate::logs::LogEvent`]): the server
+/// cuts a longer one (a note says so); the agent cuts each line's text to stay below it.
+pub const MAX_LOG_UPLOAD_LINE: usize = 64 << 10;
+
+/// The path of [`crate::logs::AGENT_LOGS`] for `destination` and request `id`.
+pub fn logs_path(destination: &str, id: &str) -> String {
+    path(crate::logs::AGENT_LOGS, destination).replace("{id}", id)
+}
+
+/// The server's answer to a log upload.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LogUploadReply {
+    /// events handed to the reader
+    pub delivered: u64,
+    /// the reader went away before the end: stop streaming
+    #[serde(default)]
+    pub reader_gone: bool,
 }
 
 /// One record as the agent sees it.

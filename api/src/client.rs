@@ -20,6 +20,9 @@ use serde::Serialize;
 
 use crate::v1::ApiError;
 
+/// A request body, for [`ServerClient::post_stream`] (`Body::wrap_stream`: sent as it comes).
+pub use reqwest::Body;
+
 /// The largest reply body read by default: a verdict or a destination list is a few KiB.
 pub const DEFAULT_MAX_REPLY_BYTES: usize = 1 << 20;
 
@@ -168,6 +171,25 @@ impl ServerClient {
             self.http.post(format!("{}{path}", self.base)).json(body),
         )
         .await
+    }
+
+    /// `POST {base}{path}` with a streamed `body` of media type `content_type` (an agent's log
+    /// upload), allowed `timeout` in all (a followed log lasts as long as its containers run);
+    /// decodes a JSON reply or an [`ApiError`].
+    pub async fn post_stream<Resp: DeserializeOwned>(
+        &self,
+        path: &str,
+        content_type: &str,
+        body: reqwest::Body,
+        timeout: Duration,
+    ) -> Result<Resp, CallError> {
+        let req = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header(reqwest::header::CONTENT_TYPE, content_type)
+            .timeout(timeout)
+            .body(body);
+        self.send(path, req).await
     }
 
     /// `GET {base}{path}`; decodes a JSON reply or an [`ApiError`].

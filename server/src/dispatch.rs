@@ -18,7 +18,7 @@
 //! engine's redactor is empty here. A verdict that is `Error` only because a destination is
 //! unreachable becomes `503 unavailable`, which the plugin turns into a retry, not an error.
 
-mod agent_logs;
+pub mod agent_logs;
 mod app_records;
 mod applications;
 mod run_logs;
@@ -47,6 +47,7 @@ use dispatch_api::agent::{self as agent_api, ReportReply, ReportRequest, WorkRep
 use dispatch_api::state::MAX_DETAIL;
 use dispatch_api::v1::DestinationInfo;
 use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 
 /// The most long polls one agent destination may hold open on a replica. An agent holds one;
 /// a few more absorb a restart whose old poll has not timed out yet. Beyond it a poll is
@@ -66,6 +67,8 @@ pub struct EngineDispatcher {
     runs: Option<Runs>,
     /// `ui.externalURL`: every measurement message ends with the run page's address under it
     external_url: Option<String>,
+    /// log requests waiting for, or streamed by, agents (`agent_logs`)
+    logs: Arc<agent_logs::LogRelay>,
 }
 
 /// The phase of a Job for the `jobs` metric.
@@ -95,6 +98,7 @@ impl EngineDispatcher {
             stopping: tokio::sync::watch::channel(false).0,
             runs: None,
             external_url: None,
+            logs: Arc::default(),
         }
     }
 
@@ -582,14 +586,17 @@ impl Dispatcher for EngineDispatcher {
             let _ended = scopeguard(|| agent.contact(&caller.subject, -1));
             let mut changes = store.subscribe(&destination);
             let mut stopping = self.stopping.subscribe();
+            let mut asked = self.logs.subscribe();
             let wait = std::time::Duration::from_secs(u64::from(
                 req.wait_seconds.min(agent_api::MAX_WAIT_SECONDS),
             ));
             let deadline = tokio::time::Instant::now() + wait;
             loop {
                 changes.mark_unchanged();
+                asked.mark_unchanged();
                 let stop = *stopping.borrow();
                 if store.fingerprint(&destination) != req.fingerprint
+                    || self.logs.has_new(&destination)
                     || stop
                     || tokio::time::Instant::now() >= deadline
                 {
@@ -602,11 +609,13 @@ impl Dispatcher for EngineDispatcher {
                             .into_iter()
                             .map(crate::store::DispatchJob::into_work_item)
                             .collect(),
+                        logs: self.logs.for_poll(&destination),
                     });
                 }
                 tokio::select! {
                     _ = changes.changed() => {}
                     _ = stopping.changed() => {}
+                    _ = asked.changed() => {}
                     () = tokio::time::sleep_until(deadline) => {}
                 }
             }
@@ -671,6 +680,16 @@ impl Dispatcher for EngineDispatcher {
                 .count_agent_reports(&destination, u64::from(reply.accepted));
             Ok(reply)
         })
+    }
+
+    fn agent_log_upload<'a>(
+        &'a self,
+        caller: &'a Principal,
+        destination: String,
+        id: String,
+        body: BoxStream<'static, Result<bytes::Bytes, axum::Error>>,
+    ) -> BoxFuture<'a, Result<agent_api::LogUploadReply, DispatchError>> {
+        Box::pin(self.upload_log(caller, destination, id, body))
     }
 }
 

@@ -9,9 +9,11 @@
 //! namespaces and the pod security of the Job, whatever the server asks. Each pass over the work
 //! ([`work`]) skips the records whose final state the server already accepted. The records of
 //! the Application routes (read an Argo CD Application, carry out a sync order once) are
-//! served by [`sync`].
+//! served by [`sync`]. A log the server asks for in the work is checked and streamed back by
+//! [`logs`] (the cluster still needs no inbound path).
 
 mod guard;
+pub mod logs;
 mod sync;
 mod work;
 
@@ -238,10 +240,16 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         changed: Notify::new(),
         argocd_sync: opts.argocd_sync,
     });
+    let Some(kube) = engine.client_of(&destination) else {
+        bail!("the agent's own cluster {destination} is not registered");
+    };
+    let log_server =
+        logs::LogServer::new(client.clone(), kube, &destination, guard.namespaces.clone());
     let poller = tokio::spawn(
         poll(
             client.clone(),
             shared.clone(),
+            log_server,
             readiness.clone(),
             opts.poll_wait,
         )
@@ -262,6 +270,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
 async fn poll(
     client: Reloading<ServerClient>,
     shared: Arc<Shared>,
+    log_server: Arc<logs::LogServer>,
     readiness: Readiness,
     wait: Duration,
 ) {
@@ -281,6 +290,9 @@ async fn poll(
                 }
                 failures = 0;
                 readiness.set_ready();
+                if !reply.logs.is_empty() {
+                    log_server.serve(reply.logs, &reply.jobs);
+                }
                 if reply.fingerprint != fingerprint {
                     fingerprint = reply.fingerprint;
                     *shared.work.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(reply.jobs);

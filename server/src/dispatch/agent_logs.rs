@@ -1,30 +1,468 @@
 //! The log of a Job on an agent destination, streamed by its agent over its own outbound
 //! connection: the request rides on the agent's long-polled work, the agent `POST`s the lines to
 //! `/v1/agents/{destination}/logs/{id}`, and the replica holding the reader's request relays them.
+//!
+//! [`LogRelay`] holds the pending requests of this replica: a fresh unguessable id, the reader's
+//! bounded channel and whether an agent's poll has carried it yet. An open poll of the
+//! destination answers at once when a request appears ([`LogRelay::subscribe`]); a request goes
+//! away when its upload starts (the upload then owns the sender), when the reader hangs up (its
+//! stream is dropped), or after [`ANSWER_WAIT`] without an upload (a note says so).
+//!
+//! One replica only: the request lives in this replica's memory, so with the Kubernetes store and
+//! several replicas the agent must poll and upload to the replica holding it (see
+//! `docs/architecture.md`, "Logs on agent destinations").
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use bytes::{Buf, Bytes, BytesMut};
+use dispatch_api::agent::{LogUploadReply, MAX_LOG_UPLOAD_LINE};
 use dispatch_api::logs::{LogEvent, LogRequest};
 use futures::stream::{self, BoxStream, StreamExt};
+use tokio::sync::{mpsc, watch};
 
 use super::EngineDispatcher;
+use crate::destinations::Entry;
+use crate::http::{DispatchError, Principal};
+
+/// How long a request waits for its agent to start the upload before the reader gets a note.
+pub const ANSWER_WAIT: Duration = Duration::from_secs(30);
+/// Events buffered between an upload and its reader: beyond it the upload waits for the reader
+/// (backpressure), so a slow reader never makes the server hold a whole log.
+const CHANNEL: usize = 256;
+
+/// The log requests of this replica waiting for, or being served by, their agent.
+pub struct LogRelay {
+    pending: Mutex<HashMap<String, Pending>>,
+    /// bumped whenever a request is added: open polls look again
+    added: watch::Sender<u64>,
+}
+
+struct Pending {
+    destination: String,
+    request: LogRequest,
+    /// taken by the upload when it starts
+    sender: Option<mpsc::Sender<LogEvent>>,
+    /// a poll has carried it to the agent
+    handed_out: bool,
+}
+
+/// Why an upload is not accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum UploadRefused {
+    /// No pending request of that destination has that id (unknown, answered, timed out, or
+    /// another destination's).
+    #[error("no log request {id} is pending for destination {destination:?} on this server (unknown id, already answered, or the reader gave up)")]
+    Unknown {
+        /// the id
+        id: String,
+        /// the destination of the route
+        destination: String,
+    },
+}
+
+impl Default for LogRelay {
+    fn default() -> Self {
+        Self {
+            pending: Mutex::new(HashMap::new()),
+            added: watch::channel(0).0,
+        }
+    }
+}
+
+impl LogRelay {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Pending>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers `request` (its id replaced by a fresh one) for `destination`; returns the id
+    /// and the reader's end.
+    pub fn ask(
+        &self,
+        destination: &str,
+        mut request: LogRequest,
+    ) -> (String, mpsc::Receiver<LogEvent>) {
+        let id = crate::engine::applications::new_sync_id();
+        request.id = id.clone();
+        let (tx, rx) = mpsc::channel(CHANNEL);
+        self.lock().insert(
+            id.clone(),
+            Pending {
+                destination: destination.to_string(),
+                request,
+                sender: Some(tx),
+                handed_out: false,
+            },
+        );
+        self.added.send_modify(|n| *n = n.wrapping_add(1));
+        (id, rx)
+    }
+
+    /// Wakes when a request is added (any destination: the poll then looks at its own).
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.added.subscribe()
+    }
+
+    /// Whether `destination` has a request no poll has carried yet.
+    pub fn has_new(&self, destination: &str) -> bool {
+        self.lock()
+            .values()
+            .any(|p| p.destination == destination && !p.handed_out && p.sender.is_some())
+    }
+
+    /// The requests of `destination` whose upload has not started, for a poll's reply (marked
+    /// carried; they stay listed until their upload starts, in case this reply is lost).
+    pub fn for_poll(&self, destination: &str) -> Vec<LogRequest> {
+        let mut pending = self.lock();
+        let mut out: Vec<LogRequest> = pending
+            .values_mut()
+            .filter(|p| p.destination == destination && p.sender.is_some())
+            .map(|p| {
+                p.handed_out = true;
+                p.request.clone()
+            })
+            .collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    }
+
+    /// The reader's channel of request `id` of `destination`, once: the upload starts.
+    pub fn start_upload(
+        &self,
+        destination: &str,
+        id: &str,
+    ) -> Result<mpsc::Sender<LogEvent>, UploadRefused> {
+        let mut pending = self.lock();
+        let unknown = || UploadRefused::Unknown {
+            id: id.to_string(),
+            destination: destination.to_string(),
+        };
+        let p = pending
+            .get_mut(id)
+            .filter(|p| p.destination == destination)
+            .ok_or_else(unknown)?;
+        let sender = p.sender.take().ok_or_else(unknown)?;
+        pending.remove(id);
+        Ok(sender)
+    }
+
+    /// Drops request `id` unless its upload started; `true` if it was still waiting.
+    fn give_up(&self, id: &str) -> bool {
+        let mut pending = self.lock();
+        let waiting = pending.get(id).is_some_and(|p| p.sender.is_some());
+        pending.remove(id);
+        waiting
+    }
+}
+
+/// Removes its request from the relay when the reader's stream is dropped.
+struct Forget {
+    relay: Arc<LogRelay>,
+    id: String,
+}
+
+impl Drop for Forget {
+    fn drop(&mut self) {
+        self.relay.give_up(&self.id);
+    }
+}
+
+fn note(destination: &str, text: String) -> LogEvent {
+    LogEvent::Note {
+        destination: destination.to_string(),
+        pod: None,
+        text,
+    }
+}
+
+/// `time` as RFC 3339, or "never".
+fn contact(time: Option<SystemTime>) -> String {
+    time.and_then(|t| k8s_openapi::jiff::Timestamp::try_from(t).ok())
+        .map_or_else(|| "never".to_string(), |t| t.to_string())
+}
 
 impl EngineDispatcher {
-    /// The log `req` asks for, of a Job on agent destination `destination`.
-    // Not built yet: the relay (work item, upload route, replica hand-off) comes next.
-    #[allow(dead_code)]
-    pub(crate) fn agent_job_log(
+    /// The log `req` asks for, of a Job on agent destination `destination`: asked of its agent
+    /// through its work, relayed from its upload. Never fails: an agent that is not connected,
+    /// or does not start within [`ANSWER_WAIT`], is a note.
+    pub fn agent_job_log(
         &self,
         destination: &str,
         req: LogRequest,
     ) -> BoxStream<'static, LogEvent> {
-        stream::iter([LogEvent::Note {
+        let agent = match self.engine.registry().get(destination) {
+            Some(Entry::Agent(a)) => a,
+            _ => {
+                return stream::iter([note(
+                    destination,
+                    format!("{destination:?} is not an agent destination of this server"),
+                )])
+                .boxed()
+            }
+        };
+        if !agent.connected(self.engine.agent_offline_after()) {
+            return stream::iter([note(
+                destination,
+                format!(
+                    "the agent of {destination} is not connected (last contact: {}); the log of \
+                     Job {}/{} can only be read through it",
+                    contact(agent.last_contact()),
+                    req.namespace,
+                    req.job
+                ),
+            )])
+            .boxed();
+        }
+        let (id, mut rx) = self.logs.ask(destination, req.clone());
+        tracing::info!(destination, id = %id, namespace = %req.namespace, job = %req.job,
+                       follow = req.follow, "log asked of the agent");
+        let forget = Forget {
+            relay: self.logs.clone(),
+            id,
+        };
+        let destination = destination.to_string();
+        let first = async move {
+            // Until the upload starts the wait is bounded; after, the agent's stream decides.
+            let got = tokio::time::timeout(ANSWER_WAIT, rx.recv()).await;
+            let mut lead = Vec::new();
+            match got {
+                Ok(Some(ev)) => lead.push(ev),
+                Ok(None) => {}
+                Err(_) if forget.relay.give_up(&forget.id) => {
+                    lead.push(note(
+                        &destination,
+                        format!(
+                            "the agent of {destination} did not answer within {}s (last \
+                             contact: {}); is it running a version that streams logs?",
+                            ANSWER_WAIT.as_secs(),
+                            contact(agent.last_contact())
+                        ),
+                    ));
+                    return stream::iter(lead).boxed();
+                }
+                Err(_) => {}
+            }
+            let rest = stream::unfold((rx, forget), |(mut rx, forget)| async move {
+                rx.recv().await.map(|ev| (ev, (rx, forget)))
+            });
+            stream::iter(lead).chain(rest).boxed()
+        };
+        stream::once(first).flatten().boxed()
+    }
+
+    /// An agent's upload of the log request `id`: its token must be `destination`'s, the id a
+    /// pending request of that destination; the body's NDJSON events go to the reader one by
+    /// one, waiting for it when it is slow. Events are relabelled with the route's destination
+    /// (an agent speaks only for its own).
+    pub(super) async fn upload_log(
+        &self,
+        caller: &Principal,
+        destination: String,
+        id: String,
+        body: BoxStream<'static, Result<Bytes, axum::Error>>,
+    ) -> Result<LogUploadReply, DispatchError> {
+        let (agent, _store) = self.agent_for(caller, &destination)?;
+        agent.contact(&caller.subject, 0);
+        let sender = self.logs.start_upload(&destination, &id).map_err(|e| {
+            tracing::warn!(subject = %caller.subject, destination, id, "refused: log upload of no pending request");
+            DispatchError::NotFound(e.to_string())
+        })?;
+        let span = tracing::info_span!("log_upload", destination, id);
+        let reply = relay_lines(&destination, body, &sender).await;
+        span.in_scope(|| {
+            tracing::info!(
+                delivered = reply.delivered,
+                reader_gone = reply.reader_gone,
+                "log upload ended"
+            )
+        });
+        Ok(reply)
+    }
+}
+
+/// Feeds the NDJSON `body` into `sender`, line by line, each at most [`MAX_LOG_UPLOAD_LINE`].
+async fn relay_lines(
+    destination: &str,
+    mut body: BoxStream<'static, Result<Bytes, axum::Error>>,
+    sender: &mpsc::Sender<LogEvent>,
+) -> LogUploadReply {
+    let mut reply = LogUploadReply::default();
+    let mut buf = BytesMut::new();
+    // Skipping the rest of a line that was too long.
+    let mut skipping = false;
+    let send = |ev: LogEvent| {
+        let sender = sender.clone();
+        async move { sender.send(ev).await.is_ok() }
+    };
+    loop {
+        let chunk = match body.next().await {
+            Some(Ok(c)) => c,
+            Some(Err(e)) => {
+                let ev = note(destination, format!("the agent's stream broke: {e}"));
+                reply.reader_gone = !send(ev).await;
+                return reply;
+            }
+            None => break,
+        };
+        buf.extend_from_slice(&chunk);
+        while let Some(end) = buf.iter().position(|b| *b == b'\n') {
+            let line = buf.split_to(end + 1);
+            if std::mem::take(&mut skipping) {
+                continue;
+            }
+            if let Some(ev) = event(destination, &line[..end]) {
+                if !send(ev).await {
+                    reply.reader_gone = true;
+                    return reply;
+                }
+                reply.delivered += 1;
+            }
+        }
+        if buf.len() > MAX_LOG_UPLOAD_LINE {
+            buf.advance(buf.len());
+            if !skipping {
+                skipping = true;
+                let ev = note(
+                    destination,
+                    format!(
+                        "a line longer than {} KiB was cut",
+                        MAX_LOG_UPLOAD_LINE >> 10
+                    ),
+                );
+                if !send(ev).await {
+                    reply.reader_gone = true;
+                    return reply;
+                }
+            }
+        }
+    }
+    if !buf.is_empty() && !skipping {
+        if let Some(ev) = event(destination, &buf) {
+            reply.reader_gone = !send(ev).await;
+            reply.delivered += u64::from(!reply.reader_gone);
+        }
+    }
+    reply
+}
+
+/// One uploaded line as an event of `destination` (`None`: blank); a line that is no event
+/// becomes a note.
+fn event(destination: &str, line: &[u8]) -> Option<LogEvent> {
+    if line.iter().all(u8::is_ascii_whitespace) {
+        return None;
+    }
+    Some(match serde_json::from_slice::<LogEvent>(line) {
+        Ok(LogEvent::Line {
+            pod,
+            container,
+            text,
+            ..
+        }) => LogEvent::Line {
             destination: destination.to_string(),
-            pod: None,
-            text: format!(
-                "the log of Job {}/{} is on an agent destination, whose logs this server does \
-                 not relay yet",
-                req.namespace, req.job
-            ),
-        }])
-        .boxed()
+            pod,
+            container,
+            text,
+        },
+        Ok(LogEvent::Note { pod, text, .. }) => LogEvent::Note {
+            destination: destination.to_string(),
+            pod,
+            text,
+        },
+        Err(e) => note(
+            destination,
+            format!("the agent sent a line that is not a log event: {e}"),
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(parts: Vec<&'static [u8]>) -> BoxStream<'static, Result<Bytes, axum::Error>> {
+        stream::iter(parts.into_iter().map(|p| Ok(Bytes::from_static(p)))).boxed()
+    }
+
+    async fn relayed(parts: Vec<&'static [u8]>) -> (LogUploadReply, Vec<LogEvent>) {
+        let (tx, mut rx) = mpsc::channel(CHANNEL);
+        let reply = relay_lines("edge", body(parts), &tx).await;
+        drop(tx);
+        let mut out = Vec::new();
+        while let Some(ev) = rx.recv().await {
+            out.push(ev);
+        }
+        (reply, out)
+    }
+
+    #[tokio::test]
+    async fn lines_split_across_chunks_arrive_whole_and_relabelled() {
+        let (reply, events) = relayed(vec![
+            br#"{"kind":"line","destination":"other","pod":"p","container":"c","text":"o"#,
+            b"ne\"}\n\n{\"kind\":\"note\",\"destination\":\"x\",\"text\":\"end\"}",
+        ])
+        .await;
+        assert_eq!(reply.delivered, 2);
+        assert_eq!(
+            events,
+            vec![
+                LogEvent::Line {
+                    destination: "edge".into(),
+                    pod: "p".into(),
+                    container: "c".into(),
+                    text: "one".into()
+                },
+                note("edge", "end".into())
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_line_too_long_is_cut_with_a_note_and_the_next_line_still_arrives() {
+        let long: &'static [u8] =
+            Box::leak(vec![b'x'; MAX_LOG_UPLOAD_LINE + 10].into_boxed_slice());
+        let (_, events) = relayed(vec![
+            long,
+            b"yyy\n",
+            br#"{"kind":"note","destination":"edge","text":"after"}"#,
+            b"\nnot json\n",
+        ])
+        .await;
+        assert_eq!(events.len(), 3, "{events:?}");
+        assert!(events[0].to_text().contains("longer than 64 KiB was cut"));
+        assert_eq!(events[1], note("edge", "after".into()));
+        assert!(events[2].to_text().contains("not a log event"));
+    }
+
+    #[tokio::test]
+    async fn a_request_is_handed_out_until_its_upload_starts_then_only_once() {
+        let relay = LogRelay::default();
+        let req = LogRequest {
+            id: String::new(),
+            namespace: "verify".into(),
+            job: "j".into(),
+            container: None,
+            follow: false,
+        };
+        let (id, _rx) = relay.ask("edge", req);
+        assert_eq!(id.len(), 32, "128 random bits: {id}");
+        assert!(relay.has_new("edge") && !relay.has_new("other"));
+        assert_eq!(relay.for_poll("edge")[0].id, id);
+        assert!(
+            !relay.has_new("edge"),
+            "carried: a poll does not answer at once again"
+        );
+        assert_eq!(
+            relay.for_poll("edge").len(),
+            1,
+            "listed until the upload starts"
+        );
+        assert!(
+            relay.start_upload("other", &id).is_err(),
+            "another destination's route"
+        );
+        assert!(relay.start_upload("edge", &id).is_ok());
+        assert!(relay.start_upload("edge", &id).is_err(), "only one upload");
+        assert!(relay.for_poll("edge").is_empty());
     }
 }

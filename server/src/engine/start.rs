@@ -287,6 +287,15 @@ impl Engine {
         &self.inner.registry
     }
 
+    /// The client of the usable direct destination `name` (the agent's own cluster, read by
+    /// its log streams).
+    pub fn client_of(&self, name: &str) -> Option<kube::Client> {
+        match self.registry().get(name) {
+            Some(Entry::Ready(d)) => Some(d.client().clone()),
+            _ => None,
+        }
+    }
+
     /// The policy in force.
     pub fn policy(&self) -> &Policy {
         &self.inner.policy

@@ -129,6 +129,20 @@ pub trait Dispatcher: Send + Sync + 'static {
             "{destination} is not an agent destination of this server"
         )))))
     }
+    /// An agent's upload of the log it was asked for (request `id`), NDJSON [`LogEvent`]s read
+    /// as they come: relayed to the reader, waiting for it when it is slow.
+    fn agent_log_upload<'a>(
+        &'a self,
+        caller: &'a Principal,
+        destination: String,
+        id: String,
+        body: BoxStream<'static, Result<axum::body::Bytes, axum::Error>>,
+    ) -> BoxFuture<'a, Result<agent_api::LogUploadReply, DispatchError>> {
+        let _ = (caller, id, body);
+        Box::pin(std::future::ready(Err(DispatchError::NotFound(format!(
+            "{destination} is not an agent destination of this server"
+        )))))
+    }
     /// An agent's observations of its destination's Jobs.
     fn agent_report<'a>(
         &'a self,
@@ -178,6 +192,12 @@ pub fn router(state: AppState) -> Router {
         )
         .route(agent_api::WORK, post(agent_work))
         .route(agent_api::REPORT, post(agent_report))
+        // A log upload is as long as the log: read as a stream, never buffered, so MAX_BODY
+        // does not apply (each line is bounded by the dispatcher instead).
+        .route(
+            dispatch_api::logs::AGENT_LOGS,
+            post(agent_log_upload).layer(DefaultBodyLimit::disable()),
+        )
         .route("/v1/openapi.json", get(openapi))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(
@@ -285,6 +305,21 @@ async fn agent_report(
 ) -> Result<Json<ReportReply>, ApiFailure> {
     Ok(Json(
         s.dispatcher.agent_report(&caller, destination, req).await?,
+    ))
+}
+
+async fn agent_log_upload(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    Path((destination, id)): Path<(String, String)>,
+    body: axum::body::Body,
+) -> Result<Json<agent_api::LogUploadReply>, ApiFailure> {
+    use futures::StreamExt;
+    let body = body.into_data_stream().boxed();
+    Ok(Json(
+        s.dispatcher
+            .agent_log_upload(&caller, destination, id, body)
+            .await?,
     ))
 }
 

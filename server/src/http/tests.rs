@@ -100,6 +100,15 @@ impl Dispatcher for Scripted {
     ) -> BoxFuture<'a, Result<ReportReply, DispatchError>> {
         Box::pin(async { Ok(ReportReply::default()) })
     }
+    fn agent_log_upload<'a>(
+        &'a self,
+        _: &'a Principal,
+        _: String,
+        _: String,
+        _: futures::stream::BoxStream<'static, Result<axum::body::Bytes, axum::Error>>,
+    ) -> BoxFuture<'a, Result<agent_api::LogUploadReply, DispatchError>> {
+        Box::pin(async { Ok(agent_api::LogUploadReply::default()) })
+    }
     fn destinations(&self) -> Vec<DestinationInfo> {
         vec![DestinationInfo {
             name: "a".into(),
@@ -390,6 +399,7 @@ async fn the_openapi_document_lists_exactly_the_routes() {
         "/v1/openapi.json",
         agent_api::WORK,
         agent_api::REPORT,
+        dispatch_api::logs::AGENT_LOGS,
         dispatch_api::observe::APPLICATION,
         dispatch_api::observe::APPLICATION_SYNC,
         dispatch_api::logs::RUN_LOGS,

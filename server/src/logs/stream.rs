@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use dispatch_api::logs::LogEvent;
 use futures::stream::{self, BoxStream, StreamExt};
-use futures::AsyncBufReadExt;
+use futures::{AsyncBufRead, AsyncBufReadExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, LogParams};
 
@@ -25,6 +25,11 @@ use super::Redactor;
 const JOB_NAME_LABEL: &str = "job-name";
 /// How often a container still waiting to start is asked again when following.
 const WAITING_POLL: Duration = Duration::from_secs(1);
+/// The longest line kept: the rest of a longer one is dropped (marked [`CUT`]), so that a
+/// container printing megabytes without a newline cannot make the server or the agent hold them.
+pub const MAX_LINE: usize = 32 << 10;
+/// What ends a line cut at [`MAX_LINE`].
+pub const CUT: &str = " …[line cut]";
 
 /// Which Job's log, and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,7 +133,7 @@ fn container_log(
         async move {
             loop {
                 match pods.log_stream(&pod, &params).await {
-                    Ok(reader) => return Ok(reader.lines()),
+                    Ok(reader) => return Ok(bounded_lines(Box::pin(reader))),
                     Err(e) if target.follow && is_waiting(&e) => {
                         tokio::time::sleep(WAITING_POLL).await;
                     }
@@ -172,6 +177,46 @@ fn container_log(
         .boxed()
 }
 
+/// The lines of `reader` (without `\n` or `\r\n`; invalid UTF-8 replaced), each at most
+/// [`MAX_LINE`] bytes: the rest of a longer line is skipped, never held.
+fn bounded_lines(
+    reader: std::pin::Pin<Box<dyn AsyncBufRead + Send>>,
+) -> BoxStream<'static, std::io::Result<String>> {
+    stream::unfold(Some(reader), |reader| async move {
+        let mut reader = reader?;
+        let mut line = Vec::new();
+        let mut cut = false;
+        loop {
+            let buf = match reader.fill_buf().await {
+                Ok(buf) => buf,
+                Err(e) => return Some((Err(e), None)),
+            };
+            if buf.is_empty() {
+                return (!line.is_empty() || cut).then(|| (Ok(finish(&line, cut)), None));
+            }
+            let newline = buf.iter().position(|b| *b == b'\n');
+            let take = newline.unwrap_or(buf.len());
+            let room = MAX_LINE.saturating_sub(line.len());
+            cut |= take > room;
+            line.extend_from_slice(&buf[..take.min(room)]);
+            reader.consume_unpin(take + usize::from(newline.is_some()));
+            if newline.is_some() {
+                return Some((Ok(finish(&line, cut)), Some(reader)));
+            }
+        }
+    })
+    .boxed()
+}
+
+fn finish(line: &[u8], cut: bool) -> String {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let mut text = String::from_utf8_lossy(line).into_owned();
+    if cut {
+        text.push_str(CUT);
+    }
+    text
+}
+
 /// Whether `pods/log` refused because the container has not started yet (HTTP 400 "… is
 /// waiting to start" or "PodInitializing"), which a follower waits out.
 fn is_waiting(e: &kube::Error) -> bool {
@@ -194,4 +239,34 @@ fn note(
         pod,
         text,
     }])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn lines_of(text: Vec<u8>) -> Vec<String> {
+        let reader = futures::io::Cursor::new(text);
+        bounded_lines(Box::pin(futures::io::BufReader::with_capacity(7, reader)))
+            .map(|l| l.expect("a cursor does not fail"))
+            .collect()
+            .await
+    }
+
+    #[tokio::test]
+    async fn lines_are_split_and_a_long_one_is_cut_without_holding_it() {
+        assert_eq!(
+            lines_of(b"a\r\nbb\n\nlast".to_vec()).await,
+            ["a", "bb", "", "last"]
+        );
+        assert!(lines_of(Vec::new()).await.is_empty());
+        let mut long = vec![b'x'; MAX_LINE * 3];
+        long.extend_from_slice(b"\nnext\n\xff\n");
+        let lines = lines_of(long).await;
+        assert_eq!(lines.len(), 3);
+        assert_eq!(lines[0].len(), MAX_LINE + CUT.len());
+        assert!(lines[0].ends_with(CUT));
+        assert_eq!(lines[1], "next");
+        assert_eq!(lines[2], "\u{fffd}");
+    }
 }

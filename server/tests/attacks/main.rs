@@ -44,6 +44,10 @@
 //! * [`sync`]: the Application read and sync trigger — agent tokens, another project's
 //!   Application, a destination without `applicationSync`, names leaving the namespace, bad
 //!   bodies, no token → 403/400/401, no destination call; the genuine sync patches once.
+//! * [`agent_logs`]: the agent log relay — another destination's agent, a plugin token or an
+//!   unknown id uploading a pending request's log → 403/404, nothing reaches the reader; an
+//!   agent asked for a Job not of its records or outside its `--namespaces` streams nothing and
+//!   makes no call in its cluster.
 //! * [`logs`]: the log route — people without `get analysisruns` in the namespace (by
 //!   SubjectAccessReview), agent tokens, JWTs of another project → 403; proxy headers from an
 //!   untrusted address → ignored (401); `..`, `%2F` and unknown query fields → 400; no token →
@@ -51,6 +55,9 @@
 //! * [`tls`]: plain HTTP to the TLS port, clients refusing `http://`, the agent's pinned CA,
 //!   certificate, JWT key and revocation rotation on disk without a restart.
 
+#[path = "../engine_fast/agent_rig.rs"]
+#[allow(dead_code)]
+mod agent_rig;
 #[path = "../engine_fast/cluster_side.rs"]
 #[allow(dead_code)]
 mod cluster_side;
@@ -62,6 +69,7 @@ mod fake_api;
 mod world;
 
 mod adoption;
+mod agent_logs;
 mod argocd;
 mod authn;
 mod authz;

@@ -13,7 +13,10 @@
 //! cannot: a real API server's validation and RBAC, the Job controller, Pods that really run,
 //! ServiceAccount tokens and TLS.
 
+mod agent_logs;
 mod agent_loop;
+#[allow(dead_code)]
+mod agent_rig;
 mod agents;
 mod applications;
 mod cleanup;
