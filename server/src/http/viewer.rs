@@ -16,6 +16,9 @@ use futures::future::BoxFuture;
 use super::auth::{AuthError, Principal};
 use super::{ApiFailure, AppState};
 
+/// The browser session cookie of the pages (value: the bearer token; HttpOnly, SameSite=Strict).
+pub const SESSION_COOKIE: &str = "rollouts-dispatch-session";
+
 /// A person of the control plane.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Person {
