@@ -46,6 +46,9 @@
 //!   bodies, no token → 403/400/401, no destination call; the genuine sync patches once.
 //! * [`tls`]: plain HTTP to the TLS port, clients refusing `http://`, the agent's pinned CA,
 //!   certificate, JWT key and revocation rotation on disk without a restart.
+//! * [`ui`]: the pages for people — no session → login; another project's run → 403 and not
+//!   listed; an agent token as session or login → 403, no cookie; a cross-site login → 403; a
+//!   hostile run message escaped under a strict Content-Security-Policy.
 
 #[path = "../engine_fast/cluster_side.rs"]
 #[allow(dead_code)]
@@ -73,3 +76,4 @@ mod secrets;
 mod sync;
 mod tally;
 mod tls;
+mod ui;
