@@ -154,6 +154,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     } = args;
     let config = config.load()?;
     let confirm_runs = config.confirm_runs;
+    let ui = config.ui.clone();
     let signer = Arc::new(signer(&signing_key_files, &jwt_key_files)?);
     info!(key_ids = %signer.key_ids().join(","), "Job references are signed");
     let callers = config
@@ -188,6 +189,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     let engine = Engine::start(config).await?;
     let runs = confirming_runs(confirm_runs, &engine).await?;
+    let people = people(&ui.people, &engine).await?;
     let shutdown = shutdown_signal();
     // The admin port stays plain HTTP: kubelet probes and Prometheus scrape it from inside the
     // cluster network, and it carries no token and no secret (liveness, readiness, counters).
@@ -237,7 +239,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let state = AppState {
         dispatcher,
         auth,
-        people: Arc::new(http::viewer::NoPeople),
+        people,
         metrics,
     };
     // Outermost: an overloaded server refuses before authenticating (no TokenReview spent).
@@ -308,6 +310,31 @@ pub async fn confirming_runs(
     )?;
     info!("measurement requests are confirmed against the control plane's AnalysisRuns");
     Ok(Some(Runs::watch(client)))
+}
+
+/// The people of the control plane who may read logs and pages (`ui.people`): their tokens
+/// reviewed and their access decided by its apiserver; [`http::viewer::NoPeople`] when the config
+/// accepts none (no `controlPlane`, or `tokenReview: false` and no proxy).
+pub async fn people(
+    config: &crate::config::PeopleConfig,
+    engine: &Engine,
+) -> anyhow::Result<Arc<dyn http::viewer::People>> {
+    if !config.token_review && config.proxy.is_none() {
+        info!("people are not recognised (ui.people): only service tokens read logs and pages");
+        return Ok(Arc::new(http::viewer::NoPeople));
+    }
+    let client = engine.control_plane_client().await.context(
+        "`ui.people` reviews people's tokens and access on the control plane: fix          `controlPlane`, or set `ui.people.tokenReview: false` and remove `ui.people.proxy`",
+    )?;
+    info!(
+        token_review = config.token_review,
+        proxy = config.proxy.is_some(),
+        "people of the control plane may read the logs of the runs they may get"
+    );
+    Ok(Arc::new(http::people::ControlPlanePeople::new(
+        client,
+        config.clone(),
+    )))
 }
 
 /// The signer of Job references: the `--signing-key-file` keys, else one derived from each JWT

@@ -37,6 +37,11 @@
 //! engine: {connectTimeout: 5s, requestTimeout: 20s}
 //! confirmRuns: true                  # default with controlPlane: only runs that exist are served
 //! jobs: {ttlAfterFinished: 1h, retention: 24h}   # Job TTL unless the template sets one; sweep
+//! ui:                                # the log API and pages for people
+//!   externalURL: https://dispatch.example.com   # measurement messages end with the run page's URL
+//!   people:
+//!     tokenReview: true              # default with controlPlane: people's Kubernetes tokens
+//!     proxy: {trustedAddresses: [10.0.0.0/8], userHeader: X-Forwarded-User, groupsHeader: X-Forwarded-Groups}
 //! agents:                            # destinations reached through `rollouts-dispatch agent`
 //!   store: kubernetes                # memory (default, one replica) | kubernetes (DispatchJobs)
 //!   namespace: rollouts-dispatch     # of the DispatchJobs; default $POD_NAMESPACE
@@ -119,6 +124,98 @@ pub struct ServerConfig {
     /// globs over the destinations whose Argo CD Applications the API may sync
     /// (`applicationSync.destinations`; empty: none, the sync trigger answers 403)
     pub application_sync: Vec<String>,
+    /// the log API and pages for people (`ui:`)
+    pub ui: UiConfig,
+}
+
+/// The log API and pages for people (`ui:`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct UiConfig {
+    /// where people reach the pages (`ui.externalURL`, absolute http(s), no query, no trailing
+    /// `/`): each measurement message ends with the run page's address under it
+    pub external_url: Option<String>,
+    /// who people are
+    pub people: PeopleConfig,
+}
+
+/// How people of the control plane are recognised (`ui.people`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PeopleConfig {
+    /// accept people's Kubernetes bearer tokens, reviewed by the control plane's apiserver
+    /// (`ui.people.tokenReview`; default true when `controlPlane` is set)
+    pub token_review: bool,
+    /// an authenticating proxy (oauth2-proxy) whose user and group headers are trusted
+    pub proxy: Option<ProxyConfig>,
+}
+
+/// An authenticating proxy in front of the server (`ui.people.proxy`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyConfig {
+    /// the proxy's addresses: headers from any other peer are ignored (never empty)
+    pub trusted_addresses: Vec<AddressRange>,
+    /// the header naming the user (default `X-Forwarded-User`), lowercase
+    pub user_header: String,
+    /// the header listing the user's groups, comma-separated (default `X-Forwarded-Groups`),
+    /// lowercase
+    pub groups_header: String,
+}
+
+/// An IP address or a CIDR block (`10.0.0.0/8`, `fd00::/8`, `127.0.0.1`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AddressRange {
+    /// the network address (host bits cleared)
+    pub network: std::net::IpAddr,
+    /// the prefix length (32 or 128 for one address)
+    pub prefix: u8,
+}
+
+impl AddressRange {
+    /// Parses `a.b.c.d`, `a.b.c.d/n`, an IPv6 address or `v6/n`; `None` when it is neither.
+    pub fn parse(s: &str) -> Option<Self> {
+        let (addr, prefix) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p.parse::<u8>().ok()?)),
+            None => (s, None),
+        };
+        let network: std::net::IpAddr = addr.parse().ok()?;
+        let max = if network.is_ipv4() { 32 } else { 128 };
+        let prefix = prefix.unwrap_or(max);
+        if prefix > max {
+            return None;
+        }
+        let range = Self { network, prefix };
+        Some(Self {
+            network: range.masked(network),
+            prefix,
+        })
+    }
+
+    /// `ip` with the bits past the prefix cleared.
+    fn masked(&self, ip: std::net::IpAddr) -> std::net::IpAddr {
+        use std::net::IpAddr;
+        match ip {
+            IpAddr::V4(v4) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                IpAddr::V4((u32::from(v4) & mask).into())
+            }
+            IpAddr::V6(v6) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                IpAddr::V6((u128::from(v6) & mask).into())
+            }
+        }
+    }
+
+    /// Whether `ip` is in the range (an IPv4-mapped IPv6 peer counts as its IPv4 address).
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        let ip = match ip {
+            std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
+            v4 => v4,
+        };
+        ip.is_ipv4() == self.network.is_ipv4() && self.masked(ip) == self.network
+    }
 }
 
 /// Whether the server confirms, on every measurement request, that the run it names exists on
@@ -392,6 +489,7 @@ impl ServerConfig {
             confirm_runs: ConfirmRuns::NoControlPlane,
             jobs: JobsSettings::default(),
             application_sync: Vec::new(),
+            ui: UiConfig::default(),
         }
     }
 

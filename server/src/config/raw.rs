@@ -126,6 +126,8 @@ pub(crate) enum Problem {
         dispatch_api::format_go_duration(*max)
     )]
     DeadlineOverMax { deadline: Duration, max: Duration },
+    #[error(transparent)]
+    Ui(#[from] ui::UiProblem),
 }
 
 /// Why a string cannot be a destination name ([`check_destination_name`]).
@@ -168,6 +170,7 @@ pub(super) struct RawConfig {
     confirm_runs: Option<bool>,
     jobs: Option<RawJobs>,
     application_sync: Option<RawApplicationSync>,
+    ui: Option<RawUi>,
 }
 
 #[derive(Deserialize)]
@@ -347,6 +350,7 @@ impl RawConfig {
                 ))
             }
         };
+        let has_control_plane = self.control_plane.is_some();
         let control_plane = match self.control_plane {
             None => Access::Infer,
             Some(a) => a.validate("controlPlane", true)?,
@@ -505,6 +509,7 @@ impl RawConfig {
             confirm_runs,
             jobs,
             application_sync,
+            ui: validate_ui(self.ui, has_control_plane)?,
         })
     }
 }
@@ -732,9 +737,11 @@ fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), InvalidLabel> {
 
 mod durations;
 mod namespaces;
+mod ui;
 use durations::{validate_engine, validate_jobs, RawEngine, RawJobs};
 use namespaces::check_namespace;
 pub use namespaces::{check_namespaces, InvalidNamespace, InvalidNamespaces};
+use ui::{validate_ui, RawUi};
 
 #[cfg(test)]
 mod tests;

@@ -81,6 +81,7 @@ pub fn reference() -> Vec<FieldDoc> {
         f("confirmRuns", "bool", Value("true"), "with `controlPlane`: every measurement request (run, resume, terminate, garbage collection) is served only when its AnalysisRun exists on the control plane with that namespace, name and uid and has that metric with the rollouts-dispatch/job plugin, from a watch of analysisruns (needs list and watch on `analysisruns.argoproj.io` there; until the watch has listed them, requests are answered 503 and retried). Without `controlPlane` runs are not confirmed (logged at start, shown by `doctor`), and `true` is an error; `false` turns it off"),
         f("jobs", "object", Unset("the defaults below"), "how long our Jobs stay once done"),
         f("applicationSync", "object", Unset("unset: no Application may be synced through the API"), "the sync trigger of Argo CD Applications (`POST /v1/destinations/{d}/applications/{ns}/{name}:sync`, for Kargo's `http` step); reading an Application (`GET`) needs only the policy"),
+        f("ui", "object", Unset("the defaults below"), "the full logs of runs for people (`GET /v1/runs/{namespace}/{name}/logs`, `rollouts-dispatch logs`, the `/ui` pages): who people are, and where the pages are"),
     ];
     for (key, ty, default, description) in ACCESS_FIELDS {
         docs.push(f(&format!("controlPlane.{key}"), ty, default, description));
@@ -130,6 +131,13 @@ pub fn reference() -> Vec<FieldDoc> {
         f("agents.destinations[].labels", "string map", Unset("no labels"), "labels for `destinationSelector`"),
         f("agents.destinations[].namespace", "string", Value("default"), "default namespace of Jobs there"),
         f("applicationSync.destinations", "list of globs", Unset("none: every sync is refused (403 naming this key)"), "globs (`*`, `?`) over the destinations whose Applications a plugin token may sync (on top of `policy.rules`: project × destination × the Application's namespace). The server patches the Application itself on a direct destination (needs `patch` on `applications.argoproj.io` there); an agent destination's agent does it, only when started with `--argocd-sync`"),
+        f("ui.externalURL", "string", Unset("no link in messages"), "where people open the pages (absolute `http(s)://` URL, no query): every measurement message ends with ` — logs: <externalURL>/ui/runs/<namespace>/<name>`, so Kargo's verification tab shows where the full logs are"),
+        f("ui.people", "object", Unset("the defaults below"), "how people of the control plane are recognised; what a person sees is what a SubjectAccessReview allows (`get analysisruns.argoproj.io` in the run's namespace on the control plane)"),
+        f("ui.people.tokenReview", "bool", Value("true"), "with `controlPlane`: accept people's Kubernetes bearer tokens of the control plane (TokenReview without audiences: the apiserver's own, e.g. `kubectl create token`); needs `create` on `tokenreviews` and `subjectaccessreviews` there. Without `controlPlane` the default is false and `true` is an error"),
+        f("ui.people.proxy", "object", Unset("unset: no proxy is trusted, user headers are ignored"), "an authenticating proxy in front of the server (oauth2-proxy with `--pass-user-headers`) whose user and group headers name the person; needs `controlPlane`"),
+        f("ui.people.proxy.trustedAddresses", "list of strings", Required, "the proxy's IP addresses or CIDR blocks (`10.0.0.0/8`); the headers of any other peer are ignored (logged at debug)"),
+        f("ui.people.proxy.userHeader", "string", Value("X-Forwarded-User"), "the header naming the Kubernetes user"),
+        f("ui.people.proxy.groupsHeader", "string", Value("X-Forwarded-Groups"), "the header listing the user's groups, comma-separated"),
         f("jobs.ttlAfterFinished", "duration", Value("1h"), "`spec.ttlSecondsAfterFinished` of every Job whose template sets none (the template's wins): the destination deletes the Job and its Pods this long after it finished; at least 1m, long enough that the verdict is read first"),
         f("jobs.retention", "duration", Value("24h"), "the orphan sweep (`serve --sweep-orphans-every`) deletes the Jobs and agent records of AnalysisRuns that completed longer ago than this, as well as those of deleted runs; the same loop, with `agents` and no control plane too, asks agents to delete the Jobs of records whose final state was reported longer ago than this (but never sooner than `engine.maxMeasurementDeadline` + `engine.deadlineGrace`); at least 1m"),
     ]);
@@ -391,6 +399,7 @@ policy: {rules: [{projects: [p], destinations: [d]}]}
 engine: {}
 agents: {destinations: [{name: e}]}
 jobs: {}
+ui: {people: {proxy: {trustedAddresses: ["10.0.0.1"]}}}
 "#,
             "test",
         )
@@ -447,6 +456,13 @@ jobs: {}
                 "agents.destinations[].namespace" => v == agents.destinations[0].namespace,
                 "jobs.ttlAfterFinished" => dur(v) == c.jobs.ttl_after_finished,
                 "jobs.retention" => dur(v) == c.jobs.retention,
+                "ui.people.tokenReview" => v == c.ui.people.token_review.to_string(),
+                "ui.people.proxy.userHeader" => {
+                    v.eq_ignore_ascii_case(&c.ui.people.proxy.as_ref().unwrap().user_header)
+                }
+                "ui.people.proxy.groupsHeader" => {
+                    v.eq_ignore_ascii_case(&c.ui.people.proxy.as_ref().unwrap().groups_header)
+                }
                 other => panic!(
                     "{other}: documented default {v} is checked by no test; add it to \
                      documented_defaults_are_what_parse_applies"
@@ -459,7 +475,7 @@ jobs: {}
             );
             checked += 1;
         }
-        assert_eq!(checked, 23);
+        assert_eq!(checked, 26);
         // without a file, or without an `engine:` section, the engine defaults are the same
         assert_eq!(ServerConfig::embedded_default().engine, c.engine);
         assert_eq!(ServerConfig::parse("", "test").unwrap().engine, c.engine);

@@ -22,6 +22,8 @@ impl Engine {
             confirm_runs: _,
             jobs,
             application_sync,
+            // read by `serve` (people, the log API) and the dispatcher (the verdict's link)
+            ui: _,
         } = config;
         let policy = Policy::new(policy.as_ref(), &origin);
         if let Some(w) = policy.warning() {

@@ -357,14 +357,9 @@ impl Authenticator for Chain {
     }
 }
 
-/// Middleware: rejects requests without an accepted bearer token; adds the [`Principal`].
-pub async fn require_bearer(
-    State(state): State<AppState>,
-    mut req: Request,
-    next: Next,
-) -> Response {
-    let token = req
-        .headers()
+/// The token of `Authorization: Bearer <token>`, if any.
+pub fn bearer_token(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| {
@@ -372,7 +367,16 @@ pub async fn require_bearer(
                 .or_else(|| v.strip_prefix("bearer "))
         })
         .map(str::trim)
-        .filter(|t| !t.is_empty());
+        .filter(|t| !t.is_empty())
+}
+
+/// Middleware: rejects requests without an accepted bearer token; adds the [`Principal`].
+pub async fn require_bearer(
+    State(state): State<AppState>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let token = bearer_token(req.headers());
     let result = match token {
         None => Err(AuthError::Missing),
         Some(t) => state.auth.authenticate(t).await,

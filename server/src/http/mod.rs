@@ -14,6 +14,7 @@ mod applications;
 pub mod auth;
 mod authz;
 mod error;
+pub mod people;
 pub mod tokenreview;
 pub mod ui;
 pub mod viewer;

@@ -16,8 +16,24 @@ use futures::future::BoxFuture;
 use super::auth::{AuthError, Principal};
 use super::{ApiFailure, AppState};
 
-/// The browser session cookie of the pages (value: the bearer token; HttpOnly, SameSite=Strict).
+/// The browser session cookie: its value is the bearer token the login page was given
+/// (HttpOnly, SameSite=Strict, Secure over TLS, Path=/).
 pub const SESSION_COOKIE: &str = "rollouts-dispatch-session";
+
+/// The bearer token of a request: `Authorization: Bearer …`, else the [`SESSION_COOKIE`].
+pub fn request_token(headers: &HeaderMap) -> Option<&str> {
+    super::auth::bearer_token(headers).or_else(|| {
+        headers
+            .get_all(axum::http::header::COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(';'))
+            .filter_map(|c| c.trim().split_once('='))
+            .find(|(name, _)| *name == SESSION_COOKIE)
+            .map(|(_, value)| value.trim().trim_matches('"'))
+            .filter(|t| !t.is_empty())
+    })
+}
 
 /// A person of the control plane.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -160,5 +176,34 @@ pub async fn may_see(
                 e.to_string(),
             )
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::{HeaderMap, HeaderValue};
+
+    use super::*;
+
+    #[test]
+    fn the_token_is_the_bearer_else_the_session_cookie() {
+        let mut h = HeaderMap::new();
+        assert_eq!(request_token(&h), None);
+        h.append(
+            axum::http::header::COOKIE,
+            HeaderValue::from_static("theme=dark; rollouts-dispatch-session=from-cookie"),
+        );
+        assert_eq!(request_token(&h), Some("from-cookie"));
+        h.insert(
+            axum::http::header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer from-header"),
+        );
+        assert_eq!(request_token(&h), Some("from-header"));
+        let mut other = HeaderMap::new();
+        other.insert(
+            axum::http::header::COOKIE,
+            HeaderValue::from_static("rollouts-dispatch-sessionx=no; session=no"),
+        );
+        assert_eq!(request_token(&other), None);
     }
 }

@@ -178,7 +178,15 @@ pub async fn serve_limited(
             async move {
                 // Held until the connection ends.
                 let _slot = slot;
-                let service = hyper::service::service_fn(move |req| app.clone().call(req));
+                // The peer reaches the handlers as axum's `ConnectInfo` (a trusted proxy is
+                // recognised by its address: `http::people`).
+                let service = hyper::service::service_fn(
+                    move |mut req: hyper::Request<hyper::body::Incoming>| {
+                        req.extensions_mut()
+                            .insert(axum::extract::ConnectInfo(peer));
+                        app.clone().call(req)
+                    },
+                );
                 let mut builder = auto::Builder::new(TokioExecutor::new());
                 // A client that trickles its headers (slowloris) is cut off instead of holding a task.
                 builder

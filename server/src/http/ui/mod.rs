@@ -84,19 +84,6 @@ fn peer_of(peer: Peer) -> Option<SocketAddr> {
     peer.map(|Extension(ConnectInfo(addr))| addr)
 }
 
-/// The session cookie's value, if the request carries one.
-pub fn session_token(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == SESSION_COOKIE)
-        .map(|(_, value)| value.trim())
-        .filter(|v| !v.is_empty())
-}
-
 /// A page's refusal: the login page for 401, else a page saying why.
 fn refusal(failure: ApiFailure) -> Response {
     if failure.status == StatusCode::UNAUTHORIZED {
@@ -116,9 +103,14 @@ fn refusal(failure: ApiFailure) -> Response {
 
 /// The viewer of a page request, or the response that refuses it.
 async fn viewer_of(state: &AppState, headers: &HeaderMap, peer: Peer) -> Result<Viewer, Response> {
-    viewer::identify(state, headers, peer_of(peer), session_token(headers))
-        .await
-        .map_err(refusal)
+    viewer::identify(
+        state,
+        headers,
+        peer_of(peer),
+        viewer::request_token(headers),
+    )
+    .await
+    .map_err(refusal)
 }
 
 /// `may_see`, asked once per namespace for one request.
@@ -391,21 +383,6 @@ async fn logout(headers: HeaderMap) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_session_cookie_is_found_among_others() {
-        let mut h = HeaderMap::new();
-        h.insert(
-            header::COOKIE,
-            HeaderValue::from_static("a=1; rollouts-dispatch-session=tok.en; b=2"),
-        );
-        assert_eq!(session_token(&h), Some("tok.en"));
-        h.insert(
-            header::COOKIE,
-            HeaderValue::from_static("rollouts-dispatch-session="),
-        );
-        assert_eq!(session_token(&h), None);
-    }
 
     #[test]
     fn names_are_kubernetes_names_and_posts_come_from_us() {
