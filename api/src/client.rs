@@ -176,20 +176,83 @@ impl ServerClient {
             .await
     }
 
+    /// `GET {base}{path}` whose reply is newline-delimited (a log stream), calling `on_line`
+    /// with each line as it arrives; bearer `token` if given, else the token file's. No line may
+    /// exceed the reply limit. A refusal is [`CallError::Rejected`] with the server's message.
+    pub async fn get_lines(
+        &self,
+        path: &str,
+        token: Option<&str>,
+        mut on_line: impl FnMut(&str),
+    ) -> Result<(), CallError> {
+        let mut req = self.http.get(format!("{}{path}", self.base));
+        match token {
+            Some(t) => req = req.bearer_auth(t),
+            None => req = self.with_token_file(req)?,
+        }
+        let mut resp = req
+            .send()
+            .await
+            .map_err(|e| CallError::Transient(describe(&e, &self.base)))?;
+        let status = resp.status();
+        if !status.is_success() {
+            let bytes = read_bounded(resp, self.max_reply_bytes)
+                .await
+                .unwrap_or_default();
+            let mut api_error: ApiError =
+                serde_json::from_slice(&bytes).unwrap_or_else(|_| ApiError {
+                    code: format!("http_{}", status.as_u16()),
+                    message: format!("the server answered {status} to {path}"),
+                });
+            api_error.message = format!("{} ({status})", api_error.message);
+            return Err(CallError::Rejected(api_error));
+        }
+        let broken = |e: reqwest::Error| {
+            CallError::Transient(format!("the stream of {}{path} broke: {e}", self.base))
+        };
+        let mut pending: Vec<u8> = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(broken)? {
+            pending.extend_from_slice(&chunk);
+            while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=end).collect();
+                on_line(String::from_utf8_lossy(&line[..end]).trim_end_matches('\r'));
+            }
+            if pending.len() > self.max_reply_bytes {
+                return Err(CallError::Transient(format!(
+                    "a line of {}{path} is longer than {} bytes; refused",
+                    self.base, self.max_reply_bytes
+                )));
+            }
+        }
+        if !pending.is_empty() {
+            on_line(&String::from_utf8_lossy(&pending));
+        }
+        Ok(())
+    }
+
+    /// `req` with the bearer token of the token file, if one is configured.
+    fn with_token_file(
+        &self,
+        req: reqwest::RequestBuilder,
+    ) -> Result<reqwest::RequestBuilder, CallError> {
+        let Some(file) = &self.token_file else {
+            return Ok(req);
+        };
+        let token = std::fs::read_to_string(file).map_err(|e| {
+            CallError::Transient(format!(
+                "cannot read the token file {}: {e}",
+                file.display()
+            ))
+        })?;
+        Ok(req.bearer_auth(token.trim()))
+    }
+
     async fn send<Resp: DeserializeOwned>(
         &self,
         path: &str,
-        mut req: reqwest::RequestBuilder,
+        req: reqwest::RequestBuilder,
     ) -> Result<Resp, CallError> {
-        if let Some(file) = &self.token_file {
-            let token = std::fs::read_to_string(file).map_err(|e| {
-                CallError::Transient(format!(
-                    "cannot read the token file {}: {e}",
-                    file.display()
-                ))
-            })?;
-            req = req.bearer_auth(token.trim());
-        }
+        let req = self.with_token_file(req)?;
         let resp = req
             .send()
             .await

@@ -22,6 +22,7 @@ mod agent_logs;
 mod app_records;
 mod applications;
 mod pages;
+mod run_logs;
 
 use dispatch_api::block::JobConfig;
 use dispatch_api::v1::{self as api, GcRequest, MeasurementRef, RunRef};
@@ -546,6 +547,18 @@ impl Dispatcher for EngineDispatcher {
         req: dispatch_api::observe::SyncRequest,
     ) -> BoxFuture<'a, Result<dispatch_api::observe::ApplicationState, DispatchError>> {
         Box::pin(self.request_sync(app, req))
+    }
+
+    fn run_logs<'a>(
+        &'a self,
+        _viewer: &'a crate::http::viewer::Viewer,
+        run: crate::http::RunName,
+        query: dispatch_api::logs::LogsQuery,
+    ) -> BoxFuture<
+        'a,
+        Result<futures::stream::BoxStream<'static, dispatch_api::logs::LogEvent>, DispatchError>,
+    > {
+        Box::pin(self.logs_of_run(run, query))
     }
 
     fn agent_work<'a>(

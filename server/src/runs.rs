@@ -352,6 +352,14 @@ impl Runs {
         }
         Ok(())
     }
+    /// The uid of run `namespace/name`, if the watch has it (people name runs without one).
+    pub fn uid_of(&self, namespace: &str, name: &str) -> Option<String> {
+        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+        state
+            .runs
+            .get(&(namespace.to_string(), name.to_string()))
+            .map(|f| f.uid.clone())
+    }
 }
 
 #[cfg(test)]

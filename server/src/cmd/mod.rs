@@ -1,5 +1,5 @@
 //! The `rollouts-dispatch` command line: `serve`, `agent`, `token issue`, `destinations`, `run`,
-//! `doctor` (with `leftovers`: Jobs older than the retention). Each subcommand owns its args
+//! `doctor` (with `leftovers`: Jobs older than the retention), `logs` (a run's full log). Each subcommand owns its args
 //! next to its `run`; the flags several of them share
 //! are the [`ConfigArgs`], [`AdminArgs`] and [`ServerArgs`] groups below.
 
@@ -8,6 +8,7 @@ pub mod deletions;
 pub mod destinations;
 pub mod doctor;
 pub mod leftovers;
+pub mod logs;
 pub mod run;
 pub mod serve;
 pub mod sweep;
@@ -26,6 +27,7 @@ pub use crate::runtime::telemetry::LogFormat;
 pub use agent::AgentArgs;
 pub use destinations::DestinationsArgs;
 pub use doctor::DoctorArgs;
+pub use logs::LogsArgs;
 pub use run::RunArgs;
 pub use serve::ServeArgs;
 pub use token::TokenCommand;
@@ -73,6 +75,9 @@ pub enum Command {
     Run(RunArgs),
     /// Check the configuration and every destination: reachable, caches synced, RBAC.
     Doctor(DoctorArgs),
+    /// The whole log of an AnalysisRun's Jobs from the server, kubectl-like (your kubeconfig
+    /// token or --token-file; exit 1 with the server's message when it refuses).
+    Logs(LogsArgs),
 }
 
 /// `--config`: the server configuration file (`serve`, `run`, `doctor`).
@@ -156,6 +161,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Doctor(args) => with_runtime(doctor::run(args)),
         Command::Agent(args) => with_runtime(agent::run(args)),
         Command::Destinations(args) => with_runtime(destinations::run(args)),
+        Command::Logs(args) => with_runtime(logs::run(args)),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The server's `/v1` JSON API and the admin endpoints.
 //!
-//! * [`router`] builds the API (`/v1/...`, all authenticated) over a [`Dispatcher`]; the
+//! * [`router`] builds the API (`/v1/...`, all authenticated) over a [`Dispatcher`]; the log
+//!   route (`logs`) identifies people as well as services (`viewer`, [`people`]); the
 //!   measurement routes refuse agent tokens and callers not bound to the run's project
 //!   (`authz`) before the dispatcher sees the request; the Argo CD Application routes
 //!   (`applications`: read an Application, trigger its sync) likewise;
@@ -14,6 +15,7 @@ mod applications;
 pub mod auth;
 mod authz;
 mod error;
+mod logs;
 pub mod people;
 pub mod tokenreview;
 pub mod ui;
@@ -32,7 +34,7 @@ use crate::runtime::metrics::{self, Metrics};
 pub use applications::AppRef;
 pub use auth::{Authenticator, Principal};
 use dispatch_api::agent::{self as agent_api, ReportReply, ReportRequest, WorkReply, WorkRequest};
-use dispatch_api::logs::{LogEvent, LogsQuery};
+use dispatch_api::logs::{self as logs_api, LogEvent, LogsQuery};
 use dispatch_api::observe::{self as observe_api, ApplicationState, SyncRequest};
 pub use error::{ApiFailure, DispatchError};
 use futures::future::BoxFuture;
@@ -103,8 +105,8 @@ pub trait Dispatcher: Send + Sync + 'static {
             app.object()
         )))))
     }
-    /// The whole log of a run's Jobs, as far as `viewer` may see it (checked by the
-    /// dispatcher: a person by SubjectAccessReview, a service by its projects).
+    /// The whole log of a run's Jobs for `viewer`, who may see the run's namespace (checked by
+    /// the route before: a person by SubjectAccessReview, a service by its projects).
     fn run_logs<'a>(
         &'a self,
         viewer: &'a viewer::Viewer,
@@ -186,8 +188,10 @@ pub const OPENAPI: &str = include_str!("openapi.json");
 /// Builds the `/v1` API, every route of which requires a bearer token accepted by
 /// `state.auth`, and the pages (`/ui`), which take it from their session cookie.
 pub fn router(state: AppState) -> Router {
-    let pages = ui::router(state.clone());
-    let api = Router::new()
+    // The log route identifies people as well as services (`logs`), so it sits outside
+    // `require_bearer`; so do the pages (`ui`), which take the token from their session
+    // cookie; every other route, and the fallback, stay behind it.
+    let authenticated = Router::new()
         .route(api::ENSURE, post(ensure))
         .route(api::STATUS, post(status))
         .route(api::TERMINATE, post(terminate))
@@ -204,15 +208,18 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_bearer,
-        ))
+        ));
+    Router::new()
+        .route(logs_api::RUN_LOGS, get(logs::run_logs))
+        .merge(ui::router())
+        .merge(authenticated)
         .layer(middleware::from_fn_with_state(
             state.metrics.clone(),
             metrics::track,
         ))
         .layer(middleware::from_fn(request_span))
         .layer(DefaultBodyLimit::max(MAX_BODY))
-        .with_state(state);
-    pages.merge(api)
+        .with_state(state)
 }
 
 /// Middleware: every API call runs in a `request` span with its route; authentication fills in

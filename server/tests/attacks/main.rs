@@ -44,6 +44,10 @@
 //! * [`sync`]: the Application read and sync trigger — agent tokens, another project's
 //!   Application, a destination without `applicationSync`, names leaving the namespace, bad
 //!   bodies, no token → 403/400/401, no destination call; the genuine sync patches once.
+//! * [`logs`]: the log route — people without `get analysisruns` in the namespace (by
+//!   SubjectAccessReview), agent tokens, JWTs of another project → 403; proxy headers from an
+//!   untrusted address → ignored (401); `..`, `%2F` and unknown query fields → 400; no token →
+//!   401; none of them costs a destination call.
 //! * [`tls`]: plain HTTP to the TLS port, clients refusing `http://`, the agent's pinned CA,
 //!   certificate, JWT key and revocation rotation on disk without a restart.
 //! * [`ui`]: the pages for people — no session → login; another project's run → 403 and not
@@ -66,6 +70,7 @@ mod authn;
 mod authz;
 mod budgets;
 mod deadlines;
+mod logs;
 mod namespaces;
 mod observe;
 mod podsecurity;

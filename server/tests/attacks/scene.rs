@@ -349,3 +349,60 @@ impl Scene {
         Self::serve_with(world, Arc::new(jwt), Arc::new(Metrics::new())).await
     }
 }
+
+impl Scene {
+    /// `world`'s engine behind the API with `people` (the log route's persons), served with
+    /// each connection's peer address (as `serve`'s listener hands it to handlers), so a case can
+    /// play a proxy from a trusted or an untrusted address.
+    pub(crate) async fn serve_with_people(
+        world: World,
+        people: Arc<dyn dispatch_server::http::viewer::People>,
+    ) -> Result<Self> {
+        let metrics = Arc::new(Metrics::new());
+        let dispatcher =
+            EngineDispatcher::new(world.engine.clone(), metrics.clone(), Arc::new(signer()));
+        let state = AppState {
+            dispatcher: Arc::new(dispatcher),
+            auth: Arc::new(JwtAuthenticator::new(
+                &[KEY.to_vec()],
+                [REVOKED_JTI.to_string()],
+            )),
+            people,
+            metrics,
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let app = api_http::router(state).into_make_service_with_connect_info::<SocketAddr>();
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(Self {
+            world,
+            addr,
+            http: reqwest::Client::new(),
+            server,
+        })
+    }
+
+    /// `GET path` sent as written (no URL normalisation: `..` stays), with `headers`; the
+    /// status code of the reply.
+    pub(crate) async fn raw_get(&self, path: &str, headers: &[(&str, &str)]) -> Result<u16> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut tcp = tokio::net::TcpStream::connect(self.addr).await?;
+        let mut req = format!(
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n",
+            self.addr
+        );
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        req.push_str("\r\n");
+        tcp.write_all(req.as_bytes()).await?;
+        let mut head = vec![0u8; 12];
+        tcp.read_exact(&mut head).await?;
+        let line = String::from_utf8_lossy(&head);
+        line.get(9..12)
+            .and_then(|s| s.parse().ok())
+            .with_context(|| format!("no status line: {line:?}"))
+    }
+}

@@ -46,7 +46,7 @@ pub struct DestinationLoad {
 }
 
 /// The `/ui` routes (no bearer layer: they authenticate with the session cookie themselves).
-pub fn router(state: AppState) -> Router {
+pub fn router() -> Router<AppState> {
     Router::new()
         .route("/ui", get(list))
         .route("/ui/", get(|| async { Redirect::to("/ui") }))
@@ -56,7 +56,6 @@ pub fn router(state: AppState) -> Router {
         .route("/ui/runs/{namespace}/{name}", get(run))
         .layer(middleware::map_response(protect))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_TOKEN + 1024))
-        .with_state(state)
 }
 
 /// Headers of every page: the policy, no sniffing, no framing, no caching, no referrer.

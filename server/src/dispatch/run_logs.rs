@@ -1,0 +1,341 @@
+//! The whole log of a run's Jobs (`GET /v1/runs/{namespace}/{name}/logs`), for a viewer the
+//! route has already allowed to see the run's namespace.
+//!
+//! The run is named by people, who do not know its uid: the watch of the control plane's
+//! AnalysisRuns gives it ([`Runs::uid_of`]), so the log API needs `controlPlane` (and
+//! `confirmRuns` left on). Its Jobs are found without an API call: on a direct destination in
+//! the Job watch cache (label `rollouts-dispatch.io/run-uid`, only Jobs that are ours for that
+//! run, metric from `job::ANN_METRIC`), on an agent destination from the store's records of the
+//! run, whose log the agent streams (`agent_job_log`).
+//!
+//! Each Job's log is [`job_log`], redacted of the values of every Secret its containers can read
+//! (`logs::secrets`); a container whose Secret cannot be read is withheld with a note rather than
+//! leaked. Without `follow` the destinations come one after the other (by name) and their Jobs
+//! in order (metric, measurement, name), so the whole log arrives in order; with `follow` all
+//! are read side by side. A destination that no longer has the run's Jobs gets a note saying
+//! why: Jobs, and their logs, live `jobs.ttlAfterFinished` after they finish.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dispatch_api::logs::{LogEvent, LogRequest, LogsQuery};
+use futures::stream::{self, BoxStream, StreamExt};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+
+use super::EngineDispatcher;
+use crate::destinations::{Destination, Entry};
+use crate::engine::applications::new_sync_id;
+use crate::http::{DispatchError, RunName};
+use crate::job::{self, Ownership, ANN_MEASUREMENT, ANN_METRIC};
+use crate::logs::secrets;
+use crate::logs::stream::{job_log, JobLog};
+use crate::logs::Redactor;
+use crate::runs::Runs;
+
+/// How long reading one Secret (to redact its values) may take.
+const SECRET_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where Jobs went when they are no longer there, for the notes.
+const GONE: &str = "Jobs are kept for jobs.ttlAfterFinished after they finish (default 1h; the \
+                    sweep deletes those of runs completed longer ago than jobs.retention), then \
+                    deleted with their pods and logs";
+
+impl EngineDispatcher {
+    /// The log stream of run `run` as `query` narrows it (see the module).
+    pub(super) async fn logs_of_run(
+        &self,
+        run: RunName,
+        query: LogsQuery,
+    ) -> Result<BoxStream<'static, LogEvent>, DispatchError> {
+        let uid = run_uid(self.runs.as_ref(), &run)?;
+        let entries: Vec<Entry> = match &query.destination {
+            Some(d) => vec![self
+                .engine
+                .registry()
+                .get(d)
+                .ok_or_else(|| DispatchError::UnknownDestination(d.clone()))?],
+            None => self.engine.registry().entries(),
+        };
+        let mut parts: Vec<BoxStream<'static, LogEvent>> = Vec::new();
+        for entry in entries {
+            let part = match entry {
+                Entry::Ready(d) => direct_logs(&d, &uid, &query, self.engine.jobs_settings()),
+                Entry::Agent(a) => self.agent_logs(&a.name, &uid, &query),
+                Entry::Broken(b) => (query.destination.is_some()).then(|| {
+                    note(
+                        &b.name,
+                        None,
+                        format!("the destination cannot be used: {}", b.error),
+                    )
+                }),
+            };
+            parts.extend(part);
+        }
+        if parts.is_empty() {
+            parts.push(note(
+                query.destination.as_deref().unwrap_or("*"),
+                None,
+                format!(
+                    "no Job of run {}/{}{} is on any destination now: not started yet, or {GONE}",
+                    run.namespace,
+                    run.name,
+                    query
+                        .metric
+                        .as_ref()
+                        .map(|m| format!(" (metric {m})"))
+                        .unwrap_or_default()
+                ),
+            ));
+        }
+        Ok(combine(parts, query.follow))
+    }
+
+    /// The logs of the run's Jobs on agent destination `destination`, from the store's records
+    /// (`None`: no record of the run there).
+    fn agent_logs(
+        &self,
+        destination: &str,
+        uid: &str,
+        query: &LogsQuery,
+    ) -> Option<BoxStream<'static, LogEvent>> {
+        let store = self.engine.store()?;
+        let mut records: Vec<_> = store
+            .for_run(uid)
+            .into_iter()
+            .filter(|r| r.spec.destination == destination && r.spec.observe.is_none())
+            .filter(|r| query.metric.as_ref().is_none_or(|m| &r.spec.metric == m))
+            .collect();
+        if records.is_empty() {
+            return None;
+        }
+        records.sort_by(|a, b| {
+            (&a.spec.metric, a.spec.measurement, &a.spec.job_name).cmp(&(
+                &b.spec.metric,
+                b.spec.measurement,
+                &b.spec.job_name,
+            ))
+        });
+        let parts: Vec<_> = records
+            .into_iter()
+            .map(|r| {
+                self.agent_job_log(
+                    destination,
+                    LogRequest {
+                        id: new_sync_id(),
+                        namespace: r.spec.namespace,
+                        job: r.spec.job_name,
+                        container: query.container.clone(),
+                        follow: query.follow,
+                    },
+                )
+            })
+            .collect();
+        Some(combine(parts, query.follow))
+    }
+}
+
+/// The uid of `run` from the watch of the control plane's runs.
+fn run_uid(runs: Option<&Runs>, run: &RunName) -> Result<String, DispatchError> {
+    let Some(runs) = runs else {
+        return Err(DispatchError::NotFound(format!(
+            "cannot find run {}/{}: the log API finds runs in the server's watch of the control \
+             plane's AnalysisRuns, which needs `controlPlane` in the server's config (and \
+             `confirmRuns` not false)",
+            run.namespace, run.name
+        )));
+    };
+    if !runs.is_synced() {
+        return Err(DispatchError::Unavailable(format!(
+            "the server's watch of analysisruns on the control plane has not listed them yet{}; \
+             ask again in a moment (the server needs list and watch on analysisruns.argoproj.io \
+             there)",
+            runs.problem().map(|p| format!(": {p}")).unwrap_or_default()
+        )));
+    }
+    runs.uid_of(&run.namespace, &run.name).ok_or_else(|| {
+        DispatchError::NotFound(format!(
+            "no AnalysisRun {}/{} on the control plane",
+            run.namespace, run.name
+        ))
+    })
+}
+
+/// The logs of the run's Jobs on direct destination `d` (`None`: none of them there and the
+/// query did not name it).
+fn direct_logs(
+    d: &Arc<Destination>,
+    uid: &str,
+    query: &LogsQuery,
+    jobs: crate::config::JobsSettings,
+) -> Option<BoxStream<'static, LogEvent>> {
+    if !d.jobs().is_authoritative() {
+        return Some(note(
+            &d.name,
+            None,
+            format!(
+                "the server's watch of Jobs on this destination is not synced{}; ask again in \
+                 a moment",
+                d.cache_problem()
+                    .map(|p| format!(" ({p})"))
+                    .unwrap_or_default()
+            ),
+        ));
+    }
+    let mut found: Vec<Arc<Job>> = d
+        .jobs()
+        .group(uid)
+        .into_iter()
+        .filter(|j| job::ownership(j, uid) == Ownership::Ours)
+        .filter(|j| {
+            query
+                .metric
+                .as_ref()
+                .is_none_or(|m| annotation(j, ANN_METRIC) == Some(m.as_str()))
+        })
+        .collect();
+    if found.is_empty() {
+        return query.destination.is_some().then(|| {
+            note(
+                &d.name,
+                None,
+                format!(
+                    "no Job of this run here: not started yet, or deleted: {GONE} ({} here)",
+                    dispatch_api::format_go_duration(jobs.ttl_after_finished)
+                ),
+            )
+        });
+    }
+    found.sort_by_key(|j| {
+        (
+            annotation(j, ANN_METRIC).unwrap_or_default().to_string(),
+            annotation(j, ANN_MEASUREMENT)
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0),
+            j.metadata.name.clone().unwrap_or_default(),
+        )
+    });
+    let parts = found
+        .iter()
+        .map(|j| one_job(d, j, query))
+        .collect::<Vec<_>>();
+    Some(combine(parts, query.follow))
+}
+
+fn annotation<'a>(job: &'a Job, key: &str) -> Option<&'a str> {
+    job.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+/// The log of one Job of ours on `d`, redacted of the Secrets its containers read; a container
+/// whose Secrets cannot be read is withheld with a note.
+fn one_job(d: &Arc<Destination>, j: &Job, query: &LogsQuery) -> BoxStream<'static, LogEvent> {
+    let namespace = j.metadata.namespace.clone().unwrap_or_default();
+    let name = j.metadata.name.clone().unwrap_or_default();
+    // The pod template says which Secrets each container reads (every pod of the Job is made
+    // from it).
+    let template = Pod {
+        spec: j.spec.as_ref().and_then(|s| s.template.spec.clone()),
+        ..Pod::default()
+    };
+    let containers: Vec<String> = template
+        .spec
+        .iter()
+        .flat_map(|s| {
+            s.init_containers
+                .iter()
+                .flatten()
+                .chain(s.containers.iter())
+        })
+        .map(|c| c.name.clone())
+        .filter(|c| query.container.as_ref().is_none_or(|o| o == c))
+        .collect();
+    let reads: BTreeMap<String, Vec<String>> = containers
+        .iter()
+        .map(|c| (c.clone(), secrets::referenced(&template, c)))
+        .collect();
+    let client = d.client().clone();
+    let target = JobLog {
+        destination: d.name.clone(),
+        namespace,
+        job: name,
+        container: query.container.clone(),
+        follow: query.follow,
+    };
+    stream::once(async move {
+        let mut values = Vec::new();
+        let mut unreadable: BTreeMap<String, String> = BTreeMap::new();
+        let names: std::collections::BTreeSet<&String> = reads.values().flatten().collect();
+        for secret in names {
+            let one = std::slice::from_ref(secret);
+            match secrets::read(&client, &target.namespace, one, SECRET_READ_TIMEOUT).await {
+                Ok(v) => values.extend(v),
+                Err(e) => {
+                    tracing::warn!(destination = %target.destination, job = %target.job,
+                                   error = %e, "log withheld: a Secret its container reads cannot be read to redact it");
+                    unreadable.insert(secret.clone(), e.to_string());
+                }
+            }
+        }
+        let redactor = Arc::new(Redactor::default().with(values));
+        if unreadable.is_empty() {
+            return job_log(client, target, redactor);
+        }
+        let mut parts = Vec::new();
+        for container in containers {
+            let blocked: Vec<&String> = reads[&container]
+                .iter()
+                .filter_map(|s| unreadable.get(s))
+                .collect();
+            if blocked.is_empty() {
+                let only = JobLog {
+                    container: Some(container),
+                    ..target.clone()
+                };
+                parts.push(job_log(client.clone(), only, redactor.clone()));
+            } else {
+                parts.push(note(
+                    &target.destination,
+                    None,
+                    format!(
+                        "Job {}/{}, container {container}: log withheld, since a Secret it \
+                         reads cannot be read to redact its values ({}); the server needs get \
+                         on those secrets there",
+                        target.namespace,
+                        target.job,
+                        blocked
+                            .iter()
+                            .map(|s| s.as_str())
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    ),
+                ));
+            }
+        }
+        combine(parts, target.follow)
+    })
+    .flatten()
+    .boxed()
+}
+
+/// Streams one after the other, or side by side when following.
+fn combine(parts: Vec<BoxStream<'static, LogEvent>>, follow: bool) -> BoxStream<'static, LogEvent> {
+    if follow {
+        stream::select_all(parts).boxed()
+    } else {
+        stream::iter(parts).flatten().boxed()
+    }
+}
+
+fn note(destination: &str, pod: Option<String>, text: String) -> BoxStream<'static, LogEvent> {
+    stream::iter([LogEvent::Note {
+        destination: destination.to_string(),
+        pod,
+        text,
+    }])
+    .boxed()
+}

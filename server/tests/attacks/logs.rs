@@ -1,0 +1,251 @@
+//! The log route (`GET /v1/runs/{namespace}/{name}/logs`), which people reach too: every
+//! caller who may not see the run's namespace is refused before the dispatcher, so no refused
+//! request costs a destination call, and a proxy's headers count only from its addresses.
+
+use std::sync::Arc;
+
+use anyhow::Result;
+use axum::routing::post;
+use axum::{Json, Router};
+use dispatch_server::config::{AddressRange, PeopleConfig, ProxyConfig};
+use dispatch_server::http::people::ControlPlanePeople;
+use serde_json::{json, Value};
+
+use crate::scene::{agent_token, plugin_token, Scene, TENANTS_POLICY};
+use crate::tally::{self, Outcome};
+use crate::world::World;
+
+/// A control plane whose apiserver knows `alice-token` (user alice, group team-a) and
+/// `bob-token` (bob, no group), and allows `get analysisruns.argoproj.io` in namespace team-a
+/// to group team-a only.
+async fn control_plane() -> Result<kube::Client> {
+    let app = Router::new()
+        .route(
+            "/apis/authentication.k8s.io/v1/tokenreviews",
+            post(|Json(mut review): Json<Value>| async move {
+                review["status"] = match review["spec"]["token"].as_str() {
+                    Some("alice-token") => json!({"authenticated": true,
+                        "user": {"username": "alice", "groups": ["team-a"]}}),
+                    Some("bob-token") => {
+                        json!({"authenticated": true, "user": {"username": "bob"}})
+                    }
+                    _ => json!({"authenticated": false, "error": "invalid bearer token"}),
+                };
+                Json(review)
+            }),
+        )
+        .route(
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+            post(|Json(mut review): Json<Value>| async move {
+                let spec = &review["spec"];
+                let allowed = spec["resourceAttributes"]["namespace"] == "team-a"
+                    && spec["resourceAttributes"]["resource"] == "analysisruns"
+                    && spec["groups"]
+                        .as_array()
+                        .is_some_and(|g| g.iter().any(|g| g == "team-a"));
+                review["status"] = json!({"allowed": allowed});
+                Json(review)
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(kube::Client::try_from(kube::Config::new(url.parse()?))?)
+}
+
+/// The tenancy scene with people of [`control_plane`], and a proxy trusted from `trusted`.
+async fn scene(trusted: &str) -> Result<Scene> {
+    let people = ControlPlanePeople::new(
+        control_plane().await?,
+        PeopleConfig {
+            token_review: true,
+            proxy: Some(ProxyConfig {
+                trusted_addresses: vec![AddressRange::parse(trusted).expect("an address")],
+                user_header: "x-forwarded-user".into(),
+                groups_header: "x-forwarded-groups".into(),
+            }),
+        },
+    );
+    Scene::serve_with_people(World::start(TENANTS_POLICY).await?, Arc::new(people)).await
+}
+
+fn logs(namespace: &str) -> String {
+    dispatch_api::logs::run_logs_path(namespace, "uat.abc")
+}
+
+#[tokio::test]
+async fn nobody_reads_the_logs_of_a_namespace_they_may_not_see() -> Result<()> {
+    let scene = scene("10.0.0.0/8").await?;
+    let get = |path: String, token: Option<String>| {
+        let scene = &scene;
+        async move {
+            scene
+                .call("GET", &path, token.as_deref(), &Value::Null)
+                .await
+        }
+    };
+    let cases: Vec<(&str, String, Option<String>, u16, &str)> = vec![
+        ("no token", logs("team-a"), None, 401, "unauthenticated"),
+        (
+            "garbage token",
+            logs("team-a"),
+            Some("garbage".into()),
+            401,
+            "unauthenticated",
+        ),
+        (
+            "person without get analysisruns there (SubjectAccessReview says no)",
+            logs("team-a"),
+            Some("bob-token".into()),
+            403,
+            "forbidden",
+        ),
+        (
+            "person of team-a reading team-b",
+            logs("team-b"),
+            Some("alice-token".into()),
+            403,
+            "forbidden",
+        ),
+        (
+            "agent token",
+            logs("team-a"),
+            Some(agent_token("a")),
+            403,
+            "forbidden",
+        ),
+        (
+            "plugin JWT bound to another project",
+            logs("team-a"),
+            Some(plugin_token("ci-b", Some(&["team-b"]))),
+            403,
+            "forbidden",
+        ),
+        (
+            "%2F in the namespace",
+            "/v1/runs/team-a%2F..%2Fteam-b/x/logs".into(),
+            Some("alice-token".into()),
+            400,
+            "invalid_request",
+        ),
+        (
+            "%2F in the name",
+            "/v1/runs/team-a/x%2F..%2Fy/logs".into(),
+            Some("alice-token".into()),
+            400,
+            "invalid_request",
+        ),
+        (
+            "unknown query field (a typo must not widen what is shown)",
+            format!("{}?destinations=b", logs("team-a")),
+            Some("alice-token".into()),
+            400,
+            "invalid_request",
+        ),
+    ];
+    for (who, path, token, status, code) in cases {
+        let reply = get(path.clone(), token).await?;
+        let name = format!("logs: {who} → GET {path}");
+        let outcome = Outcome {
+            refused: reply.status == status && reply.body["code"] == code,
+            ..Outcome::default()
+        };
+        assert_eq!(
+            (reply.status, reply.body["code"].as_str()),
+            (status, Some(code)),
+            "{name}: {:?}",
+            reply.body
+        );
+        tally::refused(&name, outcome);
+    }
+    // The person refused is told what would allow them.
+    let bob = get(logs("team-a"), Some("bob-token".into())).await?;
+    let message = bob.body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("user bob may not get analysisruns in namespace team-a")
+            && message.contains("RoleBinding"),
+        "{message}"
+    );
+    // `..` as a path segment, sent as written (clients normalise it away).
+    for path in [
+        "/v1/runs/../team-b/logs",
+        "/v1/runs/team-a/../logs",
+        "/v1/runs/%2e%2e/x/logs",
+    ] {
+        let status = scene
+            .raw_get(path, &[("Authorization", "Bearer alice-token")])
+            .await?;
+        let name = format!("logs: dot segments → GET {path}");
+        // 400 from the route, or 404 from no route at all: never a log.
+        let outcome = Outcome {
+            refused: status == 400 || status == 404,
+            ..Outcome::default()
+        };
+        assert!(outcome.refused, "{name}: {status}");
+        tally::refused(&name, outcome);
+    }
+    // The control: alice may see team-a, so her request gets past every check (and finds no
+    // run, since this scene watches none).
+    let alice = get(logs("team-a"), Some("alice-token".into())).await?;
+    assert_eq!(alice.status, 404, "{:?}", alice.body);
+    assert!(
+        alice.body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("controlPlane")),
+        "{:?}",
+        alice.body
+    );
+    let calls = scene.destination_calls();
+    assert!(
+        calls.is_empty(),
+        "refused log requests reached a destination: {calls:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn proxy_headers_count_only_from_the_proxy() -> Result<()> {
+    // The scene's peers are 127.0.0.1: not the proxy (10.0.0.0/8).
+    let scene = scene("10.0.0.0/8").await?;
+    let as_carol = [
+        ("X-Forwarded-User", "carol"),
+        ("X-Forwarded-Groups", "team-a,system:masters"),
+    ];
+    let status = scene.raw_get(&logs("team-a"), &as_carol).await?;
+    let name = "logs: proxy headers from an untrusted address, no token → 401";
+    let outcome = Outcome {
+        refused: status == 401,
+        ..Outcome::default()
+    };
+    assert_eq!(status, 401, "{name}");
+    tally::refused(name, outcome);
+    // Nor do they dress up someone else's token: bob stays bob.
+    let mut with_token = as_carol.to_vec();
+    with_token.push(("Authorization", "Bearer bob-token"));
+    let status = scene.raw_get(&logs("team-a"), &with_token).await?;
+    let name = "logs: proxy headers from an untrusted address beside bob's token → 403";
+    let outcome = Outcome {
+        refused: status == 403,
+        ..Outcome::default()
+    };
+    assert_eq!(status, 403, "{name}");
+    tally::refused(name, outcome);
+    // From the proxy's address the same headers name carol, whose groups decide.
+    let trusted = scene_from_loopback().await?;
+    assert_eq!(trusted.raw_get(&logs("team-a"), &as_carol).await?, 404);
+    let name = "logs: proxied person of team-a reading team-b → 403";
+    let status = trusted.raw_get(&logs("team-b"), &as_carol).await?;
+    let outcome = Outcome {
+        refused: status == 403,
+        ..Outcome::default()
+    };
+    assert_eq!(status, 403, "{name}");
+    tally::refused(name, outcome);
+    assert!(scene.destination_calls().is_empty() && trusted.destination_calls().is_empty());
+    Ok(())
+}
+
+/// A scene whose proxy is on loopback, where the test's requests come from.
+async fn scene_from_loopback() -> Result<Scene> {
+    scene("127.0.0.1/32").await
+}
