@@ -52,7 +52,8 @@
 //!   certificate, JWT key and revocation rotation on disk without a restart.
 //! * [`ui`]: the pages for people — no session → login; another project's run → 403 and not
 //!   listed; an agent token as session or login → 403, no cookie; a cross-site login → 403; a
-//!   hostile run message escaped under a strict Content-Security-Policy.
+//!   hostile run message escaped under a strict Content-Security-Policy; a person (Kubernetes
+//!   token) sees only the namespaces a SubjectAccessReview allows.
 
 #[path = "../engine_fast/cluster_side.rs"]
 #[allow(dead_code)]

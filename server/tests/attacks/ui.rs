@@ -2,7 +2,8 @@
 //! holding a token bound to another project → 403 on the run page and the run left out of the
 //! list; a session cookie holding an agent token → 403 (at login too: no cookie is set); a login
 //! posted from another site → 403; a hostile run message (XSS) → escaped, under a policy that
-//! allows no script but ours. None of it makes a destination API call.
+//! allows no script but ours; a person (a Kubernetes token) sees only the runs of the
+//! namespaces a SubjectAccessReview allows them. None of it makes a destination API call.
 
 use anyhow::{ensure, Result};
 use dispatch_api::block::PLUGIN_NAME;
@@ -51,10 +52,21 @@ async fn page(
     session: Option<&str>,
     form: Option<(&str, &str)>,
 ) -> Result<Page> {
+    page_at(scene.addr, method, path, session, form).await
+}
+
+/// [`page`] of the server at `addr`.
+async fn page_at(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    session: Option<&str>,
+    form: Option<(&str, &str)>,
+) -> Result<Page> {
     let client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()?;
-    let url = format!("http://{}{path}", scene.addr);
+    let url = format!("http://{addr}{path}");
     let mut req = client.request(reqwest::Method::from_bytes(method.as_bytes())?, &url);
     if let Some(token) = session {
         req = req.header("cookie", format!("rollouts-dispatch-session={token}"));
@@ -273,5 +285,129 @@ async fn a_hostile_run_message_is_escaped_under_a_strict_policy() -> Result<()> 
     }
     no_destination_call(&scene)?;
     tally::refused("ui: XSS in a run message", Outcome::refused());
+    Ok(())
+}
+
+/// The pages as `serve` wires them with a control plane: runs confirmed and summed up from the
+/// fake control plane's AnalysisRuns, people of [`crate::logs::control_plane`] (alice, group
+/// team-a, may get analysisruns in team-a only; bob in none). Returns the world and the address.
+async fn serve_people(world: World) -> Result<(World, std::net::SocketAddr)> {
+    use dispatch_server::config::PeopleConfig;
+    use dispatch_server::http::{auth::JwtAuthenticator, people::ControlPlanePeople, AppState};
+    use dispatch_server::runtime::metrics::Metrics;
+    use std::sync::Arc;
+    let yaml = world.clusters.config("", TENANTS_POLICY);
+    let config = dispatch_server::config::ServerConfig::parse(&yaml, "scene.yaml")?;
+    let runs = dispatch_server::cmd::serve::confirming_runs(config.confirm_runs, &world.engine)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the scene confirms no runs"))?;
+    let people = ControlPlanePeople::new(
+        crate::logs::control_plane().await?,
+        PeopleConfig {
+            token_review: true,
+            proxy: None,
+        },
+    );
+    let metrics = Arc::new(Metrics::new());
+    let signer = Arc::new(crate::scene::signer());
+    let dispatcher = dispatch_server::dispatch::EngineDispatcher::new(
+        world.engine.clone(),
+        metrics.clone(),
+        signer,
+    )
+    .with_runs(runs);
+    let state = AppState {
+        dispatcher: Arc::new(dispatcher),
+        auth: Arc::new(JwtAuthenticator::new(&[crate::scene::KEY.to_vec()], [])),
+        people: Arc::new(people),
+        metrics,
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let app = dispatch_server::http::router(state)
+        .into_make_service_with_connect_info::<std::net::SocketAddr>();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok((world, addr))
+}
+
+#[tokio::test]
+async fn a_person_sees_only_the_namespaces_kubernetes_allows() -> Result<()> {
+    let world = World::start(TENANTS_POLICY).await?;
+    put_run(&world, "team-a", "uat.a.1");
+    put_run(&world, "team-b", "uat.b.1");
+    let (world, addr) = serve_people(world).await?;
+    // alice logs in with her Kubernetes token and sees team-a's run once the watch has it.
+    let origin = format!("http://{addr}");
+    let login = page_at(
+        addr,
+        "POST",
+        "/ui/login",
+        None,
+        Some((&origin, "alice-token")),
+    )
+    .await?;
+    ensure!(login.status == 303, "{} {}", login.status, login.body);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let list = loop {
+        let list = page_at(addr, "GET", "/ui", Some("alice-token"), None).await?;
+        if list.body.contains("uat.a.1") {
+            break list;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "alice never sees uat.a.1: {}",
+            list.body
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let mut read = list.body.contains("uat.b.1") || list.body.contains("team-b secret");
+    let other = page_at(
+        addr,
+        "GET",
+        "/ui/runs/team-b/uat.b.1",
+        Some("alice-token"),
+        None,
+    )
+    .await?;
+    ensure!(other.status == 403, "{} {}", other.status, other.body);
+    ensure!(
+        other
+            .body
+            .contains("user alice may not get analysisruns in namespace team-b"),
+        "{}",
+        other.body
+    );
+    read |= other.body.contains("team-b secret");
+    // bob may see no namespace: an empty list and 403 on every run.
+    let bob = page_at(addr, "GET", "/ui", Some("bob-token"), None).await?;
+    ensure!(
+        bob.status == 200 && bob.body.contains("id=\"empty\""),
+        "{}",
+        bob.body
+    );
+    read |= bob.body.contains("uat.");
+    let bob_run = page_at(
+        addr,
+        "GET",
+        "/ui/runs/team-a/uat.a.1",
+        Some("bob-token"),
+        None,
+    )
+    .await?;
+    ensure!(bob_run.status == 403, "{}", bob_run.status);
+    let calls: Vec<_> = [&world.clusters.a, &world.clusters.b]
+        .iter()
+        .flat_map(|c| c.requests())
+        .filter(|r| r.method != "GET" || r.path.ends_with("/log"))
+        .collect();
+    ensure!(calls.is_empty(), "{} destination calls", calls.len());
+    tally::refused(
+        "ui: a person sees only the namespaces a SubjectAccessReview allows",
+        Outcome {
+            refused: true,
+            cross_tenant_read: read,
+            ..Outcome::default()
+        },
+    );
     Ok(())
 }
