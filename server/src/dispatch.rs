@@ -21,6 +21,7 @@
 pub mod agent_logs;
 mod app_records;
 mod applications;
+mod pages;
 mod run_logs;
 
 use dispatch_api::block::JobConfig;
@@ -535,6 +536,18 @@ impl Dispatcher for EngineDispatcher {
             .collect();
         rows.sort_by(|a, b| a.name.cmp(&b.name));
         rows
+    }
+
+    fn recent_runs(&self, limit: usize) -> Option<Vec<crate::runs::RunSummary>> {
+        self.runs.as_ref().map(|runs| runs.recent(limit))
+    }
+
+    fn run_summary(&self, namespace: &str, name: &str) -> Option<crate::runs::RunSummary> {
+        self.runs.as_ref()?.summary(namespace, name)
+    }
+
+    fn destination_load(&self) -> Vec<crate::http::ui::DestinationLoad> {
+        self.load_of(self.destinations())
     }
 
     fn application<'a>(

@@ -1,7 +1,7 @@
 //! The AnalysisRuns of the control plane, watched, so that the server acts only for runs that
 //! exist: a measurement request names a run (namespace, name, uid) and a metric, and a caller
 //! could name anything. [`Runs::confirm`] checks the request against a watch cache — no API
-//! call per request — that keeps, per run, only its uid and the names of the metrics that use
+//! call per request — that keeps, per run, its uid and the names of the metrics that use
 //! our plugin (an AnalysisRun's status grows with every measurement; we need none of it).
 //!
 //! The uid cannot be chosen by a tenant (the API server assigns it), so a request whose run,
@@ -11,6 +11,10 @@
 //! A run created a moment ago may not have reached the watch yet: `confirm` waits for it up to
 //! a bound before it refuses. Until the first list has arrived, or while the watch fails, it
 //! answers [`RunError::NotSynced`], which the API turns into a retry (503), never a verdict.
+//!
+//! For the pages (`/ui`) each run of ours also keeps a small [`RunSummary`] (`runs/summary.rs`:
+//! phase, message, times, the last measurement per metric), read by [`Runs::recent`] and
+//! [`Runs::summary`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -23,6 +27,9 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use tokio::sync::watch;
 use tracing::Instrument;
+
+mod summary;
+pub use summary::{is_completed, MetricSummary, RunSummary, LABEL_STAGE, MAX_MESSAGE};
 
 /// How long [`Runs::confirm`] waits for a run it does not know yet (watch lag).
 pub const CONFIRM_WAIT: Duration = Duration::from_secs(3);
@@ -45,13 +52,15 @@ pub struct RunFacts {
     pub uid: String,
     /// the names of its metrics whose provider is our plugin
     pub metrics: Vec<String>,
+    /// what the pages show of it (`/ui`); `None` for a run without metrics of ours
+    pub summary: Option<RunSummary>,
 }
 
 impl RunFacts {
     /// The facts of an AnalysisRun object (`None` without a name or namespace).
     pub fn of(run: &DynamicObject) -> Option<((String, String), Self)> {
         let key = (run.metadata.namespace.clone()?, run.metadata.name.clone()?);
-        let metrics = run.data["spec"]["metrics"]
+        let metrics: Vec<String> = run.data["spec"]["metrics"]
             .as_array()
             .into_iter()
             .flatten()
@@ -59,7 +68,20 @@ impl RunFacts {
             .filter_map(|m| m["name"].as_str().map(String::from))
             .collect();
         let uid = run.metadata.uid.clone().unwrap_or_default();
-        Some((key, Self { uid, metrics }))
+        // Runs of other providers are never shown: the pages are about our Jobs.
+        let summary = if metrics.is_empty() {
+            None
+        } else {
+            RunSummary::of(run, &metrics)
+        };
+        Some((
+            key,
+            Self {
+                uid,
+                metrics,
+                summary,
+            },
+        ))
     }
 }
 

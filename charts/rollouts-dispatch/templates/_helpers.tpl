@@ -90,6 +90,24 @@ each of them, and a placement elsewhere is refused (server/src/destinations/argo
 {{- end }}
 {{- end }}
 {{- $_ := set $config "confirmRuns" (.Values.server.confirmRuns | default false) }}
+{{- if not (hasKey $config "ui") }}
+{{- if .Values.ui.enabled }}
+{{- $ui := dict }}
+{{- with .Values.ui.externalURL }}
+{{- $_ := set $ui "externalURL" . }}
+{{- end }}
+{{- if .Values.ui.proxy.trustedAddresses }}
+{{- $proxy := dict "trustedAddresses" .Values.ui.proxy.trustedAddresses "userHeader" .Values.ui.proxy.userHeader "groupsHeader" .Values.ui.proxy.groupsHeader }}
+{{- $_ := set $ui "people" (dict "proxy" $proxy) }}
+{{- end }}
+{{- if $ui }}
+{{- $_ := set $config "ui" $ui }}
+{{- end }}
+{{- else }}
+{{- /* Without ui.enabled the server has no grant for TokenReviews of people: it accepts none. */}}
+{{- $_ := set $config "ui" (dict "people" (dict "tokenReview" false)) }}
+{{- end }}
+{{- end }}
 {{- if .Values.agents.destinations }}
 {{- $_ := set $config "agents" (dict "store" .Values.agents.store "namespace" .Release.Namespace "offlineAfter" .Values.agents.offlineAfter "destinations" .Values.agents.destinations) }}
 {{- end }}

@@ -5,6 +5,7 @@
 //!   measurement routes refuse agent tokens and callers not bound to the run's project
 //!   (`authz`) before the dispatcher sees the request; the Argo CD Application routes
 //!   (`applications`: read an Application, trigger its sync) likewise;
+//! * [`ui`] serves the pages for people (`/ui`), which authenticate with a session cookie;
 //! * the admin port, the listener (TLS, drain) and the metrics live in [`crate::runtime`].
 //!
 //! Errors are stable JSON (`{"code": …, "message": …}`) and never carry internals: the cause of an
@@ -17,6 +18,7 @@ mod error;
 mod logs;
 pub mod people;
 pub mod tokenreview;
+pub mod ui;
 pub mod viewer;
 
 use std::sync::Arc;
@@ -117,6 +119,27 @@ pub trait Dispatcher: Send + Sync + 'static {
             run.namespace, run.name
         )))))
     }
+    /// The pages' recent runs (newest first, at most `limit`, every project: the pages filter
+    /// by viewer); `None` when this server does not watch the control plane's runs.
+    fn recent_runs(&self, limit: usize) -> Option<Vec<crate::runs::RunSummary>> {
+        let _ = limit;
+        None
+    }
+    /// The pages' summary of one run, if the watch of the control plane's runs holds it.
+    fn run_summary(&self, namespace: &str, name: &str) -> Option<crate::runs::RunSummary> {
+        let _ = (namespace, name);
+        None
+    }
+    /// Every destination with the number of our Jobs running there now.
+    fn destination_load(&self) -> Vec<ui::DestinationLoad> {
+        self.destinations()
+            .into_iter()
+            .map(|info| ui::DestinationLoad {
+                info,
+                running: None,
+            })
+            .collect()
+    }
     /// The work of an agent destination (long poll).
     fn agent_work<'a>(
         &'a self,
@@ -176,10 +199,12 @@ pub const MAX_BODY: usize = 1 << 20;
 /// The OpenAPI document of `/v1`, served at `/v1/openapi.json`.
 pub const OPENAPI: &str = include_str!("openapi.json");
 
-/// Builds the `/v1` API. Every route requires a bearer token accepted by `state.auth`.
+/// Builds the `/v1` API, every route of which requires a bearer token accepted by
+/// `state.auth`, and the pages (`/ui`), which take it from their session cookie.
 pub fn router(state: AppState) -> Router {
     // The log route identifies people as well as services (`logs`), so it sits outside
-    // `require_bearer`; every other route, and the fallback, stay behind it.
+    // `require_bearer`; so do the pages (`ui`), which take the token from their session
+    // cookie; every other route, and the fallback, stay behind it.
     let authenticated = Router::new()
         .route(api::ENSURE, post(ensure))
         .route(api::STATUS, post(status))
@@ -206,6 +231,7 @@ pub fn router(state: AppState) -> Router {
         ));
     Router::new()
         .route(logs_api::RUN_LOGS, get(logs::run_logs))
+        .merge(ui::router())
         .merge(authenticated)
         .layer(middleware::from_fn_with_state(
             state.metrics.clone(),

@@ -18,7 +18,7 @@ use crate::world::World;
 /// A control plane whose apiserver knows `alice-token` (user alice, group team-a) and
 /// `bob-token` (bob, no group), and allows `get analysisruns.argoproj.io` in namespace team-a
 /// to group team-a only.
-async fn control_plane() -> Result<kube::Client> {
+pub(crate) async fn control_plane() -> Result<kube::Client> {
     let app = Router::new()
         .route(
             "/apis/authentication.k8s.io/v1/tokenreviews",

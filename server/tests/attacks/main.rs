@@ -54,6 +54,10 @@
 //!   401; none of them costs a destination call.
 //! * [`tls`]: plain HTTP to the TLS port, clients refusing `http://`, the agent's pinned CA,
 //!   certificate, JWT key and revocation rotation on disk without a restart.
+//! * [`ui`]: the pages for people — no session → login; another project's run → 403 and not
+//!   listed; an agent token as session or login → 403, no cookie; a cross-site login → 403; a
+//!   hostile run message escaped under a strict Content-Security-Policy; a person (Kubernetes
+//!   token) sees only the namespaces a SubjectAccessReview allows.
 
 #[path = "../engine_fast/agent_rig.rs"]
 #[allow(dead_code)]
@@ -86,3 +90,4 @@ mod secrets;
 mod sync;
 mod tally;
 mod tls;
+mod ui;

@@ -1,0 +1,411 @@
+//! The web pages for people (`/ui`): a login form, the recent verifications a viewer may see,
+//! the destinations, and one run with its live log. Server-rendered HTML (`render`), no
+//! front-end build; the run page's small inline script streams the log API
+//! (`/v1/runs/{ns}/{name}/logs?follow=true`), which the session cookie authenticates.
+//!
+//! Who is looking is decided as for the log API ([`super::viewer::identify`]): a person a
+//! trusted proxy names, else the token in the session cookie [`SESSION_COOKIE`] (a service
+//! token of ours — never an agent's — or a person's Kubernetes token). Without either, every
+//! page redirects to `/ui/login`. What a viewer sees is [`super::viewer::may_see`] per
+//! namespace (a SubjectAccessReview for a person), asked once per namespace per request.
+//!
+//! Every page carries a strict Content-Security-Policy (only our own style and script, by
+//! hash), `nosniff`, no framing, no caching. Form posts must come from our own origin.
+
+mod render;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+use axum::extract::{ConnectInfo, Form, Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::{middleware, Extension, Router};
+use dispatch_api::v1::DestinationInfo;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::viewer::{self, Viewer, SESSION_COOKIE};
+use super::{ApiFailure, AppState};
+use render::ListFilter;
+
+/// The most runs the list looks at (newest first) before filtering by what the viewer may see.
+pub const LIST_SCAN: usize = 2000;
+/// The most rows the list shows.
+pub const LIST_SHOW: usize = 200;
+/// The longest token the login form accepts (a Kubernetes token is a few KiB at most).
+const MAX_TOKEN: usize = 16 * 1024;
+
+/// A destination as the destinations page shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DestinationLoad {
+    /// what `/v1/destinations` says of it
+    pub info: DestinationInfo,
+    /// our Jobs running there now (`None`: not known, e.g. not synced)
+    pub running: Option<usize>,
+}
+
+/// The `/ui` routes (no bearer layer: they authenticate with the session cookie themselves).
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/ui", get(list))
+        .route("/ui/", get(|| async { Redirect::to("/ui") }))
+        .route("/ui/login", get(login_form).post(login))
+        .route("/ui/logout", post(logout))
+        .route("/ui/destinations", get(destinations))
+        .route("/ui/runs/{namespace}/{name}", get(run))
+        .layer(middleware::map_response(protect))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_TOKEN + 1024))
+}
+
+/// Headers of every page: the policy, no sniffing, no framing, no caching, no referrer.
+async fn protect(mut response: Response) -> Response {
+    let h = response.headers_mut();
+    if let Ok(csp) = HeaderValue::from_str(render::csp()) {
+        h.insert(header::CONTENT_SECURITY_POLICY, csp);
+    }
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    response
+}
+
+type Peer = Option<Extension<ConnectInfo<SocketAddr>>>;
+
+fn peer_of(peer: Peer) -> Option<SocketAddr> {
+    peer.map(|Extension(ConnectInfo(addr))| addr)
+}
+
+/// A page's refusal: the login page for 401, else a page saying why.
+fn refusal(failure: ApiFailure) -> Response {
+    if failure.status == StatusCode::UNAUTHORIZED {
+        return Redirect::to("/ui/login").into_response();
+    }
+    let title = match failure.status {
+        StatusCode::FORBIDDEN => "Forbidden",
+        StatusCode::NOT_FOUND => "Not found",
+        _ => "Unavailable",
+    };
+    (
+        failure.status,
+        Html(render::problem(title, None, &failure.body.message)),
+    )
+        .into_response()
+}
+
+/// The viewer of a page request, or the response that refuses it.
+async fn viewer_of(state: &AppState, headers: &HeaderMap, peer: Peer) -> Result<Viewer, Response> {
+    viewer::identify(
+        state,
+        headers,
+        peer_of(peer),
+        viewer::request_token(headers),
+    )
+    .await
+    .map_err(refusal)
+}
+
+/// `may_see`, asked once per namespace for one request.
+struct Sight<'a> {
+    state: &'a AppState,
+    viewer: &'a Viewer,
+    seen: HashMap<String, bool>,
+}
+
+impl Sight<'_> {
+    async fn may_see(&mut self, namespace: &str) -> Result<bool, ApiFailure> {
+        if let Some(&answer) = self.seen.get(namespace) {
+            return Ok(answer);
+        }
+        let answer = viewer::may_see(self.state, self.viewer, namespace).await?;
+        self.seen.insert(namespace.to_string(), answer);
+        Ok(answer)
+    }
+}
+
+fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+async fn list(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    peer: Peer,
+    Query(filter): Query<ListFilter>,
+) -> Response {
+    let viewer = match viewer_of(&state, &headers, peer).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let watched = state.dispatcher.recent_runs(LIST_SCAN);
+    let runs_watched = watched.is_some();
+    let mut sight = Sight {
+        state: &state,
+        viewer: &viewer,
+        seen: HashMap::new(),
+    };
+    let mut rows = Vec::new();
+    for run in watched.unwrap_or_default() {
+        if rows.len() >= LIST_SHOW {
+            break;
+        }
+        if !filter.admits(&run) {
+            continue;
+        }
+        match sight.may_see(&run.namespace).await {
+            Ok(true) => rows.push(run),
+            Ok(false) => {}
+            Err(e) => return refusal(e),
+        }
+    }
+    tracing::debug!(viewer = viewer.name(), rows = rows.len(), "runs page");
+    Html(render::runs(
+        viewer.name(),
+        runs_watched,
+        &filter,
+        &rows,
+        now(),
+    ))
+    .into_response()
+}
+
+async fn destinations(State(state): State<AppState>, headers: HeaderMap, peer: Peer) -> Response {
+    let viewer = match viewer_of(&state, &headers, peer).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    Html(render::destinations(
+        viewer.name(),
+        &state.dispatcher.destination_load(),
+    ))
+    .into_response()
+}
+
+/// A Kubernetes object name (DNS subdomain): what a run's namespace and name must be before
+/// they go into a page or a URL.
+fn is_name(s: &str) -> bool {
+    crate::job::is_dns_subdomain(s)
+}
+
+async fn run(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    peer: Peer,
+    Path((namespace, name)): Path<(String, String)>,
+) -> Response {
+    let viewer = match viewer_of(&state, &headers, peer).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let who = Some(viewer.name());
+    if !is_name(&namespace) || !is_name(&name) {
+        return (
+            StatusCode::BAD_REQUEST,
+            Html(render::problem(
+                "Bad request",
+                who,
+                "a run is named by a Kubernetes namespace and name: lowercase letters, digits, \
+                 '-' and '.'",
+            )),
+        )
+            .into_response();
+    }
+    // The viewer's right first: a run they may not see is not even said to exist.
+    match viewer::may_see(&state, &viewer, &namespace).await {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::info!(viewer = viewer.name(), %namespace, %name, "run page refused");
+            let why = match &viewer {
+                Viewer::Person(p) => format!(
+                    "user {} may not get analysisruns in namespace {namespace} on the control \
+                     plane (ask for a RoleBinding there to a role with get on \
+                     analysisruns.argoproj.io)",
+                    p.user
+                ),
+                Viewer::Service(p) => format!(
+                    "token {} is not bound to project {namespace} (rollouts-dispatch token issue \
+                     --project {namespace})",
+                    p.subject
+                ),
+            };
+            return (
+                StatusCode::FORBIDDEN,
+                Html(render::problem("Forbidden", who, &why)),
+            )
+                .into_response();
+        }
+        Err(e) => return refusal(e),
+    }
+    let Some(summary) = state.dispatcher.run_summary(&namespace, &name) else {
+        let why = if state.dispatcher.recent_runs(0).is_none() {
+            "this server has no control plane (controlPlane in its config), so it shows no runs"
+                .to_string()
+        } else {
+            format!("no AnalysisRun {namespace}/{name} of ours on the control plane")
+        };
+        return (
+            StatusCode::NOT_FOUND,
+            Html(render::problem("Not found", who, &why)),
+        )
+            .into_response();
+    };
+    let src = format!(
+        "{}?follow=true",
+        dispatch_api::logs::run_logs_path(&namespace, &name)
+    );
+    Html(render::run(viewer.name(), &summary, &src, now())).into_response()
+}
+
+async fn login_form() -> Html<String> {
+    Html(render::login(None))
+}
+
+/// The login form's body.
+#[derive(serde::Deserialize)]
+struct LoginForm {
+    token: String,
+}
+
+/// Whether a form post comes from our own pages: a browser sends `Origin` with every POST; one
+/// naming another host is a cross-site post (CSRF) and refused.
+fn same_origin(headers: &HeaderMap) -> bool {
+    let Some(origin) = headers.get(header::ORIGIN).and_then(|o| o.to_str().ok()) else {
+        return true; // not a browser (curl), or an old one: SameSite=Strict still holds
+    };
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or_default();
+    let forwarded = headers
+        .get("x-forwarded-host")
+        .and_then(|h| h.to_str().ok());
+    let origin_host = origin.split_once("://").map_or("", |(_, h)| h);
+    origin_host == host || forwarded == Some(origin_host)
+}
+
+/// The refusal of a form post from another site.
+fn cross_site(what: &str) -> Response {
+    let text = format!("a {what} posted from another site (its Origin is not this server)");
+    (
+        StatusCode::FORBIDDEN,
+        Html(render::problem("Forbidden", None, &text)),
+    )
+        .into_response()
+}
+
+/// Whether the browser reached us over TLS (directly or through a proxy that says so): the
+/// cookie is then `Secure`.
+fn over_tls(headers: &HeaderMap) -> bool {
+    let says = |name: header::HeaderName, prefix: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with(prefix))
+    };
+    says(header::ORIGIN, "https://")
+        || says(
+            header::HeaderName::from_static("x-forwarded-proto"),
+            "https",
+        )
+}
+
+fn cookie(value: &str, max_age: Option<u64>, secure: bool) -> HeaderValue {
+    let mut c = format!("{SESSION_COOKIE}={value}; HttpOnly; SameSite=Strict; Path=/");
+    if let Some(age) = max_age {
+        c.push_str(&format!("; Max-Age={age}"));
+    }
+    if secure {
+        c.push_str("; Secure");
+    }
+    HeaderValue::from_str(&c).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+async fn login(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    peer: Peer,
+    Form(form): Form<LoginForm>,
+) -> Response {
+    if !same_origin(&headers) {
+        return cross_site("login");
+    }
+    let token = form.token.trim();
+    // A token goes into a cookie: only what a JWT or a Kubernetes token is made of.
+    let plausible = !token.is_empty()
+        && token.len() <= MAX_TOKEN
+        && token
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.~+/=".contains(&b));
+    if !plausible {
+        return (
+            StatusCode::UNAUTHORIZED,
+            Html(render::login(Some(
+                "that is not a bearer token (letters, digits and -_.~+/= only)",
+            ))),
+        )
+            .into_response();
+    }
+    match viewer::identify(&state, &HeaderMap::new(), peer_of(peer), Some(token)).await {
+        Ok(viewer) => {
+            tracing::info!(viewer = viewer.name(), "logged in to the pages");
+            let mut response = Redirect::to("/ui").into_response();
+            response
+                .headers_mut()
+                .insert(header::SET_COOKIE, cookie(token, None, over_tls(&headers)));
+            response
+        }
+        Err(e) => {
+            tracing::info!(reason = %e.body.message, "login to the pages refused");
+            (e.status, Html(render::login(Some(&e.body.message)))).into_response()
+        }
+    }
+}
+
+async fn logout(headers: HeaderMap) -> Response {
+    if !same_origin(&headers) {
+        return cross_site("logout");
+    }
+    let mut response = Redirect::to("/ui/login").into_response();
+    response
+        .headers_mut()
+        .insert(header::SET_COOKIE, cookie("", Some(0), over_tls(&headers)));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_kubernetes_names_and_posts_come_from_us() {
+        assert!(is_name("uat.01j.abc-1"));
+        for bad in ["", "..", "a/b", "A", "a%2Fb", "-a", "a..b", "<x>"] {
+            assert!(!is_name(bad), "{bad}");
+        }
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("dispatch.example"));
+        assert!(same_origin(&h));
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("https://dispatch.example"),
+        );
+        assert!(same_origin(&h) && over_tls(&h));
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("https://evil.example"),
+        );
+        assert!(!same_origin(&h));
+        let c = cookie("t", None, true);
+        assert_eq!(
+            c.to_str().unwrap(),
+            "rollouts-dispatch-session=t; HttpOnly; SameSite=Strict; Path=/; Secure"
+        );
+    }
+}
