@@ -84,9 +84,13 @@ bench-engine: k8s-bin ## 10 000 in-flight Jobs on 5 real clusters: watch-cache v
 E2E_TEST_THREADS ?= 4
 
 .PHONY: e2e
-e2e: k8s-bin plugin-release ## the real Rollouts controller + plugin + server + 3 clusters: Kargo-shaped verifications
-	$(CLUSTER_ENV) $(CARGO) test --locked -p dispatch-tests --test e2e -- \
+e2e: k8s-bin plugin-release rollouts-prev-bin ## the real Rollouts controller + plugin + server + 3 clusters: Kargo-shaped verifications, against Argo Rollouts $(ARGO_ROLLOUTS_VERSION) and then $(ARGO_ROLLOUTS_PREV_VERSION)
+	@echo "e2e: argo-rollouts $(ARGO_ROLLOUTS_VERSION)"
+	$(CLUSTER_ENV) E2E_ARGO_ROLLOUTS_VERSION=$(ARGO_ROLLOUTS_VERSION) $(CARGO) test --locked -p dispatch-tests --test e2e -- \
 	  --ignored --nocapture --test-threads $(E2E_TEST_THREADS)
+	@echo "e2e: argo-rollouts $(ARGO_ROLLOUTS_PREV_VERSION)"
+	$(CLUSTER_ENV) E2E_ARGO_ROLLOUTS_VERSION=$(ARGO_ROLLOUTS_PREV_VERSION) ROLLOUTS_CONTROLLER=$(ARGO_PREV_BIN_DIR)/rollouts-controller ARGO_ROLLOUTS_CRDS=$(ARGO_PREV_BIN_DIR)/crds \
+	  $(CARGO) test --locked -p dispatch-tests --test e2e -- --ignored --nocapture --test-threads $(E2E_TEST_THREADS)
 
 .PHONY: bench-verdict
 bench-verdict: k8s-bin plugin-release ## Job completion → AnalysisRun phase change: our plugin vs Argo's built-in job provider (last line: both p50s)

@@ -17,12 +17,19 @@ ARGO_ROLLOUTS_VERSION := v1.10.1
 ARGO_CD_VERSION := v3.6.1
 ARGO_CD_TOOLCHAIN := go1.27.3
 
+# The second controller `make e2e` runs against (#18: users often run v1.9). Its go.mod says
+# `go 1.26.10`, so it is built with the toolchain go1.27.3, which the go command fetches from the
+# Go module proxy (tests/k8s/rollouts-v1.9/go.mod).
+ARGO_ROLLOUTS_PREV_VERSION := v1.9.3
+ARGO_ROLLOUTS_PREV_TOOLCHAIN := go1.27.3
+
 K8S_BIN_ROOT := $(CACHE_DIR)/bin
 KUBE_BIN_DIR := $(K8S_BIN_ROOT)/kubernetes-$(KUBERNETES_VERSION)
 ETCD_BIN_DIR := $(K8S_BIN_ROOT)/etcd-$(ETCD_VERSION)
 KWOK_BIN_DIR := $(K8S_BIN_ROOT)/kwok-$(KWOK_VERSION)
 ARGO_BIN_DIR := $(K8S_BIN_ROOT)/argo-rollouts-$(ARGO_ROLLOUTS_VERSION)
 ARGO_CD_DIR := $(K8S_BIN_ROOT)/argo-cd-$(ARGO_CD_VERSION)
+ARGO_PREV_BIN_DIR := $(K8S_BIN_ROOT)/argo-rollouts-$(ARGO_ROLLOUTS_PREV_VERSION)
 K8S_BIN_ENV := $(K8S_BIN_ROOT)/k8s-bin.env
 
 GO ?= go
@@ -74,6 +81,22 @@ $(ARGO_BIN_DIR)/rollouts-controller:
 	  src=$$($(K8S_GO) list -m -f '{{.Dir}}' github.com/argoproj/argo-rollouts) && \
 	  mkdir -p "$$out/crds" && cp "$$src"/manifests/crds/*.yaml "$$out/crds/" && \
 	  chmod -R u+w "$$out/crds")
+
+# Like the rule above, with the toolchain v1.9.3 asks for (k8s_build pins GOTOOLCHAIN=local).
+$(ARGO_PREV_BIN_DIR)/rollouts-controller:
+	@set -euo pipefail; go="GOTOOLCHAIN=$(ARGO_ROLLOUTS_PREV_TOOLCHAIN) GOFLAGS=-mod=readonly nice -n 19 $(GO)"; \
+	have=$$(cd $(K8S_DIR)/rollouts-v1.9 && eval "$$go list -m -f '{{.Version}}' github.com/argoproj/argo-rollouts"); \
+	if [ "$$have" != "$(ARGO_ROLLOUTS_PREV_VERSION)" ]; then \
+	  echo "k8s.mk: $(K8S_DIR)/rollouts-v1.9/go.mod pins argo-rollouts $$have, k8s.mk says $(ARGO_ROLLOUTS_PREV_VERSION)" >&2; exit 1; fi; \
+	out="$(ARGO_PREV_BIN_DIR).tmp.$$$$"; rm -rf "$$out"; mkdir -p "$$out/crds"; \
+	echo "k8s-bin: building argo-rollouts $(ARGO_ROLLOUTS_PREV_VERSION) with $(ARGO_ROLLOUTS_PREV_TOOLCHAIN)"; start=$$(date +%s); \
+	(cd $(K8S_DIR)/rollouts-v1.9 && eval "$$go build -trimpath -ldflags='-s -w' -o $$out/rollouts-controller github.com/argoproj/argo-rollouts/cmd/rollouts-controller" && \
+	  src=$$(eval "$$go list -m -f '{{.Dir}}' github.com/argoproj/argo-rollouts") && cp "$$src"/manifests/crds/*.yaml "$$out/crds/"); \
+	chmod -R u+w "$$out/crds"; rm -rf "$(ARGO_PREV_BIN_DIR)"; mv "$$out" "$(ARGO_PREV_BIN_DIR)"; \
+	echo "k8s-bin: built argo-rollouts $(ARGO_ROLLOUTS_PREV_VERSION) in $$(( $$(date +%s) - start ))s"
+
+.PHONY: rollouts-prev-bin
+rollouts-prev-bin: $(ARGO_PREV_BIN_DIR)/rollouts-controller ## build the Argo Rollouts v1.9 controller (and copy its CRDs) for the second e2e run
 
 # Argo CD's CRDs from the module source in the Go module cache (downloaded if absent: the
 # module only, nothing is built), never committed.

@@ -111,6 +111,13 @@ impl World<Direct> {
             key.display().to_string(),
             "--sync-timeout".into(),
             "30s".into(),
+            // The sweep removes Jobs still running under a completed run. Argo Rollouts v1.9 and
+            // older complete a run terminated between two resumes without calling Terminate
+            // (analysis/analysis.go:189 in v1.9.1 skips a measurement whose resumeAt is ahead;
+            // v1.10 added `!terminating &&`), so on those versions the sweep is what deletes an
+            // aborted Job: every 15 s here instead of 5 m, so `make e2e` sees it on both.
+            "--sweep-orphans-every".into(),
+            "15s".into(),
             tls_cert,
             tls_key,
         ])
