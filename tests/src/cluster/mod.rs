@@ -15,6 +15,7 @@
 pub mod argo;
 pub mod argocd;
 pub mod binaries;
+mod kubelet_shim;
 pub mod kwok;
 pub(crate) mod pki;
 pub mod pod_logs;
@@ -83,9 +84,12 @@ pub struct ClusterPorts {
     pub controller_manager: u16,
     /// kube-scheduler secure (health) port.
     pub scheduler: u16,
-    /// kwok's kubelet API (HTTPS on 127.0.0.1): the fake node's kubelet endpoint, which serves
-    /// `pods/log` from the files that `Logs` objects name ([`kwok::LogFile`]).
+    /// The fake node's kubelet endpoint (HTTPS on 127.0.0.1): a shim in front of kwok's kubelet
+    /// API that ends followed logs when the container ends (see `kubelet_shim.rs`).
     pub kubelet: u16,
+    /// kwok's kubelet API, which serves `pods/log` from the files that `Logs` objects name
+    /// ([`pod_logs::LogFile`]).
+    pub kwok: u16,
 }
 
 /// A running test cluster. Dropping it kills every process and removes its directory.
@@ -182,7 +186,7 @@ impl Cluster {
         std::fs::write(&token_file, format!("{token},admin,admin,system:masters\n"))
             .with_context(|| format!("writing {}", token_file.display()))?;
 
-        let p = ports::allocate(6)?;
+        let p = ports::allocate(7)?;
         let ports = ClusterPorts {
             etcd_client: p[0],
             etcd_peer: p[1],
@@ -190,6 +194,7 @@ impl Cluster {
             controller_manager: p[3],
             scheduler: p[4],
             kubelet: p[5],
+            kwok: p[6],
         };
         let server = format!("https://127.0.0.1:{}", ports.apiserver);
         let kubeconfig = dir.join("kubeconfig");
@@ -298,14 +303,15 @@ impl Cluster {
             // kwok v0.8.0 serves the kubelet API itself: --server-address is where
             // (pkg/kwok/cmd/root.go:98; its container routes, /containerLogs among them, in
             // pkg/kwok/server/debugging.go:97-100), and the node stage writes --node-ip as the
-            // InternalIP and --node-port as the kubelet port (root.go:83,85; NodeIP/NodePort in
+            // InternalIP and --node-port as the kubelet port, where our kubelet_shim listens in
+            // front of kwok (root.go:83,85; NodeIP/NodePort in
             // pkg/kwok/controllers/node_controller.go:147-149, used by kwok-stages.yaml). The
             // Logs and ClusterLogs kinds come from CRDs applied once the apiserver is up
             // (root.go:100; watched by pkg/kwok/server/server.go:157), not from --config, so a
             // test adds them while the cluster runs.
             "--node-ip=127.0.0.1".into(),
             format!("--node-port={}", ports.kubelet),
-            format!("--server-address=127.0.0.1:{}", ports.kubelet),
+            format!("--server-address=127.0.0.1:{}", ports.kwok),
             "--enable-crds=Logs,ClusterLogs".into(),
         ]);
         processes.spawn("kwok", kwok)?;
@@ -383,6 +389,7 @@ impl Cluster {
         // 2. The fake node exists (kwok then makes it Ready), and kwok's Logs CRDs.
         kwok::create_node(&client).await?;
         argo::apply_crds(&client, &self.binaries.kwok_crds).await?;
+        kubelet_shim::start(client.clone(), self.ports.kubelet, self.ports.kwok).await?;
         // 3. The ServiceAccount controller made `default/default`, and the node is Ready.
         let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
         let nodes: Api<Node> = Api::all(client);
