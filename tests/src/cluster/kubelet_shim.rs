@@ -10,12 +10,14 @@
 //! (kwok answers plain HTTP and TLS on one port, pkg/kwok/server/server.go:494-501, so the shim
 //! speaks plain HTTP to it), asks for `Connection: close` so one connection carries one request,
 //! and for `/containerLogs/{ns}/{pod}/{container}?follow=true` polls the pod and cuts the
-//! connection [`GRACE`] after the container is terminated. The kube-apiserver copies the
-//! kubelet's body with `io.Copy` and ignores its error (k8s.io/apiserver@v0.37.2
-//! pkg/endpoints/handlers/responsewriters/writers.go:84), so its client sees a clean end.
+//! connection once the container is terminated and kwok has sent nothing for [`GRACE`]. The
+//! kube-apiserver copies the kubelet's body with `io.Copy` and ignores its error
+//! (k8s.io/apiserver@v0.37.2 pkg/endpoints/handlers/responsewriters/writers.go:84), so its
+//! client sees a clean end.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use k8s_openapi::api::core::v1::Pod;
@@ -25,8 +27,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
-/// How long a followed stream goes on after its container terminated: lines the container
-/// wrote last still arrive.
+/// How long kwok must have sent nothing, once the container terminated, before a followed
+/// stream is cut: the whole file is sent first, as a kubelet sends a finished container's log.
 const GRACE: Duration = Duration::from_secs(1);
 /// How often a followed container's state is read.
 const POLL: Duration = Duration::from_millis(500);
@@ -92,11 +94,26 @@ async fn forward(
     request.extend_from_slice(&head[end + 4..]);
     let mut upstream = TcpStream::connect(("127.0.0.1", kwok_port)).await?;
     upstream.write_all(&request).await?;
+    // When the upstream last sent bytes, in ms since `started`: a terminated container's log
+    // is cut only once kwok has gone quiet, so a long log is sent whole first.
+    let started = Instant::now();
+    let last_byte = AtomicU64::new(0);
     let pipe = async {
         let (mut up_read, mut up_write) = upstream.split();
         let (mut down_read, mut down_write) = tokio::io::split(&mut tls);
+        let down = async {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = up_read.read(&mut buf).await?;
+                if n == 0 {
+                    return Ok::<(), std::io::Error>(());
+                }
+                down_write.write_all(&buf[..n]).await?;
+                last_byte.store(millis(started), Ordering::Relaxed);
+            }
+        };
         tokio::select! {
-            _ = tokio::io::copy(&mut up_read, &mut down_write) => {}
+            _ = down => {}
             _ = tokio::io::copy(&mut down_read, &mut up_write) => {}
         }
     };
@@ -104,16 +121,24 @@ async fn forward(
         None => pipe.await,
         Some((namespace, pod, container)) => {
             let pods: Api<Pod> = Api::namespaced(client, &namespace);
+            let quiet = async {
+                terminated(&pods, &pod, &container).await;
+                let grace = u64::try_from(GRACE.as_millis()).unwrap_or(u64::MAX);
+                while millis(started).saturating_sub(last_byte.load(Ordering::Relaxed)) < grace {
+                    tokio::time::sleep(POLL).await;
+                }
+            };
             tokio::select! {
                 () = pipe => {}
-                () = async {
-                    terminated(&pods, &pod, &container).await;
-                    tokio::time::sleep(GRACE).await;
-                } => {}
+                () = quiet => {}
             }
         }
     }
     Ok(())
+}
+
+fn millis(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 /// `(namespace, pod, container)` of a followed `GET /containerLogs/{ns}/{pod}/{container}`.
