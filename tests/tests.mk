@@ -92,6 +92,18 @@ e2e: k8s-bin plugin-release rollouts-prev-bin ## the real Rollouts controller + 
 	$(CLUSTER_ENV) E2E_ARGO_ROLLOUTS_VERSION=$(ARGO_ROLLOUTS_PREV_VERSION) ROLLOUTS_CONTROLLER=$(ARGO_PREV_BIN_DIR)/rollouts-controller ARGO_ROLLOUTS_CRDS=$(ARGO_PREV_BIN_DIR)/crds \
 	  $(CARGO) test --locked -p dispatch-tests --test e2e -- --ignored --nocapture --test-threads $(E2E_TEST_THREADS)
 
+# Issue #17: the full log of a real verification through the log API, `rollouts-dispatch logs -f`
+# and Chromium (driven over W3C WebDriver). Not in `make test`: it installs Debian's chromium and
+# chromium-driver when they are missing (we run as root; `apt-get update` only if the install
+# fails). Last line: `ui: login=ok runs_listed=N failing_log=ok other_project=hidden cli_follow=ok`.
+.PHONY: e2e-ui
+e2e-ui: k8s-bin plugin-release ## issue #17 end to end: full logs through the API, the CLI (-f) and a real browser (installs chromium)
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+	  apt-get install -y --no-install-recommends chromium chromium-driver || \
+	  { apt-get update && apt-get install -y --no-install-recommends chromium chromium-driver; }; fi
+	$(CARGO) build --locked -p dispatch-server --bin rollouts-dispatch
+	$(call summary_test,e2e_ui,$(CLUSTER_ENV),grep -vE '^time=|^[0-9-]+T[0-9:.]+Z \[')
+
 .PHONY: bench-verdict
 bench-verdict: k8s-bin plugin-release ## Job completion → AnalysisRun phase change: our plugin vs Argo's built-in job provider (last line: both p50s)
 	$(call summary_test,bench_verdict,$(CLUSTER_ENV),grep -vE '^time=|^[0-9-]+T[0-9:.]+Z \[')

@@ -27,6 +27,7 @@ K8S_BIN_ROOT := $(CACHE_DIR)/bin
 KUBE_BIN_DIR := $(K8S_BIN_ROOT)/kubernetes-$(KUBERNETES_VERSION)
 ETCD_BIN_DIR := $(K8S_BIN_ROOT)/etcd-$(ETCD_VERSION)
 KWOK_BIN_DIR := $(K8S_BIN_ROOT)/kwok-$(KWOK_VERSION)
+KWOK_CRD_DIR := $(K8S_BIN_ROOT)/kwok-crds-$(KWOK_VERSION)
 ARGO_BIN_DIR := $(K8S_BIN_ROOT)/argo-rollouts-$(ARGO_ROLLOUTS_VERSION)
 ARGO_CD_DIR := $(K8S_BIN_ROOT)/argo-cd-$(ARGO_CD_VERSION)
 ARGO_PREV_BIN_DIR := $(K8S_BIN_ROOT)/argo-rollouts-$(ARGO_ROLLOUTS_PREV_VERSION)
@@ -73,6 +74,16 @@ $(KWOK_BIN_DIR)/kwok:
 	$(call k8s_build,kwok,sigs.k8s.io/kwok,$(KWOK_VERSION),$(KWOK_BIN_DIR),\
 	  $(K8S_GO_BUILD) -o "$$out/kwok" sigs.k8s.io/kwok/cmd/kwok)
 
+# kwok's Logs and ClusterLogs CRDs (kustomize/crd/bases/ of the module in the Go module cache),
+# never committed: with them a test maps a pod's containers to log files that kwok's kubelet API
+# serves to the kube-apiserver's pods/log (tests/src/cluster/kwok.rs).
+$(KWOK_CRD_DIR)/kwok.x-k8s.io_logs.yaml:
+	@set -euo pipefail; out="$(KWOK_CRD_DIR).tmp.$$$$"; rm -rf "$$out"; mkdir -p "$$out"; \
+	src=$$(cd $(K8S_DIR)/kwok && $(K8S_GO) list -m -f '{{.Dir}}' sigs.k8s.io/kwok); \
+	cp "$$src"/kustomize/crd/bases/kwok.x-k8s.io_logs.yaml \
+	  "$$src"/kustomize/crd/bases/kwok.x-k8s.io_clusterlogs.yaml "$$out/"; chmod -R u+w "$$out"; \
+	rm -rf "$(KWOK_CRD_DIR)"; mv "$$out" "$(KWOK_CRD_DIR)"; echo "k8s-bin: copied kwok $(KWOK_VERSION) Logs CRDs"
+
 # The CRDs come from the module zip in the Go module cache (manifests/crds/), never committed.
 $(ARGO_BIN_DIR)/rollouts-controller:
 	$(call k8s_build,rollouts,github.com/argoproj/argo-rollouts,$(ARGO_ROLLOUTS_VERSION),$(ARGO_BIN_DIR),\
@@ -110,6 +121,7 @@ $(ARGO_CD_DIR)/crds/application-crd.yaml:
 	rm -rf "$(ARGO_CD_DIR)"; mv "$$out" "$(ARGO_CD_DIR)"; echo "k8s-bin: copied argo-cd $(ARGO_CD_VERSION) CRDs"
 
 K8S_BINARIES := $(KUBE_BIN_DIR)/kube-apiserver $(ETCD_BIN_DIR)/etcd $(KWOK_BIN_DIR)/kwok \
+	$(KWOK_CRD_DIR)/kwok.x-k8s.io_logs.yaml \
 	$(ARGO_BIN_DIR)/rollouts-controller $(ARGO_CD_DIR)/crds/application-crd.yaml
 
 $(K8S_BIN_ENV): $(K8S_BINARIES) $(K8S_DIR)/k8s.mk
@@ -123,7 +135,8 @@ $(K8S_BIN_ENV): $(K8S_BINARIES) $(K8S_DIR)/k8s.mk
 	  echo "KWOK=$(KWOK_BIN_DIR)/kwok"; \
 	  echo "ROLLOUTS_CONTROLLER=$(ARGO_BIN_DIR)/rollouts-controller"; \
 	  echo "ARGO_ROLLOUTS_CRDS=$(ARGO_BIN_DIR)/crds"; \
-	  echo "ARGO_CD_CRDS=$(ARGO_CD_DIR)/crds"; } > $@.tmp && mv $@.tmp $@
+	  echo "ARGO_CD_CRDS=$(ARGO_CD_DIR)/crds"; \
+	  echo "KWOK_CRDS=$(KWOK_CRD_DIR)"; } > $@.tmp && mv $@.tmp $@
 	@echo "k8s-bin: wrote $@"
 
 .PHONY: k8s-bin

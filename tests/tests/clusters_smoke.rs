@@ -6,7 +6,9 @@
 //! `b` whose container exits 1 gets `Failed`; on `control`, the real Argo Rollouts controller
 //! runs an AnalysisRun with a built-in `job` metric to `Successful` and another to `Failed`, and
 //! loads the `rollouts-dispatch/job` metric plugin (go-plugin starts it and `InitPlugin`
-//! succeeds) for an AnalysisRun that uses it.
+//! succeeds) for an AnalysisRun that uses it; and on `a`, the kube-apiserver's `pods/log` of a
+//! two-container Job returns the lines of the files the test named (kwok serves the kubelet
+//! API, `dispatch_tests::cluster::pod_logs`), then follows one as the test appends lines.
 //!
 //! It is `#[ignore]`d so that a plain `cargo test` does not need the binaries; `make
 //! clusters-smoke` runs it with `--ignored`, and then it fails (never skips) when something is
@@ -23,12 +25,14 @@ use dispatch_tests::analysis::{is_finished, phase, wait_for};
 use dispatch_tests::artifacts::{plugin_binary, PLUGIN_NAME};
 use dispatch_tests::block::Block;
 use dispatch_tests::cluster::argo::{self, ArgoRollouts, MetricPlugin};
+use dispatch_tests::cluster::pod_logs::{self, LogFile};
 use dispatch_tests::cluster::{start_many, Cluster};
 use dispatch_tests::summary;
 use dispatch_tests::wait::{eventually, Progress};
+use futures::{AsyncBufReadExt, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DynamicObject, ListParams, PostParams};
+use kube::api::{Api, DynamicObject, ListParams, LogParams, PostParams};
 use serde_json::{json, Value};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -63,6 +67,7 @@ async fn clusters_smoke() -> Result<()> {
         job_reaches(&a, "smoke-succeeds", 0, "Complete"),
         job_reaches(&b, "smoke-fails", 1, "Failed"),
         argo_smoke(&mut control, &plugin),
+        pod_logs_served(&a),
     )?;
 
     start_s.sort_by(f64::total_cmp);
@@ -143,6 +148,99 @@ async fn job_reaches(cluster: &Cluster, name: &str, exit_code: i32, expected: &s
     println!(
         "cluster {}: job {name} exited {exit_code} -> {expected} (real Job controller)",
         cluster.name
+    );
+    Ok(())
+}
+
+/// A running Job with containers `main` and `side`: `pods/log` (the real kube-apiserver, kwok as
+/// the kubelet) returns each container's own file, every line in order; a followed stream of
+/// `side` delivers lines the test appends after it opened.
+async fn pod_logs_served(cluster: &Cluster) -> Result<()> {
+    let client = cluster.client().await?;
+    let name = "smoke-logs";
+    let mut spec = Block::default().runs_for("120s").job_spec();
+    let main = spec["template"]["spec"]["containers"][0].clone();
+    let mut side = main.clone();
+    side["name"] = json!("side");
+    spec["template"]["spec"]["containers"] = json!([main.clone(), side]);
+    let main_name = main["name"]
+        .as_str()
+        .context("the Block's container has a name")?
+        .to_owned();
+    let job: Job = serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec}))?;
+    Api::<Job>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &job)
+        .await
+        .context("creating the log Job")?;
+
+    let dir = cluster.dir().join("pod-logs");
+    let main_file = LogFile::create(dir.join("main.log"))?;
+    let side_file = LogFile::create(dir.join("side.log"))?;
+    let main_lines: Vec<String> = (1..=1000).map(|i| format!("main line {i}")).collect();
+    main_file.append(&main_lines)?;
+    side_file.append(["side line 1", "side line 2"])?;
+    let files = [(main_name.as_str(), &main_file), ("side", &side_file)];
+    let pods =
+        pod_logs::serve_job(&client, "default", name, &files, Duration::from_secs(60)).await?;
+    let pod = pods.first().context("the Job has a pod")?.clone();
+    let api: Api<Pod> = Api::namespaced(client, "default");
+
+    // kwok sees the Logs object through a watch, and the container must be running: retry.
+    let params = LogParams {
+        container: Some(main_name.clone()),
+        ..LogParams::default()
+    };
+    let text = eventually(
+        "pods/log of the main container",
+        Duration::from_secs(60),
+        || {
+            let (api, pod, params) = (api.clone(), pod.clone(), params.clone());
+            async move {
+                Ok(match api.logs(&pod, &params).await {
+                    Ok(text) if !text.is_empty() => Progress::Done(text),
+                    Ok(_) => Progress::Waiting("empty log".into()),
+                    Err(e) => Progress::Waiting(e.to_string()),
+                })
+            }
+        },
+    )
+    .await?;
+    let got: Vec<&str> = text.lines().collect();
+    if got != main_lines {
+        bail!(
+            "pods/log of {pod}/{main_name}: {} lines, first {:?}, expected the file's {}",
+            got.len(),
+            got.first(),
+            main_lines.len()
+        );
+    }
+
+    let follow = LogParams {
+        container: Some("side".into()),
+        follow: true,
+        ..LogParams::default()
+    };
+    let mut lines = api.log_stream(&pod, &follow).await?.lines();
+    let mut seen = Vec::new();
+    for i in 3..=5 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        side_file.append([format!("side line {i}")])?;
+    }
+    while seen.len() < 5 {
+        let line = tokio::time::timeout(Duration::from_secs(20), lines.next())
+            .await
+            .with_context(|| format!("following {pod}/side: only {seen:?} after 20s"))?
+            .context("the followed stream ended")??;
+        seen.push(line);
+    }
+    let expected: Vec<String> = (1..=5).map(|i| format!("side line {i}")).collect();
+    if seen != expected {
+        bail!("following {pod}/side: {seen:?}, expected {expected:?}");
+    }
+    println!(
+        "cluster {}: pods/log returned {} lines of main and followed side to line 5 (kwok as kubelet)",
+        cluster.name,
+        got.len()
     );
     Ok(())
 }

@@ -32,10 +32,13 @@ pub struct Binaries {
     pub rollouts_controller: PathBuf,
     /// Directory with the Argo Rollouts CRD manifests (`manifests/crds/*.yaml` of the module).
     pub argo_rollouts_crds: PathBuf,
+    /// Directory with kwok's `Logs` and `ClusterLogs` CRD manifests (`kustomize/crd/bases/` of
+    /// the module), which make `pods/log` serve a file per container ([`super::kwok`]).
+    pub kwok_crds: PathBuf,
 }
 
 /// The keys of `k8s-bin.env`, in the order of the fields of [`Binaries`].
-const KEYS: [&str; 8] = [
+const KEYS: [&str; 9] = [
     "KUBE_APISERVER",
     "KUBE_CONTROLLER_MANAGER",
     "KUBE_SCHEDULER",
@@ -44,6 +47,7 @@ const KEYS: [&str; 8] = [
     "KWOK",
     "ROLLOUTS_CONTROLLER",
     "ARGO_ROLLOUTS_CRDS",
+    "KWOK_CRDS",
 ];
 
 /// Where `make k8s-bin` writes its env file: `$K8S_BIN_ENV`, else `$CACHE_DIR/bin/k8s-bin.env`,
@@ -109,6 +113,7 @@ impl Binaries {
             kwok: next(),
             rollouts_controller: next(),
             argo_rollouts_crds: next(),
+            kwok_crds: next(),
         })
     }
 }

@@ -3,7 +3,8 @@
 //! [`Cluster::start`] runs etcd, kube-apiserver (RBAC, service-account token signing, a
 //! bearer-token admin in `system:masters`), kube-controller-manager (the real Job controller and
 //! friends), kube-scheduler and kwok (one fake node and a pod lifecycle the test controls, see
-//! [`kwok`]) from the binaries that `make k8s-bin` builds, writes a kubeconfig and waits until
+//! [`kwok`]; it also serves the kubelet API, so `pods/log` returns files a test names, see
+//! [`pod_logs`]) from the binaries that `make k8s-bin` builds, writes a kubeconfig and waits until
 //! `/readyz` is ok, the `default` ServiceAccount exists and the fake node is Ready. All state is
 //! in one temporary directory; every process is in one process group that dies with the
 //! [`Cluster`] (see [`process`]). [`start_many`] starts several clusters in parallel.
@@ -14,8 +15,10 @@
 pub mod argo;
 pub mod argocd;
 pub mod binaries;
+mod kubelet_shim;
 pub mod kwok;
 pub(crate) mod pki;
+pub mod pod_logs;
 pub mod process;
 pub mod rollout;
 
@@ -81,6 +84,12 @@ pub struct ClusterPorts {
     pub controller_manager: u16,
     /// kube-scheduler secure (health) port.
     pub scheduler: u16,
+    /// The fake node's kubelet endpoint (HTTPS on 127.0.0.1): a shim in front of kwok's kubelet
+    /// API that ends followed logs when the container ends (see `kubelet_shim.rs`).
+    pub kubelet: u16,
+    /// kwok's kubelet API, which serves `pods/log` from the files that `Logs` objects name
+    /// ([`pod_logs::LogFile`]).
+    pub kwok: u16,
 }
 
 /// A running test cluster. Dropping it kills every process and removes its directory.
@@ -177,13 +186,15 @@ impl Cluster {
         std::fs::write(&token_file, format!("{token},admin,admin,system:masters\n"))
             .with_context(|| format!("writing {}", token_file.display()))?;
 
-        let p = ports::allocate(5)?;
+        let p = ports::allocate(7)?;
         let ports = ClusterPorts {
             etcd_client: p[0],
             etcd_peer: p[1],
             apiserver: p[2],
             controller_manager: p[3],
             scheduler: p[4],
+            kubelet: p[5],
+            kwok: p[6],
         };
         let server = format!("https://127.0.0.1:{}", ports.apiserver);
         let kubeconfig = dir.join("kubeconfig");
@@ -233,6 +244,12 @@ impl Cluster {
             "--disable-admission-plugins=TaintNodesByCondition".into(),
             "--enable-priority-and-fairness=false".into(),
             "--profiling=false".into(),
+            // pods/log dials the node's kubelet: kwok's server at the node's InternalIP
+            // (127.0.0.1) and status.daemonEndpoints.kubeletEndpoint.Port. The default order
+            // starts with Hostname (kwok-node-0, which resolves nowhere). With no
+            // --kubelet-certificate-authority the apiserver does not verify kwok's self-signed
+            // certificate (kubernetes v1.37.2 pkg/kubelet/client/kubelet_client.go:126-128).
+            "--kubelet-preferred-address-types=InternalIP".into(),
         ];
         let mut apiserver = Command::new(&binaries.kube_apiserver);
         apiserver.args(&apiserver_args);
@@ -283,7 +300,19 @@ impl Cluster {
                 kwok::NODE_ANNOTATION_VALUE
             ),
             "--cidr=10.244.0.0/16".into(),
-            "--node-ip=10.240.0.1".into(),
+            // kwok v0.8.0 serves the kubelet API itself: --server-address is where
+            // (pkg/kwok/cmd/root.go:98; its container routes, /containerLogs among them, in
+            // pkg/kwok/server/debugging.go:97-100), and the node stage writes --node-ip as the
+            // InternalIP and --node-port as the kubelet port, where our kubelet_shim listens in
+            // front of kwok (root.go:83,85; NodeIP/NodePort in
+            // pkg/kwok/controllers/node_controller.go:147-149, used by kwok-stages.yaml). The
+            // Logs and ClusterLogs kinds come from CRDs applied once the apiserver is up
+            // (root.go:100; watched by pkg/kwok/server/server.go:157), not from --config, so a
+            // test adds them while the cluster runs.
+            "--node-ip=127.0.0.1".into(),
+            format!("--node-port={}", ports.kubelet),
+            format!("--server-address=127.0.0.1:{}", ports.kwok),
+            "--enable-crds=Logs,ClusterLogs".into(),
         ]);
         processes.spawn("kwok", kwok)?;
 
@@ -357,8 +386,10 @@ impl Cluster {
         let client = self.client().await?;
         // 1. The API server answers /readyz with "ok".
         self.wait_apiserver(&client, timeout).await?;
-        // 2. The fake node exists (kwok then makes it Ready).
+        // 2. The fake node exists (kwok then makes it Ready), and kwok's Logs CRDs.
         kwok::create_node(&client).await?;
+        argo::apply_crds(&client, &self.binaries.kwok_crds).await?;
+        kubelet_shim::start(client.clone(), self.ports.kubelet, self.ports.kwok).await?;
         // 3. The ServiceAccount controller made `default/default`, and the node is Ready.
         let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
         let nodes: Api<Node> = Api::all(client);
