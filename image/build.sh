@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds the OCI image of rollouts-dispatch without a Docker engine (`make image`).
 #
-# usage: build.sh CRANE BINARY OUT_DIR VERSION REVISION REPOSITORY
+# usage: build.sh CRANE BINARY PLUGIN OUT_DIR VERSION REVISION REPOSITORY
 #
-# The root filesystem holds only what the static binary needs: the binary, /etc/passwd and
+# The root filesystem holds only what the static binary needs: the binary (and beside it the static
+# metric-provider plugin, which `rollouts-dispatch install-plugin` copies for the Rollouts
+# controller from an init container), /etc/passwd and
 # /etc/group naming uid/gid 65532 (nonroot, as distroless and the Helm chart use), the host's CA
 # bundle (rustls-platform-verifier reads /etc/ssl/certs on Linux), /etc/nsswitch.conf (static glibc
 # resolves names itself from /etc/hosts and DNS), /tmp and the home directory. One layer, on an
@@ -11,7 +13,7 @@
 # assembles it against a registry it serves on loopback (in memory), sets the config (entrypoint,
 # user, ports, OCI labels), validates it, and writes an OCI image layout archive.
 set -euo pipefail
-crane=$1 binary=$2 out=$3 version=$4 revision=$5 repository=$6
+crane=$1 binary=$2 plugin=$3 out=$4 version=$5 revision=$6 repository=$7
 created=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
 work=$(mktemp -d)
 registry_pid=
@@ -20,6 +22,7 @@ trap cleanup EXIT
 
 root=$work/rootfs
 install -D -m 0755 "$binary" "$root/usr/local/bin/rollouts-dispatch"
+install -D -m 0755 "$plugin" "$root/usr/local/bin/rollouts-dispatch-plugin"
 mkdir -p "$root/etc/ssl/certs" "$root/tmp" "$root/home/nonroot"
 chmod 1777 "$root/tmp"
 chmod 0700 "$root/home/nonroot"

@@ -6,18 +6,24 @@
 # volume), started with `chroot --userspec=65532:65532`. It must answer /live and /ready, serve
 # `GET /v1/destinations` over TLS to a token it accepts, and run as uid 65532.
 #
+# Then it runs what an init container of the Rollouts controller runs (README "Deliver the plugin
+# to the controller"): `rollouts-dispatch install-plugin --to DIR` in the same chroot, DIR a
+# writable volume, and checks the copy is the release plugin, executable.
+#
 # It also checks that the Helm chart's default image is this one (repository and appVersion).
 #
-# usage: check.sh OUT_DIR HOST_BINARY CHART_DIR (HOST_BINARY: the same binary, to issue the token)
+# usage: check.sh OUT_DIR HOST_BINARY HOST_PLUGIN CHART_DIR (HOST_BINARY: the same binary, to issue
+# the token; HOST_PLUGIN: the release plugin the image must carry)
 # last line: image: digest=sha256:… size_mib=X chroot_run=ok uid=65532
 set -euo pipefail
-out=$1 host_binary=$2 chart=$3
+out=$1 host_binary=$2 host_plugin=$3 chart=$4
 work=$(mktemp -d)
 root=$work/root
 pid=
 cleanup() {
   [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
   umount "$root/etc/rollouts-dispatch" 2>/dev/null || true
+  umount "$root/tmp" 2>/dev/null || true
   umount "$root" 2>/dev/null || true
   rm -rf "$work"
 }
@@ -89,6 +95,19 @@ reply=$(curl -fsS --cacert "$secrets/tls.crt" -H "Authorization: Bearer $token" 
   "https://localhost:$api/v1/destinations") || { cat "$work/serve.log" >&2; fail "GET /v1/destinations over TLS failed"; }
 jq -e 'type == "array"' <<<"$reply" >/dev/null || fail "GET /v1/destinations answered $reply"
 kill -TERM "$pid"; wait "$pid" 2>/dev/null || true; pid=
+# The init container: an emptyDir (here a writable directory on the image's /tmp) shared with the
+# controller, written as uid 65532.
+shared=$work/shared
+mkdir -p "$shared" && chown 65532:65532 "$shared"
+mount --bind "$shared" "$root/tmp"
+installed=$(env -i "${env[@]}" HOME=/home/nonroot "$chroot" --userspec=65532:65532 "$root" $entrypoint \
+  install-plugin --to /tmp 2>&1) || fail "install-plugin in the chroot failed: $installed"
+want=$(sha256sum "$host_plugin" | cut -d' ' -f1)
+[ "$installed" = "installed /tmp/rollouts-dispatch-plugin sha256=$want" ] \
+  || fail "install-plugin said '$installed', want the release plugin's sha256 $want"
+[ "$(sha256sum "$shared/rollouts-dispatch-plugin" | cut -d' ' -f1)" = "$want" ] || fail "the installed plugin differs"
+[ -x "$shared/rollouts-dispatch-plugin" ] || fail "the installed plugin is not executable"
+echo "image: install-plugin copied the release plugin (sha256=$want)"
 digest=$(cat "$out/digest")
 size=$(jq '[.layers[].size] + [.config.size] | add' "$out/manifest.json")
 size_mib=$(awk -v b="$size" 'BEGIN { printf "%.1f", b / 1048576 }')

@@ -27,6 +27,6 @@ server-release: ## build the static release server/agent binary ($(SERVER_BIN))
 	@if readelf -l $(SERVER_BIN) | grep -q INTERP || readelf -d $(SERVER_BIN) | grep -q NEEDED; then echo "error: $(SERVER_BIN) is not statically linked"; exit 1; fi
 
 .PHONY: image
-image: server-release $(CRANE) ## OCI image of rollouts-dispatch in target/image (static binary, empty base, uid 65532), run from its root filesystem in a read-only chroot; last line `image: digest=… size_mib=… chroot_run=ok uid=65532`
-	image/build.sh $(CRANE) $(SERVER_BIN) $(IMAGE_DIR) $(VERSION) $$(git rev-parse HEAD 2>/dev/null || echo unknown) $(IMAGE_REPOSITORY)
-	image/check.sh $(IMAGE_DIR) $(SERVER_BIN) charts/rollouts-dispatch
+image: server-release plugin-release $(CRANE) ## OCI image of rollouts-dispatch in target/image (static server and plugin, empty base, uid 65532), run from its root filesystem in a read-only chroot; last line `image: digest=… size_mib=… chroot_run=ok uid=65532`
+	image/build.sh $(CRANE) $(SERVER_BIN) $(PLUGIN_BIN) $(IMAGE_DIR) $(VERSION) $$(git rev-parse HEAD 2>/dev/null || echo unknown) $(IMAGE_REPOSITORY)
+	image/check.sh $(IMAGE_DIR) $(SERVER_BIN) $(PLUGIN_BIN) charts/rollouts-dispatch

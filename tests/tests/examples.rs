@@ -299,3 +299,123 @@ fn the_airgapped_stage_syncs_through_the_api_and_verifies_with_its_application_t
         "no GET step polling the Application: {urls:?}"
     );
 }
+
+/// The chart's default image, `repository:appVersion`.
+fn chart_image() -> String {
+    let values = yaml(&repo_path("charts/rollouts-dispatch/values.yaml"));
+    let chart = yaml(&repo_path("charts/rollouts-dispatch/Chart.yaml"));
+    format!(
+        "{}:{}",
+        values["image"]["repository"]
+            .as_str()
+            .expect("image.repository"),
+        chart["appVersion"].as_str().expect("appVersion")
+    )
+}
+
+/// The volume `mounts` names at `path` (or a parent of it), and that volume in `volumes`.
+fn volume_at<'a>(mounts: &'a Value, volumes: &'a Value, path: &str) -> &'a Value {
+    let mount = mounts
+        .as_array()
+        .expect("volumeMounts")
+        .iter()
+        .find(|m| {
+            let at = m["mountPath"].as_str().expect("mountPath");
+            path == at || path.starts_with(&format!("{at}/"))
+        })
+        .unwrap_or_else(|| panic!("nothing mounted at {path}"));
+    volumes
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap_or_else(|| panic!("no volume {} for {path}", mount["name"]))
+}
+
+#[test]
+fn the_argo_helm_values_deliver_and_register_the_plugin() {
+    use dispatch_server::cmd::install_plugin::PLUGIN_FILE;
+    use dispatch_server::cmd::{Cli, Command};
+    let values = yaml(&config_dir().join("argo-helm-values.yaml"));
+    let controller = &values["controller"];
+    let init = &controller["initContainers"][0];
+    assert_eq!(
+        init["image"],
+        chart_image().as_str(),
+        "the init container runs our chart's image"
+    );
+    // The init container's args are a real `rollouts-dispatch install-plugin` command line.
+    let mut argv = vec!["rollouts-dispatch".to_string()];
+    argv.extend(
+        init["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .map(|a| a.as_str().expect("string arg").to_string()),
+    );
+    let Command::InstallPlugin(install) = Cli::try_parse_from(&argv)
+        .unwrap_or_else(|e| panic!("{argv:?}: {e}"))
+        .command
+    else {
+        panic!("{argv:?} is not install-plugin");
+    };
+    let dir = install.to.to_str().expect("a UTF-8 path");
+    // It writes into an emptyDir that the controller mounts at the same path …
+    let shared = volume_at(&init["volumeMounts"], &controller["volumes"], dir);
+    assert!(shared.get("emptyDir").is_some(), "{shared}");
+    assert_eq!(
+        volume_at(&controller["volumeMounts"], &controller["volumes"], dir)["name"],
+        shared["name"]
+    );
+    // … where the registered location points.
+    let plugin = controller["metricProviderPlugins"]
+        .as_array()
+        .expect("metricProviderPlugins")
+        .iter()
+        .find(|p| p["name"] == PLUGIN_NAME)
+        .expect("the plugin is registered under rollouts-dispatch/job");
+    assert_eq!(
+        plugin["location"],
+        format!("file://{dir}/{PLUGIN_FILE}").as_str()
+    );
+    // The plugin's args are valid, equal to the ConfigMap example's, and their files are mounted:
+    // the token a projected ServiceAccount token for the server's audience.
+    let args: Vec<String> = plugin["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("string arg").to_string())
+        .collect();
+    let mut argv = vec!["rollouts-dispatch-plugin".to_string()];
+    argv.extend(args.iter().cloned());
+    dispatch_metric_provider_args(&argv);
+    let cm = yaml(&config_dir().join("argo-rollouts-config.yaml"));
+    let example: Value =
+        serde_saphyr::from_str(cm["data"]["metricProviderPlugins"].as_str().expect("YAML"))
+            .expect("metricProviderPlugins is YAML");
+    assert_eq!(plugin["args"], example[0]["args"]);
+    let file_arg = |flag: &str| {
+        let i = args.iter().position(|a| a == flag).expect(flag);
+        args[i + 1].clone()
+    };
+    let token = volume_at(
+        &controller["volumeMounts"],
+        &controller["volumes"],
+        &file_arg("--token-file"),
+    );
+    assert_eq!(
+        token["projected"]["sources"][0]["serviceAccountToken"]["audience"],
+        dispatch_server::http::auth::AUDIENCE
+    );
+    let ca = volume_at(
+        &controller["volumeMounts"],
+        &controller["volumes"],
+        &file_arg("--ca-file"),
+    );
+    assert!(
+        ca["configMap"]["name"]
+            .as_str()
+            .is_some_and(|n| n.ends_with("-ca")),
+        "{ca}"
+    );
+}

@@ -1,5 +1,6 @@
 //! The `rollouts-dispatch` command line: `serve`, `agent`, `token issue`, `destinations`, `run`,
-//! `doctor` (with `leftovers`: Jobs older than the retention), `logs` (a run's full log). Each subcommand owns its args
+//! `doctor` (with `leftovers`: Jobs older than the retention), `logs` (a run's full log),
+//! `install-plugin` (the plugin handed to the Rollouts controller by an init container). Each subcommand owns its args
 //! next to its `run`; the flags several of them share
 //! are the [`ConfigArgs`], [`AdminArgs`] and [`ServerArgs`] groups below.
 
@@ -7,6 +8,7 @@ pub mod agent;
 pub mod deletions;
 pub mod destinations;
 pub mod doctor;
+pub mod install_plugin;
 pub mod leftovers;
 pub mod logs;
 pub mod run;
@@ -27,6 +29,7 @@ pub use crate::runtime::telemetry::LogFormat;
 pub use agent::AgentArgs;
 pub use destinations::DestinationsArgs;
 pub use doctor::DoctorArgs;
+pub use install_plugin::InstallPluginArgs;
 pub use logs::LogsArgs;
 pub use run::RunArgs;
 pub use serve::ServeArgs;
@@ -78,6 +81,10 @@ pub enum Command {
     /// The whole log of an AnalysisRun's Jobs from the server, kubectl-like (your kubeconfig
     /// token or --token-file; exit 1 with the server's message when it refuses).
     Logs(LogsArgs),
+    /// Copy the metric-provider plugin shipped beside this binary into a directory shared with
+    /// the Argo Rollouts controller (an init container's job; the controller then loads it from
+    /// `file://DIR/rollouts-dispatch-plugin`).
+    InstallPlugin(InstallPluginArgs),
 }
 
 /// `--config`: the server configuration file (`serve`, `run`, `doctor`).
@@ -162,6 +169,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Agent(args) => with_runtime(agent::run(args)),
         Command::Destinations(args) => with_runtime(destinations::run(args)),
         Command::Logs(args) => with_runtime(logs::run(args)),
+        Command::InstallPlugin(args) => install_plugin::run(args),
     }
 }
 
