@@ -17,7 +17,8 @@ mod render;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
-use axum::extract::{ConnectInfo, Form, Path, Query, State};
+use axum::extract::{ConnectInfo, Form, FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -100,16 +101,24 @@ fn refusal(failure: ApiFailure) -> Response {
         .into_response()
 }
 
-/// The viewer of a page request, or the response that refuses it.
-async fn viewer_of(state: &AppState, headers: &HeaderMap, peer: Peer) -> Result<Viewer, Response> {
-    viewer::identify(
-        state,
-        headers,
-        peer_of(peer),
-        viewer::request_token(headers),
-    )
-    .await
-    .map_err(refusal)
+/// The viewer of a page request, extracted before the handler runs; a request without one is
+/// refused with [`refusal`] (the login page for 401).
+struct PageViewer(Viewer);
+
+impl FromRequestParts<AppState> for PageViewer {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Response> {
+        let peer = parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|ConnectInfo(addr)| *addr);
+        let token = viewer::request_token(&parts.headers);
+        viewer::identify(state, &parts.headers, peer, token)
+            .await
+            .map(PageViewer)
+            .map_err(refusal)
+    }
 }
 
 /// `may_see`, asked once per namespace for one request.
@@ -136,14 +145,9 @@ fn now() -> Time {
 
 async fn list(
     State(state): State<AppState>,
-    headers: HeaderMap,
-    peer: Peer,
+    PageViewer(viewer): PageViewer,
     Query(filter): Query<ListFilter>,
 ) -> Response {
-    let viewer = match viewer_of(&state, &headers, peer).await {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
     let watched = state.dispatcher.recent_runs(LIST_SCAN);
     let runs_watched = watched.is_some();
     let mut sight = Sight {
@@ -176,11 +180,7 @@ async fn list(
     .into_response()
 }
 
-async fn destinations(State(state): State<AppState>, headers: HeaderMap, peer: Peer) -> Response {
-    let viewer = match viewer_of(&state, &headers, peer).await {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
+async fn destinations(State(state): State<AppState>, PageViewer(viewer): PageViewer) -> Response {
     Html(render::destinations(
         viewer.name(),
         &state.dispatcher.destination_load(),
@@ -196,14 +196,9 @@ fn is_name(s: &str) -> bool {
 
 async fn run(
     State(state): State<AppState>,
-    headers: HeaderMap,
-    peer: Peer,
+    PageViewer(viewer): PageViewer,
     Path((namespace, name)): Path<(String, String)>,
 ) -> Response {
-    let viewer = match viewer_of(&state, &headers, peer).await {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
     let who = Some(viewer.name());
     if !is_name(&namespace) || !is_name(&name) {
         return (
