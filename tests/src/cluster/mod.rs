@@ -5,7 +5,7 @@
 //! friends), kube-scheduler and kwok (one fake node and a pod lifecycle the test controls, see
 //! [`kwok`]; it also serves the kubelet API, so `pods/log` returns files a test names, see
 //! [`pod_logs`]) from the binaries that `make k8s-bin` builds, writes a kubeconfig and waits until
-//! `/readyz` is ok, the `default` ServiceAccount exists and the fake node is Ready. All state is
+//! `/readyz` is ok (only then are the controller-manager, scheduler and kwok started), the `default` ServiceAccount exists and the fake node is Ready. All state is
 //! in one temporary directory; every process is in one process group that dies with the
 //! [`Cluster`] (see [`process`]). [`start_many`] starts several clusters in parallel.
 //! [`argo::ArgoRollouts`] runs the real Argo Rollouts controller on a cluster; [`rollout`] an
@@ -119,6 +119,10 @@ pub struct Cluster {
     keep_dir: bool,
     /// the kube-apiserver's arguments, to start it again after a kill
     apiserver_args: Vec<String>,
+    /// The components started once the API server answers `/readyz` (`wait_ready`):
+    /// kube-controller-manager exits at once when it cannot read its authentication ConfigMap,
+    /// which on a loaded machine happens before the API server listens.
+    deferred: Vec<(&'static str, Command)>,
 }
 
 /// Name of the fake node that kwok manages in every cluster.
@@ -274,7 +278,7 @@ impl Cluster {
             "--use-service-account-credentials=false".into(),
             "--profiling=false".into(),
         ]);
-        processes.spawn("kube-controller-manager", controller_manager)?;
+        let mut deferred = vec![("kube-controller-manager", controller_manager)];
 
         let mut scheduler = Command::new(&binaries.kube_scheduler);
         scheduler.args([
@@ -287,7 +291,7 @@ impl Cluster {
             "--leader-elect=false".into(),
             "--profiling=false".into(),
         ]);
-        processes.spawn("kube-scheduler", scheduler)?;
+        deferred.push(("kube-scheduler", scheduler));
 
         let mut kwok = Command::new(&binaries.kwok);
         kwok.args([
@@ -314,7 +318,7 @@ impl Cluster {
             format!("--server-address=127.0.0.1:{}", ports.kwok),
             "--enable-crds=Logs,ClusterLogs".into(),
         ]);
-        processes.spawn("kwok", kwok)?;
+        deferred.push(("kwok", kwok));
 
         Ok(Self {
             name: name.clone(),
@@ -330,6 +334,7 @@ impl Cluster {
             keep_dir: options.keep_dir,
             dir,
             apiserver_args,
+            deferred,
         })
     }
 
@@ -384,8 +389,11 @@ impl Cluster {
     async fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         let client = self.client().await?;
-        // 1. The API server answers /readyz with "ok".
+        // 1. The API server answers /readyz with "ok"; then the components that need it start.
         self.wait_apiserver(&client, timeout).await?;
+        for (name, command) in std::mem::take(&mut self.deferred) {
+            self.processes.spawn(name, command)?;
+        }
         // 2. The fake node exists (kwok then makes it Ready), and kwok's Logs CRDs.
         kwok::create_node(&client).await?;
         argo::apply_crds(&client, &self.binaries.kwok_crds).await?;
