@@ -1,9 +1,20 @@
 //! `destination: stage`: the clusters a Kargo Stage promoted to, read from Kargo and Argo CD.
 //!
-//! The run's Stage (`kargo.akuity.io/stage` annotation, else label) → its
-//! `kargo.akuity.io/argocd-context` annotation (JSON list of `{name, namespace}` of the Argo CD
-//! Applications of the last promotion) → each Application's `spec.destination` (`server` xor
-//! `name`) → the destination registered from the matching Argo CD cluster Secret.
+//! The run's Stage (`kargo.akuity.io/stage` annotation, else label), read on the control plane
+//! → its shard (`spec.shard`, kargo api/v1alpha1/stage_types.go:216-221 at 1c76476) → the Argo
+//! CD instance serving that shard ([`StageInstance`], `argocd[].shards`; none: refused, never
+//! another instance) → the Stage's `kargo.akuity.io/argocd-context` annotation (JSON list of
+//! `{name, namespace}` of the Argo CD Applications of the last promotion) → each Application,
+//! read on the cluster that instance runs on → its `spec.destination` (`server` xor `name`) →
+//! a destination of that instance's cluster Secrets, or a configured one ([`mapping`]).
+//!
+//! Kargo's webhook keeps label `kargo.akuity.io/shard` equal to `spec.shard`
+//! (stage_types.go:216-220), and its sharded controllers pick the Stages they promote by that
+//! label (pkg/controller/predicates.go:56): a Stage whose label and `spec.shard` differ is
+//! refused rather than guessed at; a label without `spec.shard` (a Kargo before the field) is
+//! the shard.
+
+mod mapping;
 
 use std::time::Duration;
 
@@ -11,8 +22,97 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{Entry, Registry, IN_CLUSTER_NAME, IN_CLUSTER_SERVER};
+use super::{IN_CLUSTER_NAME, IN_CLUSTER_SERVER};
+use crate::config::{Shards, DEFAULT_ARGOCD_INSTANCE};
 use crate::job::{RunContext, KARGO_STAGE};
+pub use mapping::destination_of;
+
+/// Kargo's label of a Stage's shard (kargo api/v1alpha1/labels.go:46).
+pub const SHARD_LABEL: &str = "kargo.akuity.io/shard";
+
+/// An Argo CD instance as `destination: stage` reads it.
+#[derive(Clone)]
+pub struct StageInstance {
+    /// `argocd[].name`
+    pub name: String,
+    /// where the Applications a Stage names without a namespace live
+    pub namespace: String,
+    /// the shards whose Stages promote through it
+    pub shards: Shards,
+    /// it runs on the control plane: its `in-cluster` is the implicit one
+    pub on_control_plane: bool,
+    /// the destination of Applications on `https://kubernetes.default.svc` or `in-cluster`
+    pub home: Home,
+    /// how the cluster it runs on is read
+    pub cluster: InstanceCluster,
+}
+
+/// How `destination: stage` reads the cluster an Argo CD instance runs on.
+#[derive(Clone)]
+pub enum InstanceCluster {
+    /// with the control plane's client, given to [`resolve`]
+    ControlPlane,
+    /// with this client
+    Client(kube::Client),
+    /// not at all: its credentials cannot be used (the error); its Stages are refused, never
+    /// read elsewhere
+    Unusable(String),
+}
+
+impl std::fmt::Debug for StageInstance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StageInstance")
+            .field("name", &self.name)
+            .field("shards", &self.shards)
+            .field("home", &self.home)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StageInstance {
+    /// Without `argocd` in the config: Applications in namespace `argocd` of the control plane,
+    /// for every Stage, and no implicit `in-cluster` (as before topologies).
+    pub fn unconfigured() -> Self {
+        Self {
+            name: DEFAULT_ARGOCD_INSTANCE.into(),
+            namespace: "argocd".into(),
+            shards: Shards::Every,
+            on_control_plane: true,
+            home: Home::InCluster,
+            cluster: InstanceCluster::ControlPlane,
+        }
+    }
+
+    /// `" (Argo CD instance NAME)"`, or nothing for the single-map form, for messages.
+    fn shown(&self) -> String {
+        if self.name == DEFAULT_ARGOCD_INSTANCE {
+            String::new()
+        } else {
+            format!(" (Argo CD instance {})", self.name)
+        }
+    }
+
+    /// The config key that turns its own cluster on, for messages.
+    fn in_cluster_key(&self) -> String {
+        if self.name == DEFAULT_ARGOCD_INSTANCE {
+            "argocd.inCluster".into()
+        } else {
+            format!("argocd[].inCluster of instance {}", self.name)
+        }
+    }
+}
+
+/// Where an instance's Applications on its own cluster (`https://kubernetes.default.svc`,
+/// `in-cluster`) run their Jobs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Home {
+    /// the implicit `in-cluster` destination of the control plane, when registered
+    InCluster,
+    /// this destination: the instance's `destination`, or its name with `kubeconfig`
+    Destination(String),
+    /// none: `inCluster: false` off the control plane
+    Disabled,
+}
 
 /// The Stage annotation with the Argo CD Applications of the last promotion.
 pub const ARGOCD_CONTEXT: &str = "kargo.akuity.io/argocd-context";
@@ -93,6 +193,58 @@ pub enum StageError {
         /// the Stage
         stage: String,
     },
+    /// `spec.shard` is not a string.
+    #[error("Stage {namespace}/{stage}: spec.shard is not a string")]
+    BadShard {
+        /// the Stage's namespace (the run's)
+        namespace: String,
+        /// the Stage
+        stage: String,
+    },
+    /// The shard label and `spec.shard` differ: which controller promoted it is unclear.
+    #[error(
+        "Stage {namespace}/{stage}: label {SHARD_LABEL} is {label:?} but spec.shard is \
+         {shard:?}; Kargo's webhook keeps them equal, and its controllers pick Stages by the \
+         label: fix the Stage (or Kargo's webhook) before verifying it"
+    )]
+    ShardMismatch {
+        /// the Stage's namespace (the run's)
+        namespace: String,
+        /// the Stage
+        stage: String,
+        /// `spec.shard` (`""`: none)
+        shard: String,
+        /// the label (`""`: none)
+        label: String,
+    },
+    /// No Argo CD instance serves the Stage's shard.
+    #[error(
+        "Stage {namespace}/{stage} {}, and no Argo CD instance of the server config serves it: \
+         add it to the `shards` of the `argocd[]` instance its Applications live in ({served})",
+        if shard.is_empty() { "has no spec.shard (the default shard, \"\")".to_string() }
+        else { format!("belongs to shard {shard:?} (spec.shard)") }
+    )]
+    NoInstance {
+        /// the Stage's namespace (the run's)
+        namespace: String,
+        /// the Stage
+        stage: String,
+        /// its shard (`""`: none)
+        shard: String,
+        /// `name: shards` of every instance, for the message
+        served: String,
+    },
+    /// The instance of the Stage's shard cannot be read.
+    #[error(
+        "the Stage's Applications are in Argo CD instance {instance}, whose cluster cannot be \
+         read: {error}"
+    )]
+    InstanceUnusable {
+        /// the instance
+        instance: String,
+        /// why (its `kubeconfig` or `destination`)
+        error: String,
+    },
     /// An Application cannot be read.
     #[error("cannot read Application {application}: {source}")]
     ReadApplication {
@@ -125,15 +277,37 @@ pub enum StageError {
         /// `namespace/name`
         application: String,
     },
-    /// The Application deploys to the local cluster, which is not a destination here.
+    /// The Application deploys to the cluster its Argo CD runs on, which is not a destination.
     #[error(
-        "Application {application} deploys to {IN_CLUSTER_SERVER}, but the implicit \
-         {IN_CLUSTER_NAME} destination is disabled (argocd.inCluster) and no cluster Secret has \
-         that server"
+        "Application {application} deploys to {IN_CLUSTER_SERVER} ({IN_CLUSTER_NAME}), the \
+         cluster its Argo CD runs on, but that cluster is no destination here ({key} is false, \
+         or another instance on the control plane registers none) and no cluster Secret of this \
+         instance has that server"
     )]
     InClusterDisabled {
         /// `namespace/name`
         application: String,
+        /// the key that turns it on
+        key: String,
+    },
+    /// The Application names a cluster that another Argo CD instance registered.
+    #[error(
+        "Application {application} deploys to cluster {cluster:?}, but that destination comes \
+         from Argo CD instance {owner}{broken}, not from {instance}, which serves this Stage's shard; \
+         register the cluster in {instance}'s Argo CD (a cluster Secret), or give the \
+         destination in `destinations`"
+    )]
+    OtherInstance {
+        /// `namespace/name`
+        application: String,
+        /// the cluster name or server
+        cluster: String,
+        /// the instance that registered it
+        owner: String,
+        /// its error when it is broken, as ` (and it is unusable: …)`
+        broken: String,
+        /// the instance of the Stage's shard
+        instance: String,
     },
     /// No destination has the Application's server.
     #[error(
@@ -190,13 +364,14 @@ fn application_resource() -> ApiResource {
     )
 }
 
-/// The destination names of `run`'s Stage, in Application order, without duplicates.
-/// `argocd_namespace` is where Applications without a namespace in the context live.
+/// The destination names of `run`'s Stage, in Application order, without duplicates: the
+/// Stage read on `control_plane`, its Applications on the cluster of the instance of
+/// `instances` that serves its shard.
 pub async fn resolve(
     control_plane: &kube::Client,
+    instances: &[StageInstance],
     run: &RunContext,
-    argocd_namespace: &str,
-    registry: &Registry,
+    registry: &super::Registry,
     timeout: Duration,
 ) -> Result<Vec<String>, StageError> {
     let stage = run.kargo_stage().ok_or_else(|| StageError::NotKargo {
@@ -221,6 +396,7 @@ pub async fn resolve(
             let (namespace, stage) = at();
             StageError::NoStage { namespace, stage }
         })?;
+    let instance = instance_of(&obj, instances, at)?;
     let context = obj
         .metadata
         .annotations
@@ -242,6 +418,16 @@ pub async fn resolve(
         let (namespace, stage) = at();
         return Err(StageError::EmptyContext { namespace, stage });
     }
+    let client = match &instance.cluster {
+        InstanceCluster::ControlPlane => control_plane,
+        InstanceCluster::Client(c) => c,
+        InstanceCluster::Unusable(error) => {
+            return Err(StageError::InstanceUnusable {
+                instance: instance.name.clone(),
+                error: error.clone(),
+            })
+        }
+    };
     let mut names: Vec<String> = Vec::new();
     for app in apps {
         let app_name = app.name.filter(|n| !n.is_empty()).ok_or_else(|| {
@@ -251,25 +437,86 @@ pub async fn resolve(
         let app_ns = app
             .namespace
             .filter(|n| !n.is_empty())
-            .unwrap_or_else(|| argocd_namespace.to_string());
+            .unwrap_or_else(|| instance.namespace.clone());
+        let application = format!("{app_ns}/{app_name}{}", instance.shown());
         let api: Api<DynamicObject> =
-            Api::namespaced_with(control_plane.clone(), &app_ns, &application_resource());
+            Api::namespaced_with(client.clone(), &app_ns, &application_resource());
         let obj = get(&api, &app_name, timeout)
             .await
             .map_err(|source| StageError::ReadApplication {
-                application: format!("{app_ns}/{app_name}"),
+                application: application.clone(),
                 source,
             })?
             .ok_or_else(|| StageError::NoApplication {
-                application: format!("{app_ns}/{app_name}"),
+                application: application.clone(),
                 stage: stage.to_string(),
             })?;
-        let name = destination_of(registry, &obj.data, &format!("{app_ns}/{app_name}"))?;
+        let name = destination_of(registry, &obj.data, &application, instance)?;
         if !names.contains(&name) {
             names.push(name);
         }
     }
     Ok(names)
+}
+
+/// The instance serving the shard of Stage `obj`: `spec.shard` (checked against Kargo's label).
+fn instance_of<'a>(
+    obj: &DynamicObject,
+    instances: &'a [StageInstance],
+    at: impl Fn() -> (String, String),
+) -> Result<&'a StageInstance, StageError> {
+    let shard = match obj.data.pointer("/spec/shard") {
+        None | Some(Value::Null) => "",
+        Some(Value::String(s)) => s.as_str(),
+        Some(_) => {
+            let (namespace, stage) = at();
+            return Err(StageError::BadShard { namespace, stage });
+        }
+    };
+    let label = obj
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(SHARD_LABEL))
+        .map_or("", String::as_str);
+    // A label without spec.shard: a Kargo that predates the field, whose controllers pick
+    // Stages by the label alone.
+    if !shard.is_empty() && !label.is_empty() && label != shard {
+        let (namespace, stage) = at();
+        return Err(StageError::ShardMismatch {
+            namespace,
+            stage,
+            shard: shard.to_string(),
+            label: label.to_string(),
+        });
+    }
+    let shard = if shard.is_empty() { label } else { shard };
+    instances
+        .iter()
+        .find(|i| i.shards.serves(shard))
+        .ok_or_else(|| {
+            let (namespace, stage) = at();
+            let served: Vec<String> = instances
+                .iter()
+                .map(|i| match &i.shards {
+                    Shards::Every => format!("{}: every shard", i.name),
+                    Shards::Only(set) => format!(
+                        "{}: {}",
+                        i.name,
+                        set.iter()
+                            .map(|s| format!("{s:?}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                })
+                .collect();
+            StageError::NoInstance {
+                namespace,
+                stage,
+                shard: shard.to_string(),
+                served: served.join("; "),
+            }
+        })
 }
 
 async fn get(
@@ -281,127 +528,5 @@ async fn get(
         Ok(Ok(o)) => Ok(o),
         Ok(Err(e)) => Err(ReadError::Api(e)),
         Err(_) => Err(ReadError::Timeout(timeout)),
-    }
-}
-
-/// Maps an Application's `spec.destination` to a registered destination name.
-pub fn destination_of(
-    registry: &Registry,
-    app: &Value,
-    app_ref: &str,
-) -> Result<String, StageError> {
-    let application = app_ref.to_string();
-    let dest = app.pointer("/spec/destination").unwrap_or(&Value::Null);
-    let server = dest
-        .get("server")
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty());
-    let name = dest
-        .get("name")
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty());
-    match (server, name) {
-        (Some(_), Some(_)) => Err(StageError::ServerAndName { application }),
-        (None, None) => Err(StageError::NoServerNorName { application }),
-        (Some(server), None) => {
-            let server = server.trim_end_matches('/');
-            let found = registry.by_server(server);
-            match found.first() {
-                Some(e) => Ok(e.name().to_string()),
-                None if server == IN_CLUSTER_SERVER => {
-                    Err(StageError::InClusterDisabled { application })
-                }
-                None => Err(StageError::UnknownServer {
-                    application,
-                    server: server.to_string(),
-                }),
-            }
-        }
-        (None, Some(name)) => match registry.get(name) {
-            Some(Entry::Ready(_) | Entry::Broken(_) | Entry::Agent(_)) => Ok(name.to_string()),
-            None => Err(StageError::UnknownCluster {
-                application,
-                cluster: name.to_string(),
-            }),
-        },
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::EngineSettings;
-    use crate::destinations::client::AccessError;
-    use crate::destinations::{DestinationSpec, Source};
-    use serde_json::json;
-    use std::collections::BTreeMap;
-
-    fn registry() -> Registry {
-        let r = Registry::new(EngineSettings::default(), false);
-        for (name, server, source) in [
-            (
-                "prod",
-                "https://10.0.0.1:6443",
-                Source::ArgoCd {
-                    namespace: "argocd".into(),
-                    secret: "s".into(),
-                },
-            ),
-            (
-                "static-prod",
-                "https://10.0.0.1:6443",
-                Source::Config { index: 0 },
-            ),
-        ] {
-            r.insert(DestinationSpec {
-                name: name.into(),
-                labels: BTreeMap::new(),
-                namespace: "default".into(),
-                namespaces: None,
-                server: server.into(),
-                source,
-                fingerprint: 0,
-                config: Err(AccessError::ExecWithoutCommand.into()),
-            });
-        }
-        r
-    }
-
-    #[tokio::test]
-    async fn applications_map_to_destinations() {
-        let r = registry();
-        let app = |d: Value| json!({"spec": {"destination": d}});
-        // The Argo CD cluster Secret wins over a configured destination with the same server.
-        assert_eq!(
-            destination_of(
-                &r,
-                &app(json!({"server": "https://10.0.0.1:6443/"})),
-                "argocd/a"
-            )
-            .unwrap(),
-            "prod"
-        );
-        assert_eq!(
-            destination_of(&r, &app(json!({"name": "prod"})), "argocd/a").unwrap(),
-            "prod"
-        );
-        for (d, needle) in [
-            (
-                json!({"server": "https://x", "name": "prod"}),
-                "both server and name",
-            ),
-            (json!({}), "neither"),
-            (
-                json!({"server": "https://elsewhere"}),
-                "no Argo CD cluster Secret",
-            ),
-            (json!({"name": "nope"}), "no destination with that name"),
-            (json!({"server": IN_CLUSTER_SERVER}), "argocd.inCluster"),
-        ] {
-            let e = destination_of(&r, &app(d), "argocd/a")
-                .unwrap_err()
-                .to_string();
-            assert!(e.contains(needle) && e.contains("argocd/a"), "{e}");
-        }
     }
 }
