@@ -110,7 +110,8 @@ pub struct GcRequest {
 pub struct DestinationInfo {
     /// the name used in plugin blocks
     pub name: String,
-    /// where it was defined: `config`, `kubeconfig`, `argocd-secret` or `agent`
+    /// where it was defined: `config`, `kubeconfig`, `argocd-secret`, `argocd-instance` (the
+    /// cluster an Argo CD instance with `kubeconfig` runs on) or `agent`
     pub source: String,
     /// labels for `destinationSelector`
     #[serde(default)]

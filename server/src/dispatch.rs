@@ -511,7 +511,8 @@ impl Dispatcher for EngineDispatcher {
                 name: e.name().to_string(),
                 source: match e.source() {
                     Source::Config { .. } => "config",
-                    Source::ArgoCd { .. } | Source::ArgoCdInCluster => "argocd-secret",
+                    Source::ArgoCd { .. } | Source::ArgoCdInCluster { .. } => "argocd-secret",
+                    Source::ArgoCdHome { .. } => "argocd-instance",
                     Source::Kubeconfig { .. } => "kubeconfig",
                     Source::Agent { .. } => "agent",
                     Source::Local => "local",

@@ -18,7 +18,7 @@ use k8s_openapi::api::authorization::v1::{
 };
 use kube::api::{Api, PostParams};
 
-use crate::config::ConfirmRuns;
+use crate::config::{ConfirmRuns, DEFAULT_ARGOCD_INSTANCE};
 use crate::destinations::{Destination, Entry, Source};
 use crate::engine::Engine;
 use crate::runs::Runs;
@@ -71,8 +71,18 @@ pub struct Row {
 fn short_source(s: &Source) -> String {
     match s {
         Source::Config { index } => format!("config[{index}]"),
-        Source::ArgoCd { namespace, secret } => format!("argocd:{namespace}/{secret}"),
-        Source::ArgoCdInCluster => "argocd:in-cluster".into(),
+        Source::ArgoCd {
+            instance,
+            namespace,
+            secret,
+        } if instance == DEFAULT_ARGOCD_INSTANCE => format!("argocd:{namespace}/{secret}"),
+        Source::ArgoCd {
+            instance,
+            namespace,
+            secret,
+        } => format!("argocd[{instance}]:{namespace}/{secret}"),
+        Source::ArgoCdInCluster { .. } => "argocd:in-cluster".into(),
+        Source::ArgoCdHome { instance } => format!("argocd[{instance}]:own-cluster"),
         Source::Kubeconfig { context, .. } => format!("kubeconfig:{context}"),
         Source::Agent { index } => format!("agent[{index}]"),
         Source::Local => "local".into(),

@@ -23,7 +23,11 @@
 //!   tokenFile: /var/run/secrets/edge-1/token   # or token, certFile+keyFile, certData+keyData
 //!   caFile: /etc/edge-1/ca.crt                 # or caData (PEM), or insecure: true
 //! kubeconfigContexts: {path: ~/.kube/config, contexts: ["kind-*"]}
-//! argocd: {namespace: argocd, inCluster: true, defaultNamespace: default}
+//! argocd: {namespace: argocd, inCluster: true, defaultNamespace: default}  # or a list:
+//! # argocd:                        # one item per Argo CD instance; a Stage's spec.shard picks one
+//! # - {name: main}                 # the control plane; no `shards`: the Stages without spec.shard
+//! # - {name: eu, kubeconfig: {path: /etc/eu.kubeconfig}, shards: [eu]}   # destination `eu`
+//! # - {name: us, destination: us-mgmt, namespace: gitops, shards: [us]}
 //! policy:                          # none: nothing is dispatched; `{allowAll: true}`: anything
 //!   rules:
 //!   - projects: ["team-a", "team-b-*"]
@@ -109,8 +113,9 @@ pub struct ServerConfig {
     pub destinations: Vec<DestinationConfig>,
     /// every context of a kubeconfig as a destination
     pub kubeconfig_contexts: Option<KubeconfigContexts>,
-    /// Argo CD cluster Secrets on the control plane as destinations, watched live
-    pub argocd: Option<ArgoCdConfig>,
+    /// the Argo CD instances: their cluster Secrets as destinations, watched live, and the
+    /// Applications `destination: stage` reads (empty: none)
+    pub argocd: Vec<ArgoCdConfig>,
     /// `None`: nothing is dispatched (deny by default; a warning is logged at start)
     pub policy: Option<PolicyConfig>,
     /// timeouts
@@ -376,16 +381,29 @@ pub struct KubeconfigContexts {
     pub namespace: Option<String>,
 }
 
-/// Argo CD cluster Secrets on the control plane.
+/// The name of the Argo CD instance of the single-map form `argocd: {…}`.
+pub const DEFAULT_ARGOCD_INSTANCE: &str = "argocd";
+
+/// One Argo CD instance (`argocd:` one map, or `argocd[]`): its cluster Secrets become
+/// destinations, watched live on the cluster it runs on, and `destination: stage` reads the
+/// Applications of the Stages of its `shards` there.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ArgoCdConfig {
+    /// unique among the instances (`argocd` for the single-map form); with `kubeconfig`, also
+    /// the name of the destination that is the cluster it runs on
+    pub name: String,
+    /// the cluster it runs on
+    pub location: ArgoCdLocation,
+    /// the Kargo shards whose Stages promote through it
+    pub shards: Shards,
     /// the Argo CD namespace (default `argocd`)
     pub namespace: String,
-    /// the implicit `in-cluster` destination, the control plane itself (default true, like
-    /// Argo CD's `cluster.inClusterEnabled`)
+    /// the cluster it runs on is a destination (default true, like Argo CD's
+    /// `cluster.inClusterEnabled`): `in-cluster` on the control plane, the instance's name with
+    /// `kubeconfig`; `https://kubernetes.default.svc` and `in-cluster` in Applications map to it
     pub in_cluster: bool,
-    /// the only namespaces Jobs may run in on `in-cluster`, each watched on its own instead of
-    /// the whole cluster (`None`: every namespace)
+    /// the only namespaces Jobs may run in on that destination, each watched on its own
+    /// instead of the whole cluster (`None`: every namespace)
     pub in_cluster_namespaces: Option<Vec<String>>,
     /// default namespace of Jobs on these destinations (default `default`; a Secret may set
     /// annotation `rollouts-dispatch.io/namespace`)
@@ -393,6 +411,42 @@ pub struct ArgoCdConfig {
     /// the commands a Secret's `execProviderConfig` may run inside the server (exact match);
     /// empty: a Secret with `execProviderConfig` is refused
     pub exec_providers: Vec<String>,
+}
+
+/// The cluster an Argo CD instance runs on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ArgoCdLocation {
+    /// the control plane (neither `kubeconfig` nor `destination`)
+    ControlPlane,
+    /// `kubeconfig: {path, context}`
+    Kubeconfig {
+        /// the file (`None`: `$KUBECONFIG`, else `~/.kube/config`)
+        path: Option<PathBuf>,
+        /// the context (`None`: the file's current context)
+        context: Option<String>,
+    },
+    /// `destination: NAME`: a direct destination of `destinations[]` or `kubeconfigContexts`
+    Destination(String),
+}
+
+/// The Kargo shards (a Stage's `spec.shard`) an Argo CD instance serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Shards {
+    /// every Stage, whatever its shard: the single-map form without `shards`
+    Every,
+    /// these shards; `""` stands for the Stages without `spec.shard` (what a list item
+    /// without `shards` serves)
+    Only(std::collections::BTreeSet<String>),
+}
+
+impl Shards {
+    /// Whether a Stage with `spec.shard` = `shard` (`""`: none) promotes through this instance.
+    pub fn serves(&self, shard: &str) -> bool {
+        match self {
+            Self::Every => true,
+            Self::Only(set) => set.contains(shard),
+        }
+    }
 }
 
 /// Which projects may use which destinations and namespaces. Without rules (and without
@@ -482,7 +536,7 @@ impl ServerConfig {
             control_plane: Access::Infer,
             destinations: Vec::new(),
             kubeconfig_contexts: Some(KubeconfigContexts::default()),
-            argocd: None,
+            argocd: Vec::new(),
             policy: None,
             engine: EngineSettings::default(),
             agents: None,
@@ -575,7 +629,11 @@ engine: {connectTimeout: 2s}
             !format!("{d:?}").contains("abc"),
             "tokens never appear in Debug"
         );
-        let argocd = c.argocd.unwrap();
+        let argocd = &c.argocd[0];
+        assert_eq!(c.argocd.len(), 1);
+        assert_eq!(argocd.name, DEFAULT_ARGOCD_INSTANCE);
+        assert_eq!(argocd.location, ArgoCdLocation::ControlPlane);
+        assert_eq!(argocd.shards, Shards::Every);
         assert_eq!(argocd.namespace, "gitops");
         assert!(argocd.in_cluster);
         assert_eq!(argocd.default_namespace, "default");
@@ -637,7 +695,7 @@ engine: {connectTimeout: 2s}
         let policy = c.policy.unwrap();
         assert_eq!(policy.rules.len(), 4);
         assert!(policy.rules[2].automount_service_account_token && !policy.allow_all);
-        assert_eq!(c.argocd.unwrap().default_namespace, "verification");
+        assert_eq!(c.argocd[0].default_namespace, "verification");
         let agents = c.agents.unwrap();
         assert_eq!(agents.store, StoreKind::Kubernetes);
         assert_eq!(agents.destinations[0].name, "edge-2");

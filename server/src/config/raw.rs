@@ -13,9 +13,9 @@ use serde::Deserialize;
 use crate::podsecurity::{default_service_accounts, Level, UnknownLevel};
 
 use super::{
-    Access, AgentDestinationConfig, AgentsConfig, ArgoCdConfig, CallerBinding, ConfirmRuns,
-    DestinationConfig, DirectAccess, KubeconfigContexts, PolicyConfig, PolicyRule, SecretValue,
-    ServerConfig, StoreKind,
+    Access, AgentDestinationConfig, AgentsConfig, CallerBinding, ConfirmRuns, DestinationConfig,
+    DirectAccess, KubeconfigContexts, PolicyConfig, PolicyRule, SecretValue, ServerConfig,
+    StoreKind,
 };
 
 /// A key of the file that cannot be used: its path (`destinations[1].server`) and what is wrong
@@ -128,6 +128,8 @@ pub(crate) enum Problem {
     DeadlineOverMax { deadline: Duration, max: Duration },
     #[error(transparent)]
     Ui(#[from] ui::UiProblem),
+    #[error(transparent)]
+    ArgoCd(#[from] argocd::ArgoCdProblem),
 }
 
 /// Why a string cannot be a destination name ([`check_destination_name`]).
@@ -163,7 +165,7 @@ pub(super) struct RawConfig {
     #[serde(default)]
     destinations: Vec<RawDestination>,
     kubeconfig_contexts: Option<RawKubeconfigContexts>,
-    argocd: Option<RawArgoCd>,
+    argocd: Option<RawArgoCdSection>,
     policy: Option<RawPolicy>,
     engine: Option<RawEngine>,
     agents: Option<RawAgents>,
@@ -252,17 +254,6 @@ struct RawKubeconfigContexts {
     #[serde(default)]
     labels: BTreeMap<String, String>,
     namespace: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct RawArgoCd {
-    namespace: Option<String>,
-    in_cluster: Option<bool>,
-    in_cluster_namespaces: Option<Vec<String>>,
-    default_namespace: Option<String>,
-    #[serde(default)]
-    exec_providers: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -398,35 +389,15 @@ impl RawConfig {
                 })
             }
         };
-        let argocd = match self.argocd {
-            None => None,
-            Some(a) => {
-                let namespace = a.namespace.unwrap_or_else(|| "argocd".into());
-                check_namespace(Some(&namespace)).map_err(|e| invalid("argocd.namespace", e))?;
-                let default_namespace = a.default_namespace.unwrap_or_else(|| "default".into());
-                check_namespace(Some(&default_namespace))
-                    .map_err(|e| invalid("argocd.defaultNamespace", e))?;
-                if let Some(i) = a
-                    .exec_providers
-                    .iter()
-                    .position(|c| c.trim().is_empty() || c.trim() != c)
-                {
-                    return Err(invalid(
-                        format!("argocd.execProviders[{i}]"),
-                        Problem::BadCommand(a.exec_providers[i].clone()),
-                    ));
-                }
-                check_namespaces(a.in_cluster_namespaces.as_deref(), None)
-                    .map_err(|e| invalid("argocd.inClusterNamespaces", e))?;
-                Some(ArgoCdConfig {
-                    namespace,
-                    in_cluster: a.in_cluster.unwrap_or(true),
-                    in_cluster_namespaces: a.in_cluster_namespaces,
-                    default_namespace,
-                    exec_providers: a.exec_providers,
-                })
-            }
+        let agent_names = self.agents.as_ref().map_or_else(BTreeSet::new, |a| {
+            a.destinations.iter().map(|d| d.name.clone()).collect()
+        });
+        let known = KnownDestinations {
+            direct: &names,
+            agents: agent_names,
+            kubeconfig_contexts: kubeconfig_contexts.is_some(),
         };
+        let argocd = validate_argocd(self.argocd, &known)?;
         let policy = match self.policy {
             None => None,
             Some(p) => {
@@ -735,9 +706,11 @@ fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), InvalidLabel> {
     Ok(())
 }
 
+mod argocd;
 mod durations;
 mod namespaces;
 mod ui;
+use argocd::{validate_argocd, KnownDestinations, RawArgoCdSection};
 use durations::{validate_engine, validate_jobs, RawEngine, RawJobs};
 use namespaces::check_namespace;
 pub use namespaces::{check_namespaces, InvalidNamespace, InvalidNamespaces};

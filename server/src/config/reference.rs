@@ -74,7 +74,7 @@ pub fn reference() -> Vec<FieldDoc> {
         f("controlPlane", "object", Unset("the in-cluster service account, else `$KUBECONFIG`"), "how to reach the control plane: Kargo Stages, Argo CD Applications and cluster Secrets, `DispatchJob`s"),
         f("destinations", "list of objects", Unset("none"), "destinations by name, each reached with a kubeconfig (+ context) or a server URL + credentials"),
         f("kubeconfigContexts", "object", Unset("unset; without a file, every context of the default kubeconfig"), "every context of a kubeconfig as a destination named after the context"),
-        f("argocd", "object", Unset("unset: no Argo CD destinations"), "Argo CD cluster Secrets on the control plane as destinations, watched live; needed by `destination: stage`"),
+        f("argocd", "list of objects", Unset("unset: no Argo CD destinations; `destination: stage` reads Applications in namespace `argocd` of the control plane"), "the Argo CD instances: each one's cluster Secrets as destinations, watched live on the cluster it runs on, and where `destination: stage` reads a Stage's Applications (the instance serving the Stage's `spec.shard`). One map instead of a list is the single instance of before: on the control plane, named `argocd`, serving every Stage whatever its shard. A destination name that two cluster Secrets claim, of one instance or of two, is unusable (its error names both)"),
         f("policy", "object", Unset("unset: nothing is dispatched, every measurement is refused (deny by default; a warning at start)"), "which Kargo projects may run Jobs on which destinations and namespaces, and with which pod security"),
         f("engine", "object", Unset("the defaults below"), "timeouts of the dispatch engine"),
         f("agents", "object", Unset("unset: no agent destinations"), "destinations reached through `rollouts-dispatch agent` (clusters that can only dial out; the server holds no credentials for them)"),
@@ -100,11 +100,17 @@ pub fn reference() -> Vec<FieldDoc> {
         f("kubeconfigContexts.contexts", "list of globs", Unset("all contexts"), "globs (`*`, `?`) over context names"),
         f("kubeconfigContexts.labels", "string map", Unset("no labels"), "labels of every such destination"),
         f("kubeconfigContexts.namespace", "string", Unset("`default`"), "default namespace of Jobs when the context has none"),
-        f("argocd.namespace", "string", Value("argocd"), "namespace of Argo CD and its cluster Secrets"),
-        f("argocd.inCluster", "bool", Value("true"), "the implicit `in-cluster` destination, the control plane itself (like Argo CD's `cluster.inClusterEnabled`)"),
-        f("argocd.inClusterNamespaces", "list of strings", Unset("every namespace: watched cluster-wide"), "the only namespaces Jobs may run in on `in-cluster` (namespace names), each watched on its own, so the server needs no cluster-wide read of Jobs and Pods there; its default namespace is `defaultNamespace` when listed, else the first"),
-        f("argocd.defaultNamespace", "string", Value("default"), "default namespace of Jobs on these destinations; a Secret may override it with annotation `rollouts-dispatch.io/namespace`, and limit the destination to namespaces with annotation `rollouts-dispatch.io/namespaces: a,b` (like `destinations[].namespaces`; the default is then `defaultNamespace` when listed, else the first)"),
-        f("argocd.execProviders", "list of strings", Unset("none: a Secret with `execProviderConfig` is refused (its destination is broken)"), "the commands a cluster Secret's `execProviderConfig` may run inside the server, exactly as its `command` gives them (e.g. `/usr/local/bin/gke-gcloud-auth-plugin`); anyone who can write Secrets in the Argo CD namespace chooses the command"),
+        f("argocd[].name", "string", Unset("`argocd` for the single map; required in a list"), "unique; named in messages. With `kubeconfig`, also the name of the destination that is the cluster the instance runs on (so not a name of `destinations[]` or `agents.destinations[]`, not `in-cluster`)"),
+        f("argocd[].kubeconfig", "object", Unset("neither this nor `destination`: the control plane"), "the instance runs on the cluster of this kubeconfig: its cluster Secrets and Applications are read there, and with `inCluster` that cluster is a destination named after the instance; excludes `destination`"),
+        f("argocd[].kubeconfig.path", "path", Unset("`$KUBECONFIG`, else `~/.kube/config`"), "the kubeconfig file"),
+        f("argocd[].kubeconfig.context", "string", Unset("the kubeconfig's current context"), "its context"),
+        f("argocd[].destination", "string", Unset("neither this nor `kubeconfig`: the control plane"), "the instance runs on this direct destination (`destinations[]` or a context of `kubeconfigContexts`, never an agent destination), read with its credentials; Applications on `https://kubernetes.default.svc` or `in-cluster` run their Jobs there (with `inCluster`); excludes `kubeconfig`"),
+        f("argocd[].shards", "list of strings", Unset("the single map: every Stage; a list item: the Stages without `spec.shard` (`[\"\"]`)"), "the Kargo shards (a Stage's `spec.shard`, kargo api/v1alpha1/stage_types.go:216) whose Stages promote through this instance; `\"\"` stands for the Stages without a shard. A shard is served by at most one instance; a Stage whose shard no instance serves is refused (naming the Stage, its shard and this key), never resolved elsewhere"),
+        f("argocd[].namespace", "string", Value("argocd"), "namespace of Argo CD and its cluster Secrets (and of the Applications a Stage names without a namespace)"),
+        f("argocd[].inCluster", "bool", Value("true"), "the cluster the instance runs on is a destination, where Applications on `https://kubernetes.default.svc` or `in-cluster` run their Jobs (like Argo CD's `cluster.inClusterEnabled`): the implicit `in-cluster` on the control plane (one instance there at most), the instance's `name` with `kubeconfig`, the `destination` itself; false: such Applications are refused"),
+        f("argocd[].inClusterNamespaces", "list of strings", Unset("every namespace: watched cluster-wide"), "the only namespaces Jobs may run in on the instance's own cluster (namespace names), each watched on its own, so the server needs no cluster-wide read of Jobs and Pods there; its default namespace is `defaultNamespace` when listed, else the first. Not with `destination` (set that destination's `namespaces`)"),
+        f("argocd[].defaultNamespace", "string", Value("default"), "default namespace of Jobs on these destinations; a Secret may override it with annotation `rollouts-dispatch.io/namespace`, and limit the destination to namespaces with annotation `rollouts-dispatch.io/namespaces: a,b` (like `destinations[].namespaces`; the default is then `defaultNamespace` when listed, else the first)"),
+        f("argocd[].execProviders", "list of strings", Unset("none: a Secret with `execProviderConfig` is refused (its destination is broken)"), "the commands a cluster Secret's `execProviderConfig` may run inside the server, exactly as its `command` gives them (e.g. `/usr/local/bin/gke-gcloud-auth-plugin`); anyone who can write Secrets in the Argo CD namespace chooses the command"),
         f("policy.allowAll", "bool", Value("false"), "`true`: every project may use every destination and namespace, with the default pod security (`restricted`, service account `default`, no API token); a warning at start; excludes `rules`"),
         f("policy.rules", "list of objects", Unset("none: nothing is dispatched (a warning at start)"), "allow rules; any matching rule allows; when several match, the most permissive `podSecurity` applies and their `serviceAccounts` and `automountServiceAccountToken` add up"),
         f("policy.rules[].projects", "list of globs", Required, "Kargo projects (AnalysisRun namespaces)"),
@@ -411,7 +417,7 @@ ui: {people: {proxy: {trustedAddresses: ["10.0.0.1"]}}}
         let Access::Direct(dest) = &c.destinations[0].access else {
             panic!("direct")
         };
-        let argocd = c.argocd.as_ref().unwrap();
+        let argocd = &c.argocd[0];
         let agents = c.agents.as_ref().unwrap();
         let rule = &c.policy.as_ref().unwrap().rules[0];
         let mut checked = 0;
@@ -422,9 +428,9 @@ ui: {people: {proxy: {trustedAddresses: ["10.0.0.1"]}}}
             let applied = match d.key.as_str() {
                 "controlPlane.insecure" => v == cp.insecure.to_string(),
                 "destinations[].insecure" => v == dest.insecure.to_string(),
-                "argocd.namespace" => v == argocd.namespace,
-                "argocd.inCluster" => v == argocd.in_cluster.to_string(),
-                "argocd.defaultNamespace" => v == argocd.default_namespace,
+                "argocd[].namespace" => v == argocd.namespace,
+                "argocd[].inCluster" => v == argocd.in_cluster.to_string(),
+                "argocd[].defaultNamespace" => v == argocd.default_namespace,
                 "policy.rules[].namespaces" => {
                     serde_json::from_str::<Vec<String>>(v).unwrap() == rule.namespaces
                 }

@@ -1,10 +1,13 @@
-//! Argo CD cluster Secrets as destinations, watched live on the control plane.
+//! Argo CD cluster Secrets as destinations, watched live on the cluster each Argo CD instance
+//! runs on (the control plane, or the instance's `kubeconfig`/`destination`).
 //!
 //! A Secret labelled `argocd.argoproj.io/secret-type: cluster` holds `name`, `server` and a
 //! `config` JSON (`bearerToken`, `username`/`password`, `tlsClientConfig`, `awsAuthConfig`,
 //! `execProviderConfig`), as Argo CD's `SecretToCluster` reads it. The server
-//! `https://kubernetes.default.svc` without credentials is the control plane itself, and without
-//! any Secret for it Argo CD's implicit `in-cluster` destination exists (unless disabled).
+//! `https://kubernetes.default.svc` without credentials is the cluster the instance runs on
+//! (reached with the credentials this server has for it), and without any Secret for it Argo
+//! CD's implicit `in-cluster` destination exists on the control plane (unless disabled); an
+//! instance with `kubeconfig` registers its own cluster under its name instead ([`home_spec`]).
 //! Secret labels become destination labels; annotation `rollouts-dispatch.io/namespace` sets the
 //! default namespace, and `rollouts-dispatch.io/namespaces` (comma-separated) limits the
 //! destination to those namespaces: its caches watch each of them instead of the whole cluster,
@@ -23,8 +26,9 @@
 //! * turn TLS verification off silently: `tlsClientConfig.insecure` (types.go:2549) is honoured
 //!   but logged at load, and shown by `doctor` and `GET /v1/destinations`.
 
+pub mod instances;
 mod watch;
-pub use watch::watch;
+pub use watch::{claims, watch, Claims, SharedClaims, WatchedInstance};
 
 use std::collections::BTreeMap;
 
@@ -200,8 +204,9 @@ pub fn destination_name(secret: &Secret) -> String {
         .unwrap_or_else(|| secret.metadata.name.clone().unwrap_or_default())
 }
 
-/// The destination a cluster Secret defines; credentials that cannot be used give a spec whose
-/// `config` is the error. `control_plane` is the config of the cluster the Secret lives on.
+/// The destination a cluster Secret of instance `settings` defines; credentials that cannot be
+/// used give a spec whose `config` is the error. `control_plane` is the config of the cluster
+/// the Secret lives on (the instance's).
 pub async fn spec_from_secret(
     secret: &Secret,
     settings: &ArgoCdConfig,
@@ -210,6 +215,7 @@ pub async fn spec_from_secret(
     let meta = &secret.metadata;
     let secret_name = meta.name.clone().unwrap_or_default();
     let source = Source::ArgoCd {
+        instance: settings.name.clone(),
         namespace: meta.namespace.clone().unwrap_or_default(),
         secret: secret_name.clone(),
     };
@@ -431,7 +437,8 @@ fn default_in(namespaces: Option<&[String]>, default: &str) -> String {
     }
 }
 
-/// The implicit `in-cluster` destination: the control plane.
+/// The implicit `in-cluster` destination of the instance on the control plane: the control
+/// plane.
 pub fn in_cluster_spec(settings: &ArgoCdConfig, control_plane: &kube::Config) -> DestinationSpec {
     let namespaces = settings.in_cluster_namespaces.clone();
     DestinationSpec {
@@ -440,9 +447,36 @@ pub fn in_cluster_spec(settings: &ArgoCdConfig, control_plane: &kube::Config) ->
         namespace: default_in(namespaces.as_deref(), &settings.default_namespace),
         namespaces,
         server: IN_CLUSTER_SERVER.into(),
-        source: Source::ArgoCdInCluster,
+        source: Source::ArgoCdInCluster {
+            instance: settings.name.clone(),
+        },
         fingerprint: 0,
         config: Ok(control_plane.clone()),
+    }
+}
+
+/// The cluster an instance with `kubeconfig` runs on, as a destination named after the
+/// instance (`cluster`: the kubeconfig's config, or why it cannot be used).
+pub fn home_spec(
+    settings: &ArgoCdConfig,
+    cluster: Result<kube::Config, std::sync::Arc<AccessError>>,
+) -> DestinationSpec {
+    let namespaces = settings.in_cluster_namespaces.clone();
+    let server = cluster
+        .as_ref()
+        .map(|c| c.cluster_url.to_string().trim_end_matches('/').to_string())
+        .unwrap_or_default();
+    DestinationSpec {
+        name: settings.name.clone(),
+        labels: BTreeMap::new(),
+        namespace: default_in(namespaces.as_deref(), &settings.default_namespace),
+        namespaces,
+        server,
+        source: Source::ArgoCdHome {
+            instance: settings.name.clone(),
+        },
+        fingerprint: 0,
+        config: cluster.map_err(SpecError::from),
     }
 }
 
@@ -456,6 +490,9 @@ mod tests {
 
     fn settings() -> ArgoCdConfig {
         ArgoCdConfig {
+            name: "argocd".into(),
+            location: crate::config::ArgoCdLocation::ControlPlane,
+            shards: crate::config::Shards::Every,
             namespace: "argocd".into(),
             in_cluster: true,
             in_cluster_namespaces: None,
@@ -581,7 +618,12 @@ mod tests {
         );
         let implicit = in_cluster_spec(&settings(), &cp());
         assert_eq!(implicit.name, IN_CLUSTER_NAME);
-        assert_eq!(implicit.source, Source::ArgoCdInCluster);
+        assert_eq!(
+            implicit.source,
+            Source::ArgoCdInCluster {
+                instance: "argocd".into()
+            }
+        );
     }
 
     #[tokio::test]

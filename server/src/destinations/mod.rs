@@ -6,7 +6,9 @@
 //! no API call. Sources, merged by name with this precedence:
 //!
 //! 1. the config file's `destinations` ([`Source::Config`]);
-//! 2. Argo CD cluster Secrets on the control plane, watched live ([`argocd`]);
+//! 2. Argo CD cluster Secrets, watched live on the cluster of each Argo CD instance
+//!    ([`argocd`]); the cluster an instance with `kubeconfig` runs on, named after it, comes
+//!    first like a configured destination;
 //! 3. the implicit Argo CD `in-cluster` destination, the control plane itself;
 //! 4. kubeconfig contexts ([`Source::Kubeconfig`], the embedded default on a laptop).
 //!
@@ -35,6 +37,7 @@ use tokio::sync::watch;
 
 use crate::config::{
     check_destination_name, DestinationConfig, EngineSettings, KubeconfigContexts,
+    DEFAULT_ARGOCD_INSTANCE,
 };
 use crate::job::MANAGED_SELECTOR;
 use crate::policy::glob_match;
@@ -62,13 +65,23 @@ pub enum Source {
     },
     /// an Argo CD cluster Secret
     ArgoCd {
+        /// the Argo CD instance (`argocd[].name`) whose Secret it is
+        instance: String,
         /// its namespace
         namespace: String,
         /// its name
         secret: String,
     },
-    /// Argo CD's implicit `in-cluster` (the control plane)
-    ArgoCdInCluster,
+    /// Argo CD's implicit `in-cluster` (the control plane), of the instance on the control plane
+    ArgoCdInCluster {
+        /// the instance (`argocd[].name`)
+        instance: String,
+    },
+    /// the cluster an Argo CD instance with `kubeconfig` runs on, named after the instance
+    ArgoCdHome {
+        /// the instance (`argocd[].name`)
+        instance: String,
+    },
     /// a kubeconfig context
     Kubeconfig {
         /// the file
@@ -89,9 +102,10 @@ impl Source {
     /// Lower wins when two sources define the same name.
     fn priority(&self) -> u8 {
         match self {
-            Self::Config { .. } | Self::Agent { .. } | Self::Local => 0,
+            // An instance's own cluster is configured like a destination: no Secret replaces it.
+            Self::Config { .. } | Self::Agent { .. } | Self::Local | Self::ArgoCdHome { .. } => 0,
             Self::ArgoCd { .. } => 1,
-            Self::ArgoCdInCluster => 2,
+            Self::ArgoCdInCluster { .. } => 2,
             Self::Kubeconfig { .. } => 3,
         }
     }
@@ -100,11 +114,16 @@ impl Source {
     pub fn namespaces_key(&self) -> String {
         match self {
             Self::Config { index } => format!("`destinations[{index}].namespaces`"),
-            Self::ArgoCd { namespace, secret } => format!(
-                "annotation `{}` of Argo CD cluster Secret {namespace}/{secret}",
-                argocd::NAMESPACES_ANNOTATION
-            ),
-            Self::ArgoCdInCluster => "`argocd.inClusterNamespaces`".to_string(),
+            Self::ArgoCd { .. } => {
+                format!("annotation `{}` of {self}", argocd::NAMESPACES_ANNOTATION)
+            }
+            Self::ArgoCdInCluster { instance } | Self::ArgoCdHome { instance } => {
+                if instance == DEFAULT_ARGOCD_INSTANCE {
+                    "`argocd.inClusterNamespaces`".to_string()
+                } else {
+                    format!("`argocd[].inClusterNamespaces` of Argo CD instance {instance}")
+                }
+            }
             Self::Kubeconfig { .. } => "`namespaces` (kubeconfig contexts have none)".to_string(),
             Self::Agent { index } => {
                 format!("the agent's `--namespaces` (agents.destinations[{index}])")
@@ -115,7 +134,17 @@ impl Source {
 
     /// Whether Argo CD defines it.
     pub fn is_argocd(&self) -> bool {
-        matches!(self, Self::ArgoCd { .. } | Self::ArgoCdInCluster)
+        self.argocd_instance().is_some()
+    }
+
+    /// The Argo CD instance (`argocd[].name`) that defines it, if one does.
+    pub fn argocd_instance(&self) -> Option<&str> {
+        match self {
+            Self::ArgoCd { instance, .. }
+            | Self::ArgoCdInCluster { instance }
+            | Self::ArgoCdHome { instance } => Some(instance),
+            _ => None,
+        }
     }
 }
 
@@ -123,10 +152,25 @@ impl fmt::Display for Source {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Config { index } => write!(f, "config destinations[{index}]"),
-            Self::ArgoCd { namespace, secret } => {
-                write!(f, "Argo CD cluster Secret {namespace}/{secret}")
+            // The single-map form's instance is not named: its messages read as before.
+            Self::ArgoCd {
+                instance,
+                namespace,
+                secret,
+            } => {
+                write!(f, "Argo CD cluster Secret {namespace}/{secret}")?;
+                if instance != DEFAULT_ARGOCD_INSTANCE {
+                    write!(f, " of Argo CD instance {instance}")?;
+                }
+                Ok(())
             }
-            Self::ArgoCdInCluster => f.write_str("Argo CD's implicit in-cluster destination"),
+            Self::ArgoCdInCluster { .. } => {
+                f.write_str("Argo CD's implicit in-cluster destination")
+            }
+            Self::ArgoCdHome { instance } => write!(
+                f,
+                "the cluster Argo CD instance {instance} runs on (its `kubeconfig`)"
+            ),
             Self::Kubeconfig { path, context } => write!(f, "kubeconfig {path} context {context}"),
             Self::Agent { index } => write!(f, "config agents.destinations[{index}]"),
             Self::Local => f.write_str("the agent's own cluster"),
@@ -144,6 +188,10 @@ pub enum SpecError {
     /// An Argo CD cluster Secret.
     #[error(transparent)]
     ArgoCd(#[from] argocd::SecretError),
+    /// The credentials of an Argo CD instance's own cluster (`argocd[].kubeconfig`), shared
+    /// with the instance's watch.
+    #[error(transparent)]
+    Instance(#[from] Arc<AccessError>),
 }
 
 /// Everything needed to register a destination.

@@ -1,9 +1,21 @@
 //! `destination: stage`: the clusters a Kargo Stage promoted to, read from Kargo and Argo CD.
 //!
-//! The run's Stage (`kargo.akuity.io/stage` annotation, else label) → its
-//! `kargo.akuity.io/argocd-context` annotation (JSON list of `{name, namespace}` of the Argo CD
-//! Applications of the last promotion) → each Application's `spec.destination` (`server` xor
-//! `name`) → the destination registered from the matching Argo CD cluster Secret.
+//! The run's Stage (`kargo.akuity.io/stage` annotation, else label), read on the control plane
+//! → its shard (`spec.shard`, kargo api/v1alpha1/stage_types.go:216-221 at 1c76476) → the Argo
+//! CD instance serving that shard ([`StageInstance`], `argocd[].shards`; none: refused, never
+//! another instance) → the Stage's `kargo.akuity.io/argocd-context` annotation (JSON list of
+//! `{name, namespace}` of the Argo CD Applications of the last promotion) → each Application,
+//! read on the cluster that instance runs on → its `spec.destination` (`server` xor `name`) →
+//! a destination of that instance's cluster Secrets, or a configured one ([`mapping`]).
+//!
+//! Kargo's webhook keeps label `kargo.akuity.io/shard` equal to `spec.shard`
+//! (stage_types.go:216-220), and its sharded controllers pick the Stages they promote by that
+//! label (pkg/controller/predicates.go:56): a Stage whose label and `spec.shard` differ is
+//! refused rather than guessed at; a label without `spec.shard` (a Kargo before the field) is
+//! the shard.
+
+mod error;
+mod mapping;
 
 use std::time::Duration;
 
@@ -11,164 +23,100 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{Entry, Registry, IN_CLUSTER_NAME, IN_CLUSTER_SERVER};
-use crate::job::{RunContext, KARGO_STAGE};
+use crate::config::{Shards, DEFAULT_ARGOCD_INSTANCE};
+use crate::job::RunContext;
+pub use error::{ReadError, StageError};
+pub use mapping::destination_of;
+
+/// Kargo's label of a Stage's shard (kargo api/v1alpha1/labels.go:46).
+pub const SHARD_LABEL: &str = "kargo.akuity.io/shard";
+
+/// An Argo CD instance as `destination: stage` reads it.
+#[derive(Clone)]
+pub struct StageInstance {
+    /// `argocd[].name`
+    pub name: String,
+    /// where the Applications a Stage names without a namespace live
+    pub namespace: String,
+    /// the shards whose Stages promote through it
+    pub shards: Shards,
+    /// it runs on the control plane: its `in-cluster` is the implicit one
+    pub on_control_plane: bool,
+    /// the destination of Applications on `https://kubernetes.default.svc` or `in-cluster`
+    pub home: Home,
+    /// how the cluster it runs on is read
+    pub cluster: InstanceCluster,
+}
+
+/// How `destination: stage` reads the cluster an Argo CD instance runs on.
+#[derive(Clone)]
+pub enum InstanceCluster {
+    /// with the control plane's client, given to [`resolve`]
+    ControlPlane,
+    /// with this client
+    Client(kube::Client),
+    /// not at all: its credentials cannot be used (the error); its Stages are refused, never
+    /// read elsewhere
+    Unusable(String),
+}
+
+impl std::fmt::Debug for StageInstance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StageInstance")
+            .field("name", &self.name)
+            .field("shards", &self.shards)
+            .field("home", &self.home)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StageInstance {
+    /// Without `argocd` in the config: Applications in namespace `argocd` of the control plane,
+    /// for every Stage, and no implicit `in-cluster` (as before topologies).
+    pub fn unconfigured() -> Self {
+        Self {
+            name: DEFAULT_ARGOCD_INSTANCE.into(),
+            namespace: "argocd".into(),
+            shards: Shards::Every,
+            on_control_plane: true,
+            home: Home::InCluster,
+            cluster: InstanceCluster::ControlPlane,
+        }
+    }
+
+    /// `" (Argo CD instance NAME)"`, or nothing for the single-map form, for messages.
+    fn shown(&self) -> String {
+        if self.name == DEFAULT_ARGOCD_INSTANCE {
+            String::new()
+        } else {
+            format!(" (Argo CD instance {})", self.name)
+        }
+    }
+
+    /// The config key that turns its own cluster on, for messages.
+    fn in_cluster_key(&self) -> String {
+        if self.name == DEFAULT_ARGOCD_INSTANCE {
+            "argocd.inCluster".into()
+        } else {
+            format!("argocd[].inCluster of instance {}", self.name)
+        }
+    }
+}
+
+/// Where an instance's Applications on its own cluster (`https://kubernetes.default.svc`,
+/// `in-cluster`) run their Jobs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Home {
+    /// the implicit `in-cluster` destination of the control plane, when registered
+    InCluster,
+    /// this destination: the instance's `destination`, or its name with `kubeconfig`
+    Destination(String),
+    /// none: `inCluster: false` off the control plane
+    Disabled,
+}
 
 /// The Stage annotation with the Argo CD Applications of the last promotion.
 pub const ARGOCD_CONTEXT: &str = "kargo.akuity.io/argocd-context";
-
-/// Why the destinations of a run's Stage cannot be found. Each message names the object to
-/// look at and, where there is one, the fix.
-#[derive(Debug, thiserror::Error)]
-pub enum StageError {
-    /// The run carries no Stage: Kargo did not create it.
-    #[error(
-        "AnalysisRun {namespace}/{run} has no {KARGO_STAGE} label: only runs that Kargo creates \
-         for Stage verification can use `destination: stage`; name the destination instead"
-    )]
-    NotKargo {
-        /// the run's namespace
-        namespace: String,
-        /// the run
-        run: String,
-    },
-    /// The Stage cannot be read.
-    #[error("cannot read Stage {namespace}/{stage}: {source}")]
-    ReadStage {
-        /// the Stage's namespace (the run's)
-        namespace: String,
-        /// the Stage
-        stage: String,
-        /// the API error or timeout
-        #[source]
-        source: ReadError,
-    },
-    /// The Stage is gone.
-    #[error("Stage {namespace}/{stage} does not exist")]
-    NoStage {
-        /// the Stage's namespace (the run's)
-        namespace: String,
-        /// the Stage
-        stage: String,
-    },
-    /// The Stage's last promotion updated no Argo CD Application.
-    #[error(
-        "Stage {namespace}/{stage} has no {ARGOCD_CONTEXT} annotation: its last promotion \
-         updated no Argo CD Application (use the argocd-update step), or name the destination \
-         instead"
-    )]
-    NoContext {
-        /// the Stage's namespace (the run's)
-        namespace: String,
-        /// the Stage
-        stage: String,
-    },
-    /// The annotation is not the JSON list Kargo writes.
-    #[error(
-        "Stage {namespace}/{stage}: annotation {ARGOCD_CONTEXT} is not a JSON list of \
-         {{name, namespace}}: {source}"
-    )]
-    BadContext {
-        /// the Stage's namespace (the run's)
-        namespace: String,
-        /// the Stage
-        stage: String,
-        /// the JSON error
-        #[source]
-        source: serde_json::Error,
-    },
-    /// The annotation is an empty list.
-    #[error("Stage {namespace}/{stage}: annotation {ARGOCD_CONTEXT} lists no Application")]
-    EmptyContext {
-        /// the Stage's namespace (the run's)
-        namespace: String,
-        /// the Stage
-        stage: String,
-    },
-    /// An entry of the annotation has no Application name.
-    #[error("Stage {namespace}/{stage}: an entry of {ARGOCD_CONTEXT} has no name")]
-    UnnamedApplication {
-        /// the Stage's namespace (the run's)
-        namespace: String,
-        /// the Stage
-        stage: String,
-    },
-    /// An Application cannot be read.
-    #[error("cannot read Application {application}: {source}")]
-    ReadApplication {
-        /// `namespace/name`
-        application: String,
-        /// the API error or timeout
-        #[source]
-        source: ReadError,
-    },
-    /// An Application the Stage names is gone.
-    #[error("Application {application} (from Stage {stage}) does not exist")]
-    NoApplication {
-        /// `namespace/name`
-        application: String,
-        /// the Stage
-        stage: String,
-    },
-    /// `spec.destination` names a server and a cluster.
-    #[error(
-        "Application {application}: spec.destination has both server and name (Argo CD rejects \
-         that too)"
-    )]
-    ServerAndName {
-        /// `namespace/name`
-        application: String,
-    },
-    /// `spec.destination` names no server and no cluster.
-    #[error("Application {application}: spec.destination has neither server nor name")]
-    NoServerNorName {
-        /// `namespace/name`
-        application: String,
-    },
-    /// The Application deploys to the local cluster, which is not a destination here.
-    #[error(
-        "Application {application} deploys to {IN_CLUSTER_SERVER}, but the implicit \
-         {IN_CLUSTER_NAME} destination is disabled (argocd.inCluster) and no cluster Secret has \
-         that server"
-    )]
-    InClusterDisabled {
-        /// `namespace/name`
-        application: String,
-    },
-    /// No destination has the Application's server.
-    #[error(
-        "Application {application} deploys to server {server}, and no Argo CD cluster Secret \
-         (or configured destination) has that server; register the cluster in Argo CD"
-    )]
-    UnknownServer {
-        /// `namespace/name`
-        application: String,
-        /// the server URL
-        server: String,
-    },
-    /// No destination has the Application's cluster name.
-    #[error(
-        "Application {application} deploys to cluster {cluster:?}, and there is no destination \
-         with that name (there are no clusters with this name)"
-    )]
-    UnknownCluster {
-        /// `namespace/name`
-        application: String,
-        /// the cluster name
-        cluster: String,
-    },
-}
-
-/// Why an object could not be read from the control plane.
-#[derive(Debug, thiserror::Error)]
-pub enum ReadError {
-    /// The API server answered with an error, or could not be reached.
-    #[error("{}", super::client::describe(.0))]
-    Api(#[source] kube::Error),
-    /// No answer within the request timeout.
-    #[error("no answer within {0:?}")]
-    Timeout(Duration),
-}
 
 #[derive(Debug, Deserialize)]
 struct AppRef {
@@ -190,13 +138,14 @@ fn application_resource() -> ApiResource {
     )
 }
 
-/// The destination names of `run`'s Stage, in Application order, without duplicates.
-/// `argocd_namespace` is where Applications without a namespace in the context live.
+/// The destination names of `run`'s Stage, in Application order, without duplicates: the
+/// Stage read on `control_plane`, its Applications on the cluster of the instance of
+/// `instances` that serves its shard.
 pub async fn resolve(
     control_plane: &kube::Client,
+    instances: &[StageInstance],
     run: &RunContext,
-    argocd_namespace: &str,
-    registry: &Registry,
+    registry: &super::Registry,
     timeout: Duration,
 ) -> Result<Vec<String>, StageError> {
     let stage = run.kargo_stage().ok_or_else(|| StageError::NotKargo {
@@ -221,6 +170,7 @@ pub async fn resolve(
             let (namespace, stage) = at();
             StageError::NoStage { namespace, stage }
         })?;
+    let instance = instance_of(&obj, instances, at)?;
     let context = obj
         .metadata
         .annotations
@@ -242,6 +192,16 @@ pub async fn resolve(
         let (namespace, stage) = at();
         return Err(StageError::EmptyContext { namespace, stage });
     }
+    let client = match &instance.cluster {
+        InstanceCluster::ControlPlane => control_plane,
+        InstanceCluster::Client(c) => c,
+        InstanceCluster::Unusable(error) => {
+            return Err(StageError::InstanceUnusable {
+                instance: instance.name.clone(),
+                error: error.clone(),
+            })
+        }
+    };
     let mut names: Vec<String> = Vec::new();
     for app in apps {
         let app_name = app.name.filter(|n| !n.is_empty()).ok_or_else(|| {
@@ -251,25 +211,86 @@ pub async fn resolve(
         let app_ns = app
             .namespace
             .filter(|n| !n.is_empty())
-            .unwrap_or_else(|| argocd_namespace.to_string());
+            .unwrap_or_else(|| instance.namespace.clone());
+        let application = format!("{app_ns}/{app_name}{}", instance.shown());
         let api: Api<DynamicObject> =
-            Api::namespaced_with(control_plane.clone(), &app_ns, &application_resource());
+            Api::namespaced_with(client.clone(), &app_ns, &application_resource());
         let obj = get(&api, &app_name, timeout)
             .await
             .map_err(|source| StageError::ReadApplication {
-                application: format!("{app_ns}/{app_name}"),
+                application: application.clone(),
                 source,
             })?
             .ok_or_else(|| StageError::NoApplication {
-                application: format!("{app_ns}/{app_name}"),
+                application: application.clone(),
                 stage: stage.to_string(),
             })?;
-        let name = destination_of(registry, &obj.data, &format!("{app_ns}/{app_name}"))?;
+        let name = destination_of(registry, &obj.data, &application, instance)?;
         if !names.contains(&name) {
             names.push(name);
         }
     }
     Ok(names)
+}
+
+/// The instance serving the shard of Stage `obj`: `spec.shard` (checked against Kargo's label).
+fn instance_of<'a>(
+    obj: &DynamicObject,
+    instances: &'a [StageInstance],
+    at: impl Fn() -> (String, String),
+) -> Result<&'a StageInstance, StageError> {
+    let shard = match obj.data.pointer("/spec/shard") {
+        None | Some(Value::Null) => "",
+        Some(Value::String(s)) => s.as_str(),
+        Some(_) => {
+            let (namespace, stage) = at();
+            return Err(StageError::BadShard { namespace, stage });
+        }
+    };
+    let label = obj
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(SHARD_LABEL))
+        .map_or("", String::as_str);
+    // A label without spec.shard: a Kargo that predates the field, whose controllers pick
+    // Stages by the label alone.
+    if !shard.is_empty() && !label.is_empty() && label != shard {
+        let (namespace, stage) = at();
+        return Err(StageError::ShardMismatch {
+            namespace,
+            stage,
+            shard: shard.to_string(),
+            label: label.to_string(),
+        });
+    }
+    let shard = if shard.is_empty() { label } else { shard };
+    instances
+        .iter()
+        .find(|i| i.shards.serves(shard))
+        .ok_or_else(|| {
+            let (namespace, stage) = at();
+            let served: Vec<String> = instances
+                .iter()
+                .map(|i| match &i.shards {
+                    Shards::Every => format!("{}: every shard", i.name),
+                    Shards::Only(set) => format!(
+                        "{}: {}",
+                        i.name,
+                        set.iter()
+                            .map(|s| format!("{s:?}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                })
+                .collect();
+            StageError::NoInstance {
+                namespace,
+                stage,
+                shard: shard.to_string(),
+                served: served.join("; "),
+            }
+        })
 }
 
 async fn get(
@@ -281,127 +302,5 @@ async fn get(
         Ok(Ok(o)) => Ok(o),
         Ok(Err(e)) => Err(ReadError::Api(e)),
         Err(_) => Err(ReadError::Timeout(timeout)),
-    }
-}
-
-/// Maps an Application's `spec.destination` to a registered destination name.
-pub fn destination_of(
-    registry: &Registry,
-    app: &Value,
-    app_ref: &str,
-) -> Result<String, StageError> {
-    let application = app_ref.to_string();
-    let dest = app.pointer("/spec/destination").unwrap_or(&Value::Null);
-    let server = dest
-        .get("server")
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty());
-    let name = dest
-        .get("name")
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty());
-    match (server, name) {
-        (Some(_), Some(_)) => Err(StageError::ServerAndName { application }),
-        (None, None) => Err(StageError::NoServerNorName { application }),
-        (Some(server), None) => {
-            let server = server.trim_end_matches('/');
-            let found = registry.by_server(server);
-            match found.first() {
-                Some(e) => Ok(e.name().to_string()),
-                None if server == IN_CLUSTER_SERVER => {
-                    Err(StageError::InClusterDisabled { application })
-                }
-                None => Err(StageError::UnknownServer {
-                    application,
-                    server: server.to_string(),
-                }),
-            }
-        }
-        (None, Some(name)) => match registry.get(name) {
-            Some(Entry::Ready(_) | Entry::Broken(_) | Entry::Agent(_)) => Ok(name.to_string()),
-            None => Err(StageError::UnknownCluster {
-                application,
-                cluster: name.to_string(),
-            }),
-        },
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::EngineSettings;
-    use crate::destinations::client::AccessError;
-    use crate::destinations::{DestinationSpec, Source};
-    use serde_json::json;
-    use std::collections::BTreeMap;
-
-    fn registry() -> Registry {
-        let r = Registry::new(EngineSettings::default(), false);
-        for (name, server, source) in [
-            (
-                "prod",
-                "https://10.0.0.1:6443",
-                Source::ArgoCd {
-                    namespace: "argocd".into(),
-                    secret: "s".into(),
-                },
-            ),
-            (
-                "static-prod",
-                "https://10.0.0.1:6443",
-                Source::Config { index: 0 },
-            ),
-        ] {
-            r.insert(DestinationSpec {
-                name: name.into(),
-                labels: BTreeMap::new(),
-                namespace: "default".into(),
-                namespaces: None,
-                server: server.into(),
-                source,
-                fingerprint: 0,
-                config: Err(AccessError::ExecWithoutCommand.into()),
-            });
-        }
-        r
-    }
-
-    #[tokio::test]
-    async fn applications_map_to_destinations() {
-        let r = registry();
-        let app = |d: Value| json!({"spec": {"destination": d}});
-        // The Argo CD cluster Secret wins over a configured destination with the same server.
-        assert_eq!(
-            destination_of(
-                &r,
-                &app(json!({"server": "https://10.0.0.1:6443/"})),
-                "argocd/a"
-            )
-            .unwrap(),
-            "prod"
-        );
-        assert_eq!(
-            destination_of(&r, &app(json!({"name": "prod"})), "argocd/a").unwrap(),
-            "prod"
-        );
-        for (d, needle) in [
-            (
-                json!({"server": "https://x", "name": "prod"}),
-                "both server and name",
-            ),
-            (json!({}), "neither"),
-            (
-                json!({"server": "https://elsewhere"}),
-                "no Argo CD cluster Secret",
-            ),
-            (json!({"name": "nope"}), "no destination with that name"),
-            (json!({"server": IN_CLUSTER_SERVER}), "argocd.inCluster"),
-        ] {
-            let e = destination_of(&r, &app(d), "argocd/a")
-                .unwrap_err()
-                .to_string();
-            assert!(e.contains(needle) && e.contains("argocd/a"), "{e}");
-        }
     }
 }

@@ -25,6 +25,7 @@ async fn precedence_and_replacement() {
     let r = Registry::new(EngineSettings::default(), false);
     assert!(r.wait_sources(Duration::from_millis(1)).await);
     let argo = Source::ArgoCd {
+        instance: "argocd".into(),
         namespace: "argocd".into(),
         secret: "s".into(),
     };

@@ -298,8 +298,8 @@ impl Engine {
         registry.wait_sources(self.sources_wait()).await;
         let names = stage::resolve(
             &cp,
+            &self.inner.stage_instances,
             run,
-            &self.inner.argocd_namespace,
             registry,
             self.inner.settings.request_timeout,
         )

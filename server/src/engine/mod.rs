@@ -33,7 +33,8 @@ use kube::api::{
 use crate::config::{EngineSettings, JobsSettings, ServerConfig, StoreKind};
 use crate::destinations::client::{self, RequestCounter};
 use crate::destinations::{
-    self, argocd, stage, AgentDestination, Destination, DestinationSpec, Entry, Registry, Source,
+    self, argocd, stage, stage::StageInstance, AgentDestination, Destination, DestinationSpec,
+    Entry, Registry, Source,
 };
 use crate::job::{
     self, JobInput, Ownership, RunContext, ANN_MEASUREMENT, ANN_METRIC, LABEL_ARGO_RUN_UID,
@@ -293,7 +294,9 @@ struct Inner {
     origin: String,
     control_plane: tokio::sync::OnceCell<Result<kube::Client, ControlPlaneError>>,
     control_plane_access: crate::config::Access,
-    argocd_namespace: String,
+    /// the Argo CD instances `destination: stage` reads (one for the control plane without
+    /// `argocd`; none on an agent)
+    stage_instances: Vec<StageInstance>,
     /// `pods/log` answers (or failures) per (destination, namespace, pod, container)
     logs: Mutex<HashMap<LogKey, Result<String, Arc<logs::LogError>>>>,
     /// rendered tails of containers that read Secrets, per `(container, logTail lines)`

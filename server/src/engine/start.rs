@@ -2,7 +2,6 @@
 //! control-plane client, and the accessors the server and the agent read.
 
 use super::*;
-use tracing::Instrument;
 
 impl Engine {
     /// Registers every destination of `config`, starts their watch caches and the Argo CD
@@ -29,31 +28,8 @@ impl Engine {
         if let Some(w) = policy.warning() {
             tracing::warn!("{w}");
         }
-        let registry = Arc::new(Registry::new(settings, argocd.is_some()));
+        let registry = Arc::new(Registry::new(settings, !argocd.is_empty()));
         let control_plane = tokio::sync::OnceCell::new();
-        let mut tasks = Vec::new();
-        let argocd_namespace = argocd
-            .as_ref()
-            .map_or_else(|| "argocd".to_string(), |a| a.namespace.clone());
-        if let Some(argo) = argocd {
-            let cp_config = client::config_for(&control_plane_access, "control-plane")
-                .await
-                .map_err(|e| {
-                    EngineError::Start(format!(
-                        "`argocd` needs the control plane (`controlPlane` in {origin}): {e}"
-                    ))
-                })?;
-            let cp = client::client(cp_config.clone(), &settings, &RequestCounter::default())
-                .map_err(|e| EngineError::Start(format!("control plane: {e}")))?;
-            let _ = control_plane.set(Ok(cp.clone()));
-            tasks.push(
-                tokio::spawn(
-                    argocd::watch(registry.clone(), cp, cp_config, argo)
-                        .instrument(tracing::info_span!("argocd_watch")),
-                )
-                .abort_handle(),
-            );
-        }
         for (i, d) in destinations.iter().enumerate() {
             registry.insert(destinations::spec_from_config(i, d).await);
         }
@@ -75,6 +51,31 @@ impl Engine {
                 }
             }
         }
+        // After the configured destinations: an instance's `destination` is one of them.
+        let mut tasks = Vec::new();
+        let stage_instances = if argocd.is_empty() {
+            vec![StageInstance::unconfigured()]
+        } else {
+            let direct = argocd::instances::DirectSources {
+                destinations: &destinations,
+                kubeconfig_contexts: kubeconfig_contexts.as_ref(),
+            };
+            let started = argocd::instances::start(
+                &registry,
+                argocd,
+                &control_plane_access,
+                &direct,
+                &settings,
+                &origin,
+            )
+            .await
+            .map_err(|e| EngineError::Start(e.to_string()))?;
+            if let Some(cp) = started.control_plane {
+                let _ = control_plane.set(Ok(cp));
+            }
+            tasks = started.tasks;
+            started.stage
+        };
         let mut store: Option<Arc<dyn Store>> = None;
         let mut offline_after = Duration::from_secs(60);
         if let Some(agents) = &agents {
@@ -126,7 +127,7 @@ impl Engine {
                 origin,
                 control_plane,
                 control_plane_access,
-                argocd_namespace,
+                stage_instances,
                 logs: Mutex::new(HashMap::new()),
                 secret_tails: Mutex::new(HashMap::new()),
                 stages: Mutex::new(HashMap::new()),
@@ -192,7 +193,7 @@ impl Engine {
                 origin,
                 control_plane: tokio::sync::OnceCell::new(),
                 control_plane_access: crate::config::Access::Infer,
-                argocd_namespace: "argocd".into(),
+                stage_instances: Vec::new(),
                 logs: Mutex::new(HashMap::new()),
                 secret_tails: Mutex::new(HashMap::new()),
                 stages: Mutex::new(HashMap::new()),
@@ -247,7 +248,7 @@ impl Engine {
         let Entry::Ready(d) = entry else {
             return false;
         };
-        d.source == Source::ArgoCdInCluster
+        matches!(d.source, Source::ArgoCdInCluster { .. })
             || self
                 .inner
                 .control_plane_url

@@ -77,7 +77,7 @@ async fn destination_rows(scene: &Scene) -> Result<crate::scene::Reply> {
 }
 
 /// Job creations on the fake destinations: none may go through a broken destination.
-fn job_creations(scene: &Scene) -> Vec<String> {
+pub(crate) fn job_creations(scene: &Scene) -> Vec<String> {
     scene
         .destination_calls()
         .into_iter()

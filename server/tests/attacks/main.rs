@@ -16,6 +16,9 @@
 //!   strings and reply bodies read by the plugin and the agent are capped.
 //! * [`argocd`]: Argo CD cluster Secret abuse — a duplicated name, an exec provider outside the
 //!   allowlist, `insecure` TLS: refused or surfaced, and no Job through a broken destination.
+//! * [`topologies`]: Kargo topologies — a Stage whose shard no Argo CD instance serves (or whose
+//!   shard label contradicts `spec.shard`) is refused without reading any Argo CD, and a remote
+//!   instance's Secret cannot take the control plane's Argo CD destination names or `in-cluster`.
 //! * [`references`]: forged, replayed and edited Job references (`dispatch-ref`) → 403, no
 //!   destination call; the genuine reference still works.
 //! * [`runs`]: with `confirmRuns`, requests about a run that does not exist on the control plane,
@@ -90,4 +93,5 @@ mod secrets;
 mod sync;
 mod tally;
 mod tls;
+mod topologies;
 mod ui;

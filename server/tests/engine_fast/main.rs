@@ -36,4 +36,5 @@ mod refusals;
 mod run_logs;
 mod stage;
 mod status;
+mod topologies;
 mod world;

@@ -20,12 +20,12 @@ use crate::world::{block, eventually, request, run, Clusters, PROJECT};
 
 const ARGOCD: &str = "argocd: {namespace: argocd, inCluster: false, defaultNamespace: verify}";
 
-fn secrets() -> Res {
+pub(crate) fn secrets() -> Res {
     Res::new("v1", "secrets")
 }
 
 /// The Argo CD cluster Secret that registers `server` as destination `name`.
-fn cluster_secret(cp: &FakeApi, name: &str, server: &str) -> Result<()> {
+pub(crate) fn cluster_secret(cp: &FakeApi, name: &str, server: &str) -> Result<()> {
     let data = |s: &str| ByteString(s.as_bytes().to_vec());
     let secret = Secret {
         metadata: kube::api::ObjectMeta {

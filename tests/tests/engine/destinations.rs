@@ -422,7 +422,6 @@ fn stage_resolves_through_argocd_applications() -> Result<()> {
     run(async {
         let ca = f.a.client().await?;
         let stage = format!("uat-{}", &run_uid()[..6]);
-        let apps = dynamic_api(&ca, "argocd", "argoproj.io", "Application", "applications");
         for (name, destination) in [
             (
                 format!("{stage}-remote"),
@@ -433,15 +432,7 @@ fn stage_resolves_through_argocd_applications() -> Result<()> {
                 json!({"name": IN_CLUSTER_NAME, "namespace": "guestbook"}),
             ),
         ] {
-            let app: DynamicObject = serde_json::from_value(json!({
-                "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
-                "metadata": {"name": name, "namespace": "argocd"},
-                "spec": {"project": "default", "destination": destination,
-                         "source": {"repoURL": "https://example.invalid/repo.git", "path": "guestbook"}}
-            }))?;
-            apps.create(&PostParams::default(), &app)
-                .await
-                .with_context(|| format!("creating application {name}"))?;
+            application(&ca, &name, destination).await?;
         }
         let context = json!([
             {"name": format!("{stage}-remote"), "namespace": "argocd"},

@@ -171,6 +171,31 @@ async fn install_crds(client: &kube::Client) -> Result<()> {
     create_crd(client, "argoproj.io", "Application", "applications").await
 }
 
+/// Creates Application `argocd/name` on `client`'s cluster, deploying to `destination`.
+pub(crate) async fn application(
+    client: &kube::Client,
+    name: &str,
+    destination: Value,
+) -> Result<()> {
+    let apps = dynamic_api(
+        client,
+        "argocd",
+        "argoproj.io",
+        "Application",
+        "applications",
+    );
+    let app: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+        "metadata": {"name": name, "namespace": "argocd"},
+        "spec": {"project": "default", "destination": destination,
+                 "source": {"repoURL": "https://example.invalid/repo.git", "path": "guestbook"}}
+    }))?;
+    apps.create(&PostParams::default(), &app)
+        .await
+        .with_context(|| format!("creating application {name}"))?;
+    Ok(())
+}
+
 pub(crate) fn dynamic_api(
     client: &kube::Client,
     ns: &str,

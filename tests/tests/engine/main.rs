@@ -11,7 +11,9 @@
 //!
 //! The tests are grouped by concern: [`jobs`] (one Job's life and verdicts), [`destinations`]
 //! (routing, credentials, Argo CD, Kargo stage, policy), [`adoption`] (restarts, foreign Jobs,
-//! unreachable destinations) and [`refusals`] (a destination's API refusing the Job); [`fixture`] starts the clusters.
+//! unreachable destinations), [`refusals`] (a destination's API refusing the Job) and
+//! [`topologies`] (`destination: stage` with Argo CD instances on two clusters, by Kargo
+//! shard); [`fixture`] starts the clusters.
 
 #[path = "../engine_support/mod.rs"]
 mod engine_support;
@@ -21,3 +23,4 @@ mod destinations;
 mod fixture;
 mod jobs;
 mod refusals;
+mod topologies;

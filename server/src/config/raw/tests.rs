@@ -182,7 +182,7 @@ fn destinations_limited_to_namespaces() {
     let both = Some(vec!["verify".to_string(), "smoke".to_string()]);
     assert_eq!(limits, [both.clone(), both, None]);
     assert_eq!(
-        c.argocd.unwrap().in_cluster_namespaces,
+        c.argocd[0].in_cluster_namespaces.clone(),
         Some(vec!["verify".to_string()])
     );
     for (text, needle) in [

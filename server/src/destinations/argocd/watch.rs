@@ -1,5 +1,6 @@
-//! The live watch of Argo CD cluster Secrets: keeps the registry in step with the Secrets of the
-//! Argo CD namespace, one destination per distinct `name`.
+//! The live watch of Argo CD cluster Secrets: keeps the registry in step with the Secrets of
+//! every Argo CD instance's namespace, on the cluster that instance runs on, one destination per
+//! distinct `name`.
 //!
 //! A name that several Secrets claim registers no usable destination: Argo CD refuses an
 //! Application destination whose name several clusters carry ("there are %d clusters with the
@@ -7,6 +8,11 @@
 //! [`Broken`](crate::destinations::Broken) entry whose message names every claiming Secret.
 //! Silently keeping one of them would let whoever can create a Secret in the Argo CD namespace
 //! redirect a destination's Jobs (and its credentials' reach) to a cluster of their choosing.
+//! The claims of all instances are kept together ([`Claims`], shared by their watches), so the
+//! same holds across instances: a Secret of one instance never takes over a name another's
+//! Secret registered. A Secret of an instance off the control plane that claims `in-cluster`
+//! (the control plane's implicit destination) is ignored: there, Applications naming
+//! `in-cluster` go to the instance's own cluster (`destinations::stage`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -21,32 +27,82 @@ use super::{
     destination_name, in_cluster_spec, spec_from_secret, SecretError, SecretProblem,
     CLUSTER_SELECTOR, NAMESPACE_ANNOTATION,
 };
-use crate::config::ArgoCdConfig;
+use crate::config::{ArgoCdConfig, DEFAULT_ARGOCD_INSTANCE};
 use crate::destinations::{
     DestinationSpec, Registry, Source, SpecError, IN_CLUSTER_NAME, IN_CLUSTER_SERVER,
 };
 use crate::job::fnv1a;
 
-/// What the watcher knows: the latest version of every cluster Secret, and what it registered.
-struct Claims<'a> {
-    registry: &'a Registry,
-    settings: &'a ArgoCdConfig,
-    control_plane: &'a kube::Config,
-    /// Secret name → the Secret and the destination name it claims
-    secrets: BTreeMap<String, (String, Secret)>,
-    /// destination name → the source of the entry registered for it
-    registered: HashMap<String, Source>,
+/// An Argo CD instance as its watch needs it.
+#[derive(Debug, Clone)]
+pub struct WatchedInstance {
+    /// its settings (`argocd[]`)
+    pub settings: ArgoCdConfig,
+    /// the client config of the cluster it runs on: a Secret for
+    /// `https://kubernetes.default.svc` without credentials means that cluster
+    pub cluster: kube::Config,
+    /// whether that cluster is the control plane (the implicit `in-cluster` is registered only
+    /// there)
+    pub on_control_plane: bool,
 }
 
-impl Claims<'_> {
-    /// Records `secret`; returns the destination names whose claimants changed.
-    fn apply(&mut self, secret: Secret) -> Vec<String> {
+/// What the watches of all instances know: the latest version of every cluster Secret, and
+/// what they registered. Shared by the watches ([`SharedClaims`]), so that a name claimed by
+/// Secrets of two instances is a duplicate like one claimed twice in one instance.
+pub struct Claims {
+    registry: Arc<Registry>,
+    /// instance name → the instance
+    instances: BTreeMap<String, WatchedInstance>,
+    /// (instance, Secret name) → the destination name it claims, and the Secret
+    secrets: BTreeMap<(String, String), (String, Secret)>,
+    /// destination name → the source of the entry registered for it
+    registered: HashMap<String, Source>,
+    /// the instances whose Secrets were listed once
+    listed: BTreeSet<String>,
+}
+
+/// [`Claims`] shared by the watches of every instance.
+pub type SharedClaims = Arc<tokio::sync::Mutex<Claims>>;
+
+/// The claims of `instances`, empty, for their [`watch`]es.
+pub fn claims(registry: Arc<Registry>, instances: Vec<WatchedInstance>) -> SharedClaims {
+    let instances = instances
+        .into_iter()
+        .map(|i| (i.settings.name.clone(), i))
+        .collect();
+    Arc::new(tokio::sync::Mutex::new(Claims {
+        registry,
+        instances,
+        secrets: BTreeMap::new(),
+        registered: HashMap::new(),
+        listed: BTreeSet::new(),
+    }))
+}
+
+impl Claims {
+    /// Records `secret` of `instance`; returns the destination names whose claimants changed.
+    fn apply(&mut self, instance: &str, secret: Secret) -> Vec<String> {
         let Some(secret_name) = secret.metadata.name.clone() else {
             return Vec::new();
         };
+        let key = (instance.to_string(), secret_name);
         let name = destination_name(&secret);
+        let remote = !self
+            .instances
+            .get(instance)
+            .is_some_and(|i| i.on_control_plane);
+        if remote && name == IN_CLUSTER_NAME {
+            tracing::warn!(instance, secret = %key.1,
+                           "cluster Secret claims `in-cluster`, the control plane's implicit destination; ignored (this instance's Applications naming in-cluster go to its own cluster)");
+            return self
+                .secrets
+                .remove(&key)
+                .map(|(old, _)| old)
+                .into_iter()
+                .collect();
+        }
         let mut dirty = vec![name.clone()];
-        if let Some((old, _)) = self.secrets.insert(secret_name, (name.clone(), secret)) {
+        if let Some((old, _)) = self.secrets.insert(key, (name.clone(), secret)) {
             if old != name {
                 dirty.push(old);
             }
@@ -54,19 +110,20 @@ impl Claims<'_> {
         dirty
     }
 
-    /// Forgets Secret `secret_name`; returns the destination name it claimed.
-    fn delete(&mut self, secret_name: &str) -> Option<String> {
-        self.secrets.remove(secret_name).map(|(name, _)| name)
+    /// Forgets Secret `secret_name` of `instance`; returns the destination name it claimed.
+    fn delete(&mut self, instance: &str, secret_name: &str) -> Option<String> {
+        let key = (instance.to_string(), secret_name.to_string());
+        self.secrets.remove(&key).map(|(name, _)| name)
     }
 
     /// Registers what the Secrets claiming `name` define: nothing, the one Secret's destination,
     /// or a broken entry naming every claimant.
     async fn reconcile(&mut self, name: &str) {
-        let claimants: Vec<&Secret> = self
+        let claimants: Vec<(&WatchedInstance, &Secret)> = self
             .secrets
-            .values()
-            .filter(|(n, _)| n == name)
-            .map(|(_, s)| s)
+            .iter()
+            .filter(|(_, (n, _))| n == name)
+            .filter_map(|((i, _), (_, s))| Some((self.instances.get(i)?, s)))
             .collect();
         let spec = match claimants.as_slice() {
             [] => {
@@ -75,8 +132,8 @@ impl Claims<'_> {
                 }
                 return;
             }
-            [one] => spec_from_secret(one, self.settings, self.control_plane).await,
-            many => duplicate_spec(name, many, self.settings),
+            [(instance, one)] => spec_from_secret(one, &instance.settings, &instance.cluster).await,
+            many => duplicate_spec(name, many),
         };
         if let Some(old) = self.registered.get(name) {
             // Another Secret now holds the name: its entry replaces the old one's.
@@ -89,36 +146,77 @@ impl Claims<'_> {
         self.registry.insert(spec);
     }
 
-    /// Whether a Secret registers the control plane's own server.
-    fn has_in_cluster_server(&self) -> bool {
-        self.secrets.values().any(|(_, s)| {
-            s.data
-                .as_ref()
-                .and_then(|d| d.get("server"))
-                .and_then(|b| std::str::from_utf8(&b.0).ok())
-                .is_some_and(|v| v.trim().trim_end_matches('/') == IN_CLUSTER_SERVER)
+    /// Whether a Secret of `instance` registers the server `https://kubernetes.default.svc`.
+    fn has_in_cluster_server(&self, instance: &str) -> bool {
+        self.secrets.iter().any(|((i, _), (_, s))| {
+            i == instance
+                && s.data
+                    .as_ref()
+                    .and_then(|d| d.get("server"))
+                    .and_then(|b| std::str::from_utf8(&b.0).ok())
+                    .is_some_and(|v| v.trim().trim_end_matches('/') == IN_CLUSTER_SERVER)
         })
+    }
+
+    /// Records that `instance` listed its Secrets; the registry's live sources are synced once
+    /// every instance did.
+    fn listed(&mut self, instance: &str) {
+        self.listed.insert(instance.to_string());
+        if self.listed.len() == self.instances.len() {
+            self.registry.mark_synced();
+        }
+    }
+
+    /// Registers or removes the implicit `in-cluster` of `instance` (only on the control plane,
+    /// with `inCluster`): a Secret of its own for the local server replaces it.
+    fn implicit_in_cluster(&self, instance: &str) {
+        let Some(i) = self.instances.get(instance) else {
+            return;
+        };
+        if !(i.on_control_plane && i.settings.in_cluster) {
+            return;
+        }
+        if self.has_in_cluster_server(instance) {
+            let source = Source::ArgoCdInCluster {
+                instance: instance.to_string(),
+            };
+            self.registry.remove(IN_CLUSTER_NAME, &source);
+        } else if self.registry.get(IN_CLUSTER_NAME).is_none() {
+            self.registry
+                .insert(in_cluster_spec(&i.settings, &i.cluster));
+        }
+    }
+}
+
+/// `namespace/name` of a Secret of `instance`, for messages.
+fn secret_shown(instance: &WatchedInstance, s: &Secret) -> String {
+    let settings = &instance.settings;
+    let shown = format!(
+        "{}/{}",
+        s.metadata
+            .namespace
+            .as_deref()
+            .unwrap_or(&settings.namespace),
+        s.metadata.name.as_deref().unwrap_or_default()
+    );
+    if settings.name == DEFAULT_ARGOCD_INSTANCE {
+        shown
+    } else {
+        format!("{shown} (Argo CD instance {})", settings.name)
     }
 }
 
 /// The broken entry of a destination name that several Secrets claim (`claimants`, sorted by
-/// Secret name): the first one's labels and server, an error naming them all.
-fn duplicate_spec(name: &str, claimants: &[&Secret], settings: &ArgoCdConfig) -> DestinationSpec {
-    let first = claimants[0];
-    let secret_names: Vec<String> = claimants
-        .iter()
-        .map(|s| {
-            format!(
-                "{}/{}",
-                s.metadata
-                    .namespace
-                    .as_deref()
-                    .unwrap_or(&settings.namespace),
-                s.metadata.name.as_deref().unwrap_or_default()
-            )
-        })
-        .collect();
-    let source = secret_source(settings, first.metadata.name.as_deref().unwrap_or_default());
+/// instance and Secret name): the first one's labels and server, an error naming them all.
+fn duplicate_spec(name: &str, claimants: &[(&WatchedInstance, &Secret)]) -> DestinationSpec {
+    let (instance, first) = claimants[0];
+    let settings = &instance.settings;
+    let secret_names: Vec<String> = claimants.iter().map(|(i, s)| secret_shown(i, s)).collect();
+    let source = Source::ArgoCd {
+        instance: settings.name.clone(),
+        namespace: settings.namespace.clone(),
+        secret: first.metadata.name.clone().unwrap_or_default(),
+    };
     tracing::error!(destination = name, secrets = %secret_names.join(","),
                     "several Argo CD cluster Secrets define this destination; none is used");
     let server = first
@@ -152,32 +250,30 @@ fn duplicate_spec(name: &str, claimants: &[&Secret], settings: &ArgoCdConfig) ->
     }
 }
 
-/// Watches the cluster Secrets in `settings.namespace` of the control plane and keeps the
-/// registry in step, until aborted. Calls [`Registry::mark_synced`] after the first full list.
-/// During a (re)list, changes are applied at its end, when every Secret is known: a name two
-/// Secrets claim is never registered as one of them in between.
-pub async fn watch(
-    registry: Arc<Registry>,
-    control_plane: kube::Client,
-    control_plane_config: kube::Config,
-    settings: ArgoCdConfig,
-) {
-    let api: Api<Secret> = Api::namespaced(control_plane, &settings.namespace);
+/// Watches the cluster Secrets in the namespace of Argo CD instance `instance` with `client` (of
+/// the cluster it runs on) and keeps the registry in step through `claims`, until aborted. Once
+/// every instance listed its Secrets, calls [`Registry::mark_synced`]. During a (re)list,
+/// changes are applied at its end, when every Secret is known: a name two Secrets claim is
+/// never registered as one of them in between.
+pub async fn watch(claims: SharedClaims, instance: String, client: kube::Client) {
+    let namespace = {
+        let c = claims.lock().await;
+        let Some(i) = c.instances.get(&instance) else {
+            tracing::error!(
+                instance,
+                "no such Argo CD instance; its Secrets are not watched"
+            );
+            return;
+        };
+        c.implicit_in_cluster(&instance);
+        i.settings.namespace.clone()
+    };
+    let api: Api<Secret> = Api::namespaced(client, &namespace);
     let config = watcher::Config::default().labels(CLUSTER_SELECTOR);
     let mut stream = watcher::watcher(api, config).default_backoff().boxed();
-    let mut claims = Claims {
-        registry: &registry,
-        settings: &settings,
-        control_plane: &control_plane_config,
-        secrets: BTreeMap::new(),
-        registered: HashMap::new(),
-    };
     // Set during a (re)list: the Secrets seen so far, and the names to reconcile at its end.
     let mut relist: Option<(BTreeSet<String>, BTreeSet<String>)> = None;
     let mut failing = false;
-    if settings.in_cluster {
-        registry.insert(in_cluster_spec(&settings, &control_plane_config));
-    }
     while let Some(item) = stream.next().await {
         let event = match item {
             Ok(e) => {
@@ -186,20 +282,21 @@ pub async fn watch(
             }
             Err(e) => {
                 if !failing {
-                    tracing::warn!(namespace = %settings.namespace, error = %e,
+                    tracing::warn!(%namespace, error = %e,
                                    "watch of Argo CD cluster Secrets failing; retrying with backoff");
                     failing = true;
                 }
                 continue;
             }
         };
+        let mut c = claims.lock().await;
         let mut dirty = Vec::new();
         let mut listed = false;
         match event {
             Event::Init => relist = Some((BTreeSet::new(), BTreeSet::new())),
             Event::InitApply(secret) => {
                 let secret_name = secret.metadata.name.clone();
-                let changed = claims.apply(secret);
+                let changed = c.apply(&instance, secret);
                 if let Some((seen, pending)) = relist.as_mut() {
                     seen.extend(secret_name);
                     pending.extend(changed);
@@ -207,51 +304,37 @@ pub async fn watch(
                     dirty = changed;
                 }
             }
-            Event::Apply(secret) => dirty = claims.apply(secret),
+            Event::Apply(secret) => dirty = c.apply(&instance, secret),
             Event::Delete(secret) => {
                 dirty.extend(
                     secret
                         .metadata
                         .name
                         .as_deref()
-                        .and_then(|n| claims.delete(n)),
+                        .and_then(|n| c.delete(&instance, n)),
                 );
             }
             Event::InitDone => {
                 let (seen, pending) = relist.take().unwrap_or_default();
-                let gone: Vec<String> = claims
+                let gone: Vec<String> = c
                     .secrets
                     .keys()
-                    .filter(|k| !seen.contains(*k))
-                    .cloned()
+                    .filter(|(i, k)| *i == instance && !seen.contains(k))
+                    .map(|(_, k)| k.clone())
                     .collect();
                 dirty.extend(pending);
-                dirty.extend(gone.iter().filter_map(|k| claims.delete(k)));
+                dirty.extend(gone.iter().filter_map(|k| c.delete(&instance, k)));
                 listed = true;
             }
         }
         dirty.sort();
         dirty.dedup();
         for name in dirty {
-            claims.reconcile(&name).await;
+            c.reconcile(&name).await;
         }
         if listed {
-            registry.mark_synced();
+            c.listed(&instance);
         }
-        // A Secret for the local server replaces the implicit in-cluster destination.
-        if settings.in_cluster {
-            if claims.has_in_cluster_server() {
-                registry.remove(IN_CLUSTER_NAME, &Source::ArgoCdInCluster);
-            } else if registry.get(IN_CLUSTER_NAME).is_none() {
-                registry.insert(in_cluster_spec(&settings, &control_plane_config));
-            }
-        }
-    }
-}
-
-fn secret_source(settings: &ArgoCdConfig, secret: &str) -> Source {
-    Source::ArgoCd {
-        namespace: settings.namespace.clone(),
-        secret: secret.to_string(),
+        c.implicit_in_cluster(&instance);
     }
 }
