@@ -26,6 +26,7 @@ source charts/chart-variants.sh
 SM_CRD=charts/testdata/servicemonitor-crd.yaml
 CERT_CRD=charts/testdata/certificate-crd.yaml
 DJ_CRD=$CHART_DIR/crds/dispatchjobs.yaml
+DLR_CRD=$CHART_DIR/crds/dispatchlogrequests.yaml
 DJ_SAMPLE=charts/testdata/dispatchjob.yaml
 # Renderings applied for real (variant release namespace): each as its own release in its own
 # namespace; the RBAC checks below name their ServiceAccounts.
@@ -182,10 +183,12 @@ done
 "$KUBECTL" apply -f "$CERT_CRD" >/dev/null
 "$KUBECTL" wait --for=condition=Established --timeout=60s crd/certificates.cert-manager.io >/dev/null
 # The chart's own CRD (crds/, installed by helm install, not in `helm template`), for real.
-"$KUBECTL" apply --validate=strict -f "$DJ_CRD" >"$CHART_OUT/apply-crds.log" 2>&1 ||
-  { cat "$CHART_OUT/apply-crds.log"; echo "chart: kubectl apply $DJ_CRD FAILED" >&2; exit 1; }
-"$KUBECTL" wait --for=condition=Established --timeout=60s crd/dispatchjobs.rollouts-dispatch.io >/dev/null ||
-  { echo "chart: CRD dispatchjobs.rollouts-dispatch.io not established" >&2; exit 1; }
+"$KUBECTL" apply --validate=strict -f "$DJ_CRD" -f "$DLR_CRD" >"$CHART_OUT/apply-crds.log" 2>&1 ||
+  { cat "$CHART_OUT/apply-crds.log"; echo "chart: kubectl apply $DJ_CRD $DLR_CRD FAILED" >&2; exit 1; }
+for crd in dispatchjobs dispatchlogrequests; do
+  "$KUBECTL" wait --for=condition=Established --timeout=60s "crd/$crd.rollouts-dispatch.io" >/dev/null ||
+    { echo "chart: CRD $crd.rollouts-dispatch.io not established" >&2; exit 1; }
+done
 "$KUBECTL" -n "$NAMESPACE" apply --dry-run=server --validate=strict -f "$DJ_SAMPLE" >"$CHART_OUT/dry-run-dispatchjob.log" 2>&1 ||
   { cat "$CHART_OUT/dry-run-dispatchjob.log"; echo "chart: kubectl apply --dry-run=server $DJ_SAMPLE FAILED" >&2; exit 1; }
 echo "chart: CRD dispatchjobs.rollouts-dispatch.io established; a DispatchJob dry-run accepted"
@@ -274,6 +277,10 @@ can no  deletecollection dispatchjobs.rollouts-dispatch.io kstore
 can no  create dispatchjobs.rollouts-dispatch.io "$NAMESPACE"
 can no  list dispatchjobs.rollouts-dispatch.io
 can no  patch dispatchjobs/status.rollouts-dispatch.io default
+# Published log requests of agent destinations (server/src/store/log_board.rs), no more.
+for verb in create list watch delete; do can yes "$verb" dispatchlogrequests.rollouts-dispatch.io kstore; done
+for verb in get update patch; do can no "$verb" dispatchlogrequests.rollouts-dispatch.io kstore; done
+can no  create dispatchlogrequests.rollouts-dispatch.io "$NAMESPACE"
 can no  get secrets kstore
 can no  create jobs.batch verification
 # The orphan sweep (server.sweepOrphansEvery) and server.confirmRuns list and watch AnalysisRuns,

@@ -60,6 +60,10 @@ pub struct WorkReply {
 /// cuts a longer one (a note says so); the agent cuts each line's text to stay below it.
 pub const MAX_LOG_UPLOAD_LINE: usize = 64 << 10;
 
+/// The longest one log upload may last (a followed log lasts as long as its containers run),
+/// from the agent, and from a server replica forwarding it to the replica holding the reader.
+pub const LOG_UPLOAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
+
 /// The path of [`crate::logs::AGENT_LOGS`] for `destination` and request `id`.
 pub fn logs_path(destination: &str, id: &str) -> String {
     path(crate::logs::AGENT_LOGS, destination).replace("{id}", id)

@@ -21,6 +21,7 @@
 pub mod agent_logs;
 mod app_records;
 mod applications;
+pub mod log_peers;
 mod pages;
 mod run_logs;
 
@@ -48,7 +49,6 @@ use dispatch_api::agent::{self as agent_api, ReportReply, ReportRequest, WorkRep
 use dispatch_api::state::MAX_DETAIL;
 use dispatch_api::v1::DestinationInfo;
 use futures::future::BoxFuture;
-use futures::stream::BoxStream;
 
 /// The most long polls one agent destination may hold open on a replica. An agent holds one;
 /// a few more absorb a restart whose old poll has not timed out yet. Beyond it a poll is
@@ -107,6 +107,21 @@ impl EngineDispatcher {
     /// that Kargo's verification tab shows where the full logs are.
     pub fn with_external_url(mut self, url: Option<String>) -> Self {
         self.external_url = url;
+        self
+    }
+
+    /// Publishes log requests to the other replicas on `board` (the store's, `agents.store:
+    /// kubernetes`) and forwards uploads to the replica holding the reader: `me` is this
+    /// replica's address as the others reach it (pod IP and API port), `transport` how.
+    pub fn with_log_peers(
+        mut self,
+        board: Arc<crate::store::log_board::LogBoard>,
+        me: std::net::SocketAddr,
+        transport: log_peers::PeerTransport,
+    ) -> Self {
+        self.logs = Arc::new(agent_logs::LogRelay::with_peers(|wake| {
+            log_peers::LogPeers::start(board, me, transport, wake)
+        }));
         self
     }
 
@@ -701,9 +716,9 @@ impl Dispatcher for EngineDispatcher {
         caller: &'a Principal,
         destination: String,
         id: String,
-        body: BoxStream<'static, Result<bytes::Bytes, axum::Error>>,
+        upload: crate::http::LogUpload,
     ) -> BoxFuture<'a, Result<agent_api::LogUploadReply, DispatchError>> {
-        Box::pin(self.upload_log(caller, destination, id, body))
+        Box::pin(self.upload_log(caller, destination, id, upload))
     }
 }
 

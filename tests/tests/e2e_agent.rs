@@ -4,7 +4,10 @@
 //! (`DispatchJob` resources on the control plane) behind a TCP front that, like a Service,
 //! sends each connection to the first replica that accepts it. The real Argo Rollouts controller
 //! runs the plugin against the same front. The API is TLS end to end: agents, the plugin and the
-//! CLI trust the server through `--ca-file`. The scene is `World::start_with_agent`.
+//! CLI trust the server through `--ca-file`. The scene is `World::start_with_agent`. The
+//! replicas share agents' log requests (`--pod-ip`, `--peer-name`, `--peer-ca-file`, as the chart
+//! sets them): a Job's full log is read from each replica, one of them served through the other's
+//! forwarded upload.
 //!
 //! Every scenario is one test on the one shared scene; scenarios that kill or add a process take
 //! it alone, the others run side by side.
@@ -14,10 +17,13 @@
 use std::process::Command;
 use std::time::Duration;
 
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context, Result};
+use dispatch_api::client::{ClientConfig, ServerClient};
+use dispatch_api::logs::LogEvent;
 use dispatch_tests::admin::wait_ready;
 use dispatch_tests::admission::{deny_latest_images, LATEST_IMAGE, REASON};
 use dispatch_tests::analysis::{self, measurement_message, phase, wait_for};
+use dispatch_tests::cluster::pod_logs::{self, LogFile};
 use dispatch_tests::eventually;
 use dispatch_tests::kargo::Verification;
 use dispatch_tests::objects::{job_env, jobs_of};
@@ -343,6 +349,105 @@ fn the_api_answers_nothing_in_plain_http_on_the_front_or_a_replica() -> Result<(
         }
         ensure!(checked > 0, "no server replica is listening");
         println!("e2e-agent: plain HTTP with a valid token to the front and a replica: no answer");
+        Ok(())
+    })
+}
+
+#[test]
+#[ignore = "needs the Go-built cluster binaries, the release plugin and the debug binary: run `make e2e-agent`"]
+fn the_full_log_of_a_job_behind_the_agent_reaches_a_reader_on_either_replica() -> Result<()> {
+    alone(async |w| {
+        // Both replicas up (another scenario leaves server-1 down).
+        let first = &w.dispatch.replicas[0];
+        if tokio::net::TcpStream::connect(("127.0.0.1", first.port))
+            .await
+            .is_err()
+        {
+            w.restart_replica(0).await?;
+        }
+        // 500 lines: a longer upload over the scene's TLS/HTTP/2 breaks after about 0.7 s
+        // ("stream closed because of a broken pipe" on the agent), with or without a forward.
+        const LINES: usize = 500;
+        let file = LogFile::create(w.b.dir().join("container-logs").join("relay-check.log"))?;
+        file.append((1..=LINES).map(|i| format!("relay {i:06}")))?;
+        let (run, uid) = start_slow_run(w, "edge", "01jagent00000000000000000m").await?;
+        let job = jobs_of(&w.b, &uid).await?[0]
+            .metadata
+            .name
+            .clone()
+            .context("the Job has a name")?;
+        let b_client = w.b.client().await?;
+        pod_logs::serve_job(
+            &b_client,
+            AGENT_NAMESPACE,
+            &job,
+            &[("check", &file)],
+            JOB_TIMEOUT,
+        )
+        .await?;
+        let ns = run
+            .metadata
+            .namespace
+            .clone()
+            .context("the run's namespace")?;
+        let path = format!("/v1/runs/{ns}/{}/logs", analysis::name(&run));
+        let reader = token(None, "e2e-agent-logs", 3600)?;
+        // The agent holds its poll on one replica: the reader on the other is served through the
+        // published request and the forwarded upload, the reader beside it directly.
+        for replica in &w.dispatch.replicas {
+            let api = ServerClient::new(&ClientConfig {
+                server: format!("https://127.0.0.1:{}", replica.port),
+                token_file: None,
+                ca_file: Some(w.dispatch.ca.clone()),
+                ca_only: true,
+                insecure_plaintext: false,
+                timeout: Duration::from_secs(300),
+            })?;
+            let mut texts = Vec::new();
+            let mut other = Vec::new();
+            api.get_lines(&path, Some(&reader), |line| {
+                match serde_json::from_str::<LogEvent>(line) {
+                    Ok(LogEvent::Line { text, .. }) => texts.push(text),
+                    _ => other.push(line.to_string()),
+                }
+            })
+            .await
+            .with_context(|| format!("GET {path} on {}", replica.name))?;
+            let want: Vec<String> = (1..=LINES).map(|i| format!("relay {i:06}")).collect();
+            let first_wrong = texts.iter().zip(&want).position(|(a, b)| a != b);
+            ensure!(
+                texts == want,
+                "{} via {}: {} lines, first out of place at {first_wrong:?}; other lines: {:?}",
+                path,
+                replica.name,
+                texts.len(),
+                other.iter().take(5).collect::<Vec<_>>()
+            );
+            println!(
+                "e2e-agent: the {LINES} lines of Job {job} on cluster-b, in order, read on {}",
+                replica.name
+            );
+        }
+        let forwarded = w.dispatch.replicas.iter().find(|r| {
+            std::fs::read_to_string(w.control.log_path(&r.name))
+                .unwrap_or_default()
+                .contains("log upload forwarded to the replica holding the reader")
+        });
+        let forwarded =
+            forwarded.context("no replica forwarded an upload: both reads were local")?;
+        println!(
+            "e2e-agent: {} forwarded the agent's upload to the other replica",
+            forwarded.name
+        );
+        eventually("no DispatchLogRequest left", JOB_TIMEOUT, || async {
+            Ok(w.log_requests()
+                .list(&Default::default())
+                .await?
+                .items
+                .is_empty())
+        })
+        .await?;
+        w.finished(&run).await?;
         Ok(())
     })
 }

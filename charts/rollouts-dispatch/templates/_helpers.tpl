@@ -183,6 +183,16 @@ configMap:
 {{- if and .Values.server.enabled .Values.agents.destinations (eq .Values.agents.store "kubernetes") }}true{{ end }}
 {{- end }}
 
+{{/* True ("true") when the replicas share agents' log requests (agents.store: kubernetes): each
+publishes its requests with its pod IP (POD_IP) and forwards an agent's upload to the replica
+holding the reader, over TLS verified against the Service name with the CA of the release's CA
+ConfigMap (or in plain HTTP with tls.enabled false). Off with TLS but no CA the chart knows
+(cert-manager or tls.secretName without tls.caBundle): a reader then gets a Job's log only from
+the replica its agent polls. */}}
+{{- define "rollouts-dispatch.logPeers" -}}
+{{- if and (include "rollouts-dispatch.kubernetesStore" .) (or (not .Values.tls.enabled) (include "rollouts-dispatch.caConfigMap" .)) }}true{{ end }}
+{{- end }}
+
 {{/* Checks across values that values.schema.json cannot express with a clear message; included by
 templates/validate.yaml. Renders nothing. */}}
 {{- define "rollouts-dispatch.validate" -}}

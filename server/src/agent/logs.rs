@@ -28,8 +28,6 @@ use crate::runtime::reload::Reloading;
 
 /// The most log uploads one agent runs at once; more wait their turn.
 pub const MAX_UPLOADS: usize = 4;
-/// The longest one upload may last (a followed log lasts as long as its containers run).
-const UPLOAD_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
 /// How long reading the Secrets to redact may take.
 const SECRET_TIMEOUT: Duration = Duration::from_secs(10);
 /// Request ids remembered so that a request listed in several replies is served once.
@@ -186,7 +184,7 @@ impl LogServer {
         let path = api::logs_path(&self.destination, id);
         self.client
             .get()
-            .post_stream(&path, CONTENT_TYPE, body, UPLOAD_TIMEOUT)
+            .post_stream(&path, CONTENT_TYPE, body, api::LOG_UPLOAD_TIMEOUT)
             .await
     }
 }

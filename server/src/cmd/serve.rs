@@ -13,6 +13,7 @@ use tokio::net::TcpListener;
 use tracing::{info, info_span, warn, Instrument};
 
 use crate::config::{CallerBinding, ConfirmRuns};
+use crate::dispatch::log_peers::PeerTransport;
 use crate::dispatch::EngineDispatcher;
 use crate::engine::Engine;
 use crate::runs::Runs;
@@ -115,6 +116,22 @@ pub struct ServeArgs {
           default_value_t = limits::DEFAULT_MAX_CONCURRENT_REQUESTS,
           value_parser = parse_limit)]
     pub max_concurrent_requests: usize,
+    /// This replica's pod IP (chart: the downward API's `status.podIP`). With `agents.store:
+    /// kubernetes`, a request for a Job's log on an agent destination is published with this IP
+    /// and the --listen port, so that whichever replica the agent polls hands it out and an
+    /// upload landing on another replica is forwarded here. Without it, the agent must poll the
+    /// replica holding the reader (one replica).
+    #[arg(long, env = "POD_IP")]
+    pub pod_ip: Option<std::net::IpAddr>,
+    /// The DNS name another replica's certificate is verified against when an agent's log
+    /// upload is forwarded to it (the Service's name, e.g. `rollouts-dispatch.rollouts-dispatch.svc`;
+    /// every replica serves the same certificate). Needed with --pod-ip and --tls-cert.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_PEER_NAME")]
+    pub peer_name: Option<String>,
+    /// PEM file of the CA that issued the replicas' certificate: the only CA trusted when
+    /// forwarding an upload to another replica. Needed with --pod-ip and --tls-cert.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_PEER_CA_FILE")]
+    pub peer_ca_file: Option<PathBuf>,
 }
 
 /// A budget flag: a whole number of at least 1.
@@ -151,6 +168,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         sweep_orphans_every,
         max_connections,
         max_concurrent_requests,
+        pod_ip,
+        peer_name,
+        peer_ca_file,
     } = args;
     let config = config.load()?;
     let confirm_runs = config.confirm_runs;
@@ -162,6 +182,12 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .as_ref()
         .map(|p| p.callers.clone())
         .unwrap_or_default();
+    let peers = peer_transport(
+        pod_ip.map(|ip| SocketAddr::new(ip, listen.port())),
+        tls_cert.is_some(),
+        peer_name,
+        peer_ca_file,
+    )?;
     let tls = match (&tls_cert, &tls_key) {
         (Some(c), Some(k)) => Some(listener::tls_config(c, k)?),
         _ => {
@@ -206,6 +232,13 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .with_external_url(ui.external_url.clone());
     if let Some(runs) = &runs {
         dispatcher = dispatcher.with_runs(runs.clone());
+    }
+    // The board's informer starts only here: without --pod-ip a replica publishes nothing.
+    if let Some((me, transport)) = peers {
+        if let Some(board) = engine.store().and_then(|s| s.log_board()) {
+            info!(%me, "log requests of agent destinations are shared with the other replicas");
+            dispatcher = dispatcher.with_log_peers(board, me, transport);
+        }
     }
     let dispatcher = Arc::new(dispatcher);
     let counts = tokio::spawn({
@@ -355,6 +388,32 @@ fn signer(signing_key_files: &[PathBuf], jwt_key_files: &[PathBuf]) -> anyhow::R
         );
     }
     Signer::from_files(jwt_key_files, KeyFiles::DerivedFromJwt, read).context("--jwt-key-file")
+}
+
+/// How this replica reaches the others for agents' log uploads (`--pod-ip`): `None` without a
+/// pod IP; with TLS, `--peer-name` and `--peer-ca-file` are required.
+fn peer_transport(
+    me: Option<SocketAddr>,
+    tls: bool,
+    name: Option<String>,
+    ca_file: Option<PathBuf>,
+) -> anyhow::Result<Option<(SocketAddr, PeerTransport)>> {
+    let Some(me) = me else {
+        return Ok(None);
+    };
+    if !tls {
+        return Ok(Some((me, PeerTransport::Plain)));
+    }
+    match (name, ca_file) {
+        (Some(name), Some(ca)) => Ok(Some((me, PeerTransport::tls(&name, &ca)?))),
+        _ => bail!(
+            "--pod-ip with --tls-cert needs --peer-name (the DNS name of the replicas' \
+             certificate, e.g. the Service's <name>.<namespace>.svc) and --peer-ca-file (the CA \
+             that issued it): an agent's log upload is forwarded to the replica holding the \
+             reader only over TLS verified that way. Chart: tls.enabled with a CA it knows \
+             (tls.generated, or tls.caBundle)"
+        ),
+    }
 }
 
 /// Why the API may be served in plain HTTP on `listen` (a loopback address, or the explicit

@@ -8,9 +8,10 @@
 //! away when its upload starts (the upload then owns the sender), when the reader hangs up (its
 //! stream is dropped), or after [`ANSWER_WAIT`] without an upload (a note says so).
 //!
-//! One replica only: the request lives in this replica's memory, so with the Kubernetes store and
-//! several replicas the agent must poll and upload to the replica holding it (see
-//! `docs/architecture.md`, "Logs on agent destinations").
+//! With several replicas ([`LogRelay::with_peers`], `dispatch/log_peers.rs`) every request is
+//! also published on the store, so that the replica the agent polls hands it out, and an upload
+//! landing on another replica is forwarded here (see `docs/architecture.md`, "Logs on agent
+//! destinations"). The reader's end never leaves this replica.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -22,9 +23,10 @@ use dispatch_api::logs::{LogEvent, LogRequest};
 use futures::stream::{self, BoxStream, StreamExt};
 use tokio::sync::{mpsc, watch};
 
+use super::log_peers::LogPeers;
 use super::EngineDispatcher;
 use crate::destinations::Entry;
-use crate::http::{DispatchError, Principal};
+use crate::http::{DispatchError, LogUpload, Principal};
 
 /// How long a request waits for its agent to start the upload before the reader gets a note.
 pub const ANSWER_WAIT: Duration = Duration::from_secs(30);
@@ -35,8 +37,11 @@ const CHANNEL: usize = 256;
 /// The log requests of this replica waiting for, or being served by, their agent.
 pub struct LogRelay {
     pending: Mutex<HashMap<String, Pending>>,
-    /// bumped whenever a request is added: open polls look again
+    /// bumped whenever a request is added (here or, with peers, published by any replica):
+    /// open polls look again
     added: watch::Sender<u64>,
+    /// the other replicas (`agents.store: kubernetes` with `serve --pod-ip`)
+    peers: Option<LogPeers>,
 }
 
 struct Pending {
@@ -67,11 +72,28 @@ impl Default for LogRelay {
         Self {
             pending: Mutex::new(HashMap::new()),
             added: watch::channel(0).0,
+            peers: None,
         }
     }
 }
 
 impl LogRelay {
+    /// A relay whose requests every replica sees, built by `start(wake)` (given the sender its
+    /// open polls watch).
+    pub fn with_peers(start: impl FnOnce(watch::Sender<u64>) -> LogPeers) -> Self {
+        let added = watch::channel(0).0;
+        Self {
+            pending: Mutex::new(HashMap::new()),
+            peers: Some(start(added.clone())),
+            added,
+        }
+    }
+
+    /// The other replicas, when requests are published to them.
+    pub fn peers(&self) -> Option<&LogPeers> {
+        self.peers.as_ref()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Pending>> {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -104,11 +126,13 @@ impl LogRelay {
         self.added.subscribe()
     }
 
-    /// Whether `destination` has a request no poll has carried yet.
+    /// Whether `destination` has a request no poll (of this replica) has carried yet.
     pub fn has_new(&self, destination: &str) -> bool {
-        self.lock()
+        let local = self
+            .lock()
             .values()
-            .any(|p| p.destination == destination && !p.handed_out && p.sender.is_some())
+            .any(|p| p.destination == destination && !p.handed_out && p.sender.is_some());
+        local || self.peers.as_ref().is_some_and(|p| p.has_new(destination))
     }
 
     /// The requests of `destination` whose upload has not started, for a poll's reply (marked
@@ -123,7 +147,13 @@ impl LogRelay {
                 p.request.clone()
             })
             .collect();
+        drop(pending);
+        if let Some(peers) = &self.peers {
+            // Ours are published too: each id once.
+            out.extend(peers.for_poll(destination));
+        }
         out.sort_by(|a, b| a.id.cmp(&b.id));
+        out.dedup_by(|a, b| a.id == b.id);
         out
     }
 
@@ -144,6 +174,8 @@ impl LogRelay {
             .ok_or_else(unknown)?;
         let sender = p.sender.take().ok_or_else(unknown)?;
         pending.remove(id);
+        drop(pending);
+        self.withdraw(id);
         Ok(sender)
     }
 
@@ -152,7 +184,16 @@ impl LogRelay {
         let mut pending = self.lock();
         let waiting = pending.get(id).is_some_and(|p| p.sender.is_some());
         pending.remove(id);
+        drop(pending);
+        self.withdraw(id);
         waiting
+    }
+
+    /// Removes request `id` from the other replicas' view (served, or given up).
+    fn withdraw(&self, id: &str) {
+        if let Some(peers) = &self.peers {
+            peers.withdraw(id);
+        }
     }
 }
 
@@ -201,7 +242,8 @@ impl EngineDispatcher {
                 .boxed()
             }
         };
-        if !agent.connected(self.engine.agent_offline_after()) {
+        // With peers the agent may be polling another replica: only the wait below tells.
+        if self.logs.peers().is_none() && !agent.connected(self.engine.agent_offline_after()) {
             return stream::iter([note(
                 destination,
                 format!(
@@ -223,6 +265,11 @@ impl EngineDispatcher {
         };
         let destination = destination.to_string();
         let first = async move {
+            if let Some(peers) = forget.relay.peers() {
+                let mut published = req.clone();
+                published.id.clone_from(&forget.id);
+                peers.publish(&destination, &published).await;
+            }
             // Until the upload starts the wait is bounded; after, the agent's stream decides.
             let got = tokio::time::timeout(ANSWER_WAIT, rx.recv()).await;
             let mut lead = Vec::new();
@@ -254,22 +301,41 @@ impl EngineDispatcher {
     /// An agent's upload of the log request `id`: its token must be `destination`'s, the id a
     /// pending request of that destination; the body's NDJSON events go to the reader one by
     /// one, waiting for it when it is slow. Events are relabelled with the route's destination
-    /// (an agent speaks only for its own).
+    /// (an agent speaks only for its own). A request another replica published and holds is
+    /// forwarded there (once: a forwarded upload is never forwarded again).
     pub(super) async fn upload_log(
         &self,
         caller: &Principal,
         destination: String,
         id: String,
-        body: BoxStream<'static, Result<Bytes, axum::Error>>,
+        upload: LogUpload,
     ) -> Result<LogUploadReply, DispatchError> {
         let (agent, _store) = self.agent_for(caller, &destination)?;
         agent.contact(&caller.subject, 0);
-        let sender = self.logs.start_upload(&destination, &id).map_err(|e| {
-            tracing::warn!(subject = %caller.subject, destination, id, "refused: log upload of no pending request");
-            DispatchError::NotFound(e.to_string())
-        })?;
-        let span = tracing::info_span!("log_upload", destination, id);
-        let reply = relay_lines(&destination, body, &sender).await;
+        let sender = match self.logs.start_upload(&destination, &id) {
+            Ok(sender) => sender,
+            Err(e) => {
+                let elsewhere = self
+                    .logs
+                    .peers()
+                    .filter(|_| upload.forwarded_by.is_none())
+                    .and_then(|p| Some((p, p.owner_of(&destination, &id)?)));
+                if let Some((peers, owner)) = elsewhere {
+                    return peers.forward(owner, &destination, &id, upload).await;
+                }
+                tracing::warn!(subject = %caller.subject, destination, id,
+                               forwarded_by = upload.forwarded_by.as_deref(),
+                               "refused: log upload of no pending request");
+                return Err(DispatchError::NotFound(e.to_string()));
+            }
+        };
+        let span = tracing::info_span!(
+            "log_upload",
+            destination,
+            id,
+            forwarded_by = upload.forwarded_by.as_deref()
+        );
+        let reply = relay_lines(&destination, upload.body, &sender).await;
         span.in_scope(|| {
             tracing::info!(
                 delivered = reply.delivered,

@@ -159,9 +159,9 @@ pub trait Dispatcher: Send + Sync + 'static {
         caller: &'a Principal,
         destination: String,
         id: String,
-        body: BoxStream<'static, Result<axum::body::Bytes, axum::Error>>,
+        upload: LogUpload,
     ) -> BoxFuture<'a, Result<agent_api::LogUploadReply, DispatchError>> {
-        let _ = (caller, id, body);
+        let _ = (caller, id, upload);
         Box::pin(std::future::ready(Err(DispatchError::NotFound(format!(
             "{destination} is not an agent destination of this server"
         )))))
@@ -338,15 +338,49 @@ async fn agent_log_upload(
     State(s): State<AppState>,
     Extension(caller): Extension<Principal>,
     Path((destination, id)): Path<(String, String)>,
+    headers: axum::http::HeaderMap,
     body: axum::body::Body,
 ) -> Result<Json<agent_api::LogUploadReply>, ApiFailure> {
     use futures::StreamExt;
-    let body = body.into_data_stream().boxed();
+    let upload = LogUpload {
+        body: body.into_data_stream().boxed(),
+        bearer: auth::bearer_token(&headers).map(|t| BearerToken(t.to_string())),
+        forwarded_by: headers
+            .get(FORWARDED_BY)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| v.chars().take(64).collect()),
+    };
     Ok(Json(
         s.dispatcher
-            .agent_log_upload(&caller, destination, id, body)
+            .agent_log_upload(&caller, destination, id, upload)
             .await?,
     ))
+}
+
+/// The header a replica sets on an agent's log upload it forwards to the replica holding the
+/// reader (its own address as value, for the logs): an upload carrying it is never forwarded
+/// again. An agent setting it only stops its own upload from being forwarded.
+pub const FORWARDED_BY: &str = "x-rollouts-dispatch-forwarded-by";
+
+/// An agent's log upload as the route received it.
+pub struct LogUpload {
+    /// the NDJSON body, read as it comes
+    pub body: BoxStream<'static, Result<axum::body::Bytes, axum::Error>>,
+    /// the caller's own bearer token: a replica that does not hold the request forwards the
+    /// upload with it, so that the one holding it authenticates the agent exactly as here
+    pub bearer: Option<BearerToken>,
+    /// [`FORWARDED_BY`]: the forwarding replica's address
+    pub forwarded_by: Option<String>,
+}
+
+/// A bearer token, never printed (`Debug` says only that there is one).
+#[derive(Clone)]
+pub struct BearerToken(pub String);
+
+impl std::fmt::Debug for BearerToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BearerToken(…)")
+    }
 }
 
 /// A JSON body whose rejections (malformed, too large, wrong content type) are JSON errors too.

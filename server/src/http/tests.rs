@@ -105,7 +105,7 @@ impl Dispatcher for Scripted {
         _: &'a Principal,
         _: String,
         _: String,
-        _: futures::stream::BoxStream<'static, Result<axum::body::Bytes, axum::Error>>,
+        _: crate::http::LogUpload,
     ) -> BoxFuture<'a, Result<agent_api::LogUploadReply, DispatchError>> {
         Box::pin(async { Ok(agent_api::LogUploadReply::default()) })
     }

@@ -26,6 +26,9 @@ use futures::future::BoxFuture;
 pub struct KubeStore {
     index: Arc<Index>,
     api: Api<DynamicObject>,
+    client: kube::Client,
+    /// the published log requests, started on first use (`Store::log_board`)
+    board: std::sync::OnceLock<Arc<super::log_board::LogBoard>>,
     namespace: String,
     timeout: Duration,
     synced: watch::Receiver<bool>,
@@ -40,13 +43,7 @@ impl Drop for KubeStore {
 
 /// The `DispatchJob` resource, for dynamic API calls.
 pub fn api_resource() -> ApiResource {
-    ApiResource {
-        group: GROUP.into(),
-        version: VERSION.into(),
-        api_version: format!("{GROUP}/{VERSION}"),
-        kind: KIND.into(),
-        plural: PLURAL.into(),
-    }
+    super::api_resource_of(KIND, PLURAL)
 }
 
 /// The record in a resource; `None` (and a warning) when it is not one of ours.
@@ -98,7 +95,8 @@ fn to_object(job: &DispatchJob) -> Result<DynamicObject, StoreError> {
 impl KubeStore {
     /// Starts the informer on `namespace` (without waiting for it); `timeout` bounds each write.
     pub fn start(client: kube::Client, namespace: &str, timeout: Duration) -> Self {
-        let api: Api<DynamicObject> = Api::namespaced_with(client, namespace, &api_resource());
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), namespace, &api_resource());
         let index = Arc::new(Index::default());
         let (tx, synced) = watch::channel(false);
         let task = tokio::spawn(
@@ -109,6 +107,8 @@ impl KubeStore {
         Self {
             index,
             api,
+            client,
+            board: std::sync::OnceLock::new(),
             namespace: namespace.to_string(),
             timeout,
             synced,
@@ -295,6 +295,17 @@ impl Store for KubeStore {
                 Err(e) => Err(e),
             }
         })
+    }
+
+    fn log_board(&self) -> Option<Arc<super::log_board::LogBoard>> {
+        let board = self.board.get_or_init(|| {
+            Arc::new(super::log_board::LogBoard::start(
+                self.client.clone(),
+                &self.namespace,
+                self.timeout,
+            ))
+        });
+        Some(board.clone())
     }
 
     fn wait_synced(&self, timeout: Duration) -> BoxFuture<'_, bool> {

@@ -10,10 +10,14 @@
 //!   server's namespace, read through one informer, so that any replica serves any agent and a
 //!   restarted replica loses nothing.
 //!
+//! The Kubernetes backend also carries the log requests of every replica ([`log_board`]: one
+//! short-lived `DispatchLogRequest` each), so that any replica's long poll hands them out.
+//!
 //! Reads are synchronous hash-map lookups on the [`Index`] both backends keep; writes are async.
 //! Every change wakes the long polls of the destination it belongs to, and only those.
 
 pub mod kubernetes;
+pub mod log_board;
 pub mod memory;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -37,6 +41,17 @@ pub const KIND: &str = "DispatchJob";
 pub const PLURAL: &str = "dispatchjobs";
 
 pub use dispatch_api::agent::DispatchJobSpec;
+
+/// A resource of our API group (`DispatchJob`, `DispatchLogRequest`), for dynamic API calls.
+pub fn api_resource_of(kind: &str, plural: &str) -> kube::api::ApiResource {
+    kube::api::ApiResource {
+        group: GROUP.into(),
+        version: VERSION.into(),
+        api_version: format!("{GROUP}/{VERSION}"),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
 
 /// What the agent last reported.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -231,6 +246,11 @@ pub trait Store: Send + Sync + 'static {
     fn request_delete<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
     /// Removes record `name` (after the agent reported the Job deleted); absent is fine.
     fn remove<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// The log requests published to every replica (`log_board`), for a backend shared by
+    /// several replicas; `None` (the default) when this replica is the only one.
+    fn log_board(&self) -> Option<std::sync::Arc<log_board::LogBoard>> {
+        None
+    }
     /// Waits up to `timeout` for the first full read of the backend; returns whether it happened.
     fn wait_synced(&self, timeout: Duration) -> BoxFuture<'_, bool>;
 }

@@ -32,18 +32,27 @@ fn forged_body() -> String {
 
 /// `POST` the upload route of `destination` and `id` with `token`; the status code.
 async fn upload(rig: &Rig, destination: &str, id: &str, token: &str) -> Result<u16> {
-    let url = format!(
-        "http://{}{}",
-        rig.addr,
-        agent_api::logs_path(destination, id)
-    );
-    let resp = reqwest::Client::new()
+    upload_to(rig.addr, destination, id, token, None).await
+}
+
+/// `POST` the upload route of `destination` and `id` of the replica at `addr` with `token`
+/// (and `forwarded_by`, the header of a replica's forward); the status code.
+pub(crate) async fn upload_to(
+    addr: std::net::SocketAddr,
+    destination: &str,
+    id: &str,
+    token: &str,
+    forwarded_by: Option<&str>,
+) -> Result<u16> {
+    let url = format!("http://{addr}{}", agent_api::logs_path(destination, id));
+    let mut req = reqwest::Client::new()
         .post(url)
         .bearer_auth(token)
-        .header("content-type", CONTENT_TYPE)
-        .body(forged_body())
-        .send()
-        .await?;
+        .header("content-type", CONTENT_TYPE);
+    if let Some(by) = forwarded_by {
+        req = req.header(dispatch_server::http::FORWARDED_BY, by);
+    }
+    let resp = req.body(forged_body()).send().await?;
     Ok(resp.status().as_u16())
 }
 
@@ -74,7 +83,7 @@ async fn pending(rig: &Rig) -> Result<(String, futures::stream::BoxStream<'stati
 }
 
 /// Whether `reader` got an event within a moment (it must not, from a refused upload).
-async fn got_event(reader: &mut futures::stream::BoxStream<'static, LogEvent>) -> bool {
+pub(crate) async fn got_event(reader: &mut futures::stream::BoxStream<'static, LogEvent>) -> bool {
     tokio::time::timeout(Duration::from_millis(300), reader.next())
         .await
         .is_ok()

@@ -51,6 +51,10 @@
 //!   unknown id uploading a pending request's log → 403/404, nothing reaches the reader; an
 //!   agent asked for a Job not of its records or outside its `--namespaces` streams nothing and
 //!   makes no call in its cluster.
+//! * [`agent_log_peers`]: the same relay across replicas — at a replica that does not hold the
+//!   published request, another destination's agent, an unknown id, a plugin token or an upload
+//!   forged as already forwarded → 403/404, nothing forwarded; a published owner without a
+//!   certificate of the replicas' CA for their name → 503, no byte of the agent's token sent.
 //! * [`logs`]: the log route — people without `get analysisruns` in the namespace (by
 //!   SubjectAccessReview), agent tokens, JWTs of another project → 403; proxy headers from an
 //!   untrusted address → ignored (401); `..`, `%2F` and unknown query fields → 400; no token →
@@ -76,6 +80,7 @@ mod fake_api;
 mod world;
 
 mod adoption;
+mod agent_log_peers;
 mod agent_logs;
 mod argocd;
 mod authn;

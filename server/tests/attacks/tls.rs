@@ -20,20 +20,20 @@ use crate::tally::{self, Outcome};
 use crate::world::eventually;
 
 /// A scratch directory for one case.
-fn scratch(case: &str) -> Result<PathBuf> {
+pub(crate) fn scratch(case: &str) -> Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!("rd-attacks-tls-{case}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     Ok(dir)
 }
 
 /// A certificate authority of the test, and the server certificates it issues.
-struct Ca {
+pub(crate) struct Ca {
     pem: String,
     issuer: Issuer<'static, KeyPair>,
 }
 
 impl Ca {
-    fn new(name: &str) -> Result<Self> {
+    pub(crate) fn new(name: &str) -> Result<Self> {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::new(Vec::<String>::new())?;
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -72,14 +72,14 @@ impl Ca {
         Ok(())
     }
 
-    fn write(&self, path: &Path) -> Result<()> {
+    pub(crate) fn write(&self, path: &Path) -> Result<()> {
         Ok(std::fs::write(path, &self.pem)?)
     }
 }
 
 /// The files of a served scene in `dir`: a certificate of `ca`, the scene's JWT [`KEY`], an
 /// empty revocations file.
-fn served_files(dir: &Path, ca: &Ca) -> Result<ServedFiles> {
+pub(crate) fn served_files(dir: &Path, ca: &Ca) -> Result<ServedFiles> {
     let files = ServedFiles {
         tls_cert: dir.join("tls.crt"),
         tls_key: dir.join("tls.key"),

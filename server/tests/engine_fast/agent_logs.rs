@@ -15,11 +15,11 @@ use dispatch_server::agent::logs::LogServer;
 use dispatch_server::runtime::reload::Reloading;
 use futures::StreamExt;
 
-use crate::agent_rig::{job_pods, record, request, Rig, JOB, PASSWORD};
+use crate::agent_rig::{job_pods, poll, record, request, Rig, JOB, PASSWORD};
 use crate::world::{NS, WAIT};
 
 /// The agent's poll loop, as `agent::run` does it: every reply's log requests go to `server`.
-async fn agent_polls(client: ServerClient, server: Arc<LogServer>) {
+pub(crate) async fn agent_polls(client: ServerClient, server: Arc<LogServer>) {
     let path = agent_api::path(agent_api::WORK, "edge");
     let mut fingerprint = String::new();
     loop {
@@ -44,7 +44,20 @@ async fn the_whole_log_of_every_attempt_arrives_in_order_through_the_agent_redac
     let rig = Rig::start().await?;
     const LINES: usize = 5_000;
     job_pods(&rig.w, LINES);
-    let client = rig.agent_client("edge")?;
+    let (events, elapsed) = read_through_agent(&rig, rig.addr).await?;
+    whole_and_redacted(&events, LINES)?;
+    // The open poll answered at once: far below the poll's wait.
+    ensure!(elapsed < Duration::from_secs(5), "{elapsed:?}");
+    Ok(())
+}
+
+/// The log of `JOB` read by the rig's reader while the agent of `edge` polls (and uploads to)
+/// the replica at `agent_at`; how long it took.
+pub(crate) async fn read_through_agent(
+    rig: &Rig,
+    agent_at: std::net::SocketAddr,
+) -> Result<(Vec<LogEvent>, Duration)> {
+    let client = Rig::agent_client_of(agent_at, "edge")?;
     let kube = rig.w.engine.client_of("a").context("cluster a")?;
     let server = LogServer::new(
         Reloading::fixed("agent client", client.clone()),
@@ -53,32 +66,33 @@ async fn the_whole_log_of_every_attempt_arrives_in_order_through_the_agent_redac
         vec![NS.into()],
     );
     // One poll first: the agent is connected when the reader asks.
-    let _: WorkReply = client
-        .post(
-            &agent_api::path(agent_api::WORK, "edge"),
-            &WorkRequest::default(),
-        )
-        .await?;
+    poll(&client, "", 0).await?;
     let poller = tokio::spawn(agent_polls(client, server));
     let asked = tokio::time::Instant::now();
-    let events: Vec<LogEvent> = tokio::time::timeout(
+    let events = tokio::time::timeout(
         WAIT * 3,
         rig.dispatcher
             .agent_job_log("edge", request(false))
             .collect(),
     )
     .await
-    .context("the log did not end")?;
+    .context("the log did not end");
     poller.abort();
+    Ok((events?, asked.elapsed()))
+}
+
+/// `events` are every line of both attempts of `JOB` (`lines` each, `job_pods`), in order,
+/// with the Secret's value redacted.
+pub(crate) fn whole_and_redacted(events: &[LogEvent], lines: usize) -> Result<()> {
     let texts: Vec<String> = events.iter().map(LogEvent::to_text).collect();
     ensure!(
-        events.len() == 2 * LINES,
+        events.len() == 2 * lines,
         "{} events: {:?}",
         events.len(),
         &texts[..texts.len().min(5)]
     );
     for (i, t) in texts.iter().enumerate() {
-        let (n, line) = (i / LINES + 1, i % LINES + 1);
+        let (n, line) = (i / lines + 1, i % lines + 1);
         let want = format!("[edge/{JOB}-{n}/check] attempt {n} line {line:06}");
         ensure!(t.starts_with(&want), "event {i}: {t} (want {want})");
     }
@@ -88,12 +102,6 @@ async fn the_whole_log_of_every_attempt_arrives_in_order_through_the_agent_redac
     );
     let redacted = format!("password={}", dispatch_server::logs::REDACTED);
     ensure!(texts[1].ends_with(&redacted), "{}", texts[1]);
-    // The open poll answered at once: far below the poll's wait.
-    ensure!(
-        asked.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        asked.elapsed()
-    );
     Ok(())
 }
 

@@ -2,20 +2,26 @@
 //! engine of fake clusters behind the real `/v1` router with the dispatcher at hand (to ask for
 //! logs as the log API does), two agent destinations (`edge`, `edge2`) whose agent tokens it
 //! issues, and a Job's pods and logs on fake cluster `a`, the agent's cluster.
+//!
+//! [`Rig::start_replicated`] adds a second replica (its own dispatcher and router over the same
+//! engine): both publish their log requests on a `LogBoard` of fake cluster `a`'s API (as the
+//! Kubernetes store does on the control plane) and forward uploads to each other in plain HTTP.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use base64::Engine as _;
-use dispatch_api::agent::{DispatchJobSpec, WorkItem};
+use dispatch_api::agent::{DispatchJobSpec, WorkItem, WorkReply, WorkRequest};
 use dispatch_api::client::{ClientConfig, ServerClient};
 use dispatch_api::logs::LogRequest;
+use dispatch_server::dispatch::log_peers::PeerTransport;
 use dispatch_server::dispatch::EngineDispatcher;
 use dispatch_server::http::auth::JwtAuthenticator;
 use dispatch_server::http::{self as api_http, AppState};
 use dispatch_server::runtime::metrics::Metrics;
+use dispatch_server::store::log_board::LogBoard;
 use serde_json::json;
 
 use crate::cluster_side::pods;
@@ -33,43 +39,100 @@ pub(crate) struct Rig {
     pub(crate) w: World,
     pub(crate) dispatcher: Arc<EngineDispatcher>,
     pub(crate) addr: SocketAddr,
+    /// serves the router (stopped when dropped)
+    _replica: Replica,
+}
+
+/// Another replica of a rig's engine: its dispatcher behind the real router.
+pub(crate) struct Replica {
+    pub(crate) dispatcher: Arc<EngineDispatcher>,
+    pub(crate) addr: SocketAddr,
     server: tokio::task::JoinHandle<()>,
 }
 
-impl Drop for Rig {
+impl Drop for Replica {
     fn drop(&mut self) {
         self.server.abort();
     }
 }
 
-impl Rig {
-    pub(crate) async fn start() -> Result<Self> {
-        let w = World::start(AGENTS).await?;
+/// The namespace of the published log requests on fake cluster `a`.
+pub(crate) const BOARD_NAMESPACE: &str = "rollouts-dispatch";
+
+impl Replica {
+    /// A dispatcher of `w`'s engine behind the real router on a loopback port; with `board`,
+    /// its log requests are published there and uploads forwarded in plain HTTP.
+    pub(crate) async fn start(w: &World, board: Option<Arc<LogBoard>>) -> Result<Self> {
+        Self::start_with(w, board, PeerTransport::Plain).await
+    }
+
+    /// [`Replica::start`] reaching the other replicas through `transport`.
+    pub(crate) async fn start_with(
+        w: &World,
+        board: Option<Arc<LogBoard>>,
+        transport: PeerTransport,
+    ) -> Result<Self> {
         let signer = dispatch_server::signing::Signer::derived_from_jwt_keys(&[KEY.to_vec()])?;
         let metrics = Arc::new(Metrics::new());
-        let dispatcher = Arc::new(EngineDispatcher::new(
-            w.engine.clone(),
-            metrics.clone(),
-            Arc::new(signer),
-        ));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let mut dispatcher =
+            EngineDispatcher::new(w.engine.clone(), metrics.clone(), Arc::new(signer));
+        if let Some(board) = board {
+            dispatcher = dispatcher.with_log_peers(board, addr, transport);
+        }
+        let dispatcher = Arc::new(dispatcher);
         let state = AppState {
             dispatcher: dispatcher.clone(),
             auth: Arc::new(JwtAuthenticator::new(&[KEY.to_vec()], [])),
             people: Arc::new(dispatch_server::http::viewer::NoPeople),
             metrics,
         };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
         let router = api_http::router(state);
         let server = tokio::spawn(async move {
             let _ = axum::serve(listener, router).await;
         });
         Ok(Self {
-            w,
             dispatcher,
             addr,
             server,
         })
+    }
+}
+
+/// A board of the published log requests on fake cluster `a`, read by its own informer.
+pub(crate) fn board(w: &World) -> Result<Arc<LogBoard>> {
+    let client = w.engine.client_of("a").context("cluster a")?;
+    Ok(Arc::new(LogBoard::start(
+        client,
+        BOARD_NAMESPACE,
+        Duration::from_secs(5),
+    )))
+}
+
+impl Rig {
+    pub(crate) async fn start() -> Result<Self> {
+        let w = World::start(AGENTS).await?;
+        let replica = Replica::start(&w, None).await?;
+        Ok(Self::of(w, replica))
+    }
+
+    /// A rig whose replica (the reader's) shares its log requests with a second replica
+    /// (returned): each has its own board on fake cluster `a`.
+    pub(crate) async fn start_replicated() -> Result<(Self, Replica)> {
+        let w = World::start(AGENTS).await?;
+        let one = Replica::start(&w, Some(board(&w)?)).await?;
+        let two = Replica::start(&w, Some(board(&w)?)).await?;
+        Ok((Self::of(w, one), two))
+    }
+
+    fn of(w: World, replica: Replica) -> Self {
+        Self {
+            w,
+            dispatcher: replica.dispatcher.clone(),
+            addr: replica.addr,
+            _replica: replica,
+        }
     }
 
     /// The agent token of `destination`.
@@ -87,15 +150,20 @@ impl Rig {
 
     /// An agent's client of the rig, with the agent token of `destination`.
     pub(crate) fn agent_client(&self, destination: &str) -> Result<ServerClient> {
+        Self::agent_client_of(self.addr, destination)
+    }
+
+    /// An agent's client of the replica at `addr`, with the agent token of `destination`.
+    pub(crate) fn agent_client_of(addr: SocketAddr, destination: &str) -> Result<ServerClient> {
         let token = Self::agent_token(destination)?;
         let file = std::env::temp_dir().join(format!(
             "rd-agent-logs-{}-{}-{destination}",
             std::process::id(),
-            self.addr.port()
+            addr.port()
         ));
         std::fs::write(&file, token)?;
         Ok(ServerClient::new(&ClientConfig {
-            server: format!("http://{}", self.addr),
+            server: format!("http://{addr}"),
             token_file: Some(file),
             ca_file: None,
             ca_only: false,
@@ -103,6 +171,21 @@ impl Rig {
             timeout: Duration::from_secs(30),
         })?)
     }
+}
+
+/// One long poll of the agent of `edge` through `client`: its work with `fingerprint`, waiting
+/// up to `wait_seconds` for a change.
+pub(crate) async fn poll(
+    client: &ServerClient,
+    fingerprint: &str,
+    wait_seconds: u32,
+) -> Result<WorkReply> {
+    let path = dispatch_api::agent::path(dispatch_api::agent::WORK, "edge");
+    let req = WorkRequest {
+        fingerprint: fingerprint.to_string(),
+        wait_seconds,
+    };
+    Ok(client.post(&path, &req).await?)
 }
 
 /// The record the agent of `edge` runs `JOB` for.

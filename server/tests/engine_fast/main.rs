@@ -28,6 +28,7 @@ mod expiry;
 mod failures;
 mod fake_api;
 mod lifecycle;
+mod log_peers;
 mod log_secrets;
 mod namespaces;
 mod observe;

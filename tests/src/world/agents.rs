@@ -138,6 +138,14 @@ impl World<Agents> {
         let ca = tls.ca.clone();
         let mut extra: Vec<String> = serve_args.iter().map(|s| s.to_string()).collect();
         extra.extend(tls.serve_flags());
+        // Log requests of agent destinations shared across the replicas, as the chart does:
+        // each publishes with its address (127.0.0.1 and its --listen port here) and forwards an
+        // agent's upload to the one holding the reader over TLS verified for `localhost`.
+        extra.extend([
+            "--pod-ip=127.0.0.1".to_string(),
+            "--peer-name=localhost".to_string(),
+            format!("--peer-ca-file={}", ca.display()),
+        ]);
         let mut replicas = Vec::new();
         for name in ["server-1", "server-2"] {
             let replica = Replica {
@@ -220,6 +228,15 @@ impl World<Agents> {
         )
     }
 
+    /// The DispatchLogRequests on the control plane (published log requests).
+    pub fn log_requests(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(
+            self.client.clone(),
+            DJ_NAMESPACE,
+            &dispatch_server::store::log_board::api_resource(),
+        )
+    }
+
     /// The DispatchJob of the run with UID `run_uid`, if the store holds one.
     pub async fn record_of(&self, run_uid: &str) -> Result<Option<DynamicObject>> {
         let records = self.records().list(&ListParams::default()).await?.items;
@@ -277,21 +294,34 @@ impl World<Agents> {
     }
 }
 
-/// Installs the DispatchJob CRD of `config/crds` and waits until it is served.
+/// Installs the CRDs of `config/crds` (DispatchJob, DispatchLogRequest) and waits until they
+/// are served.
 async fn install_dispatch_job_crd(client: &kube::Client) -> Result<()> {
-    let path = repo_path("config/crds/dispatchjobs.yaml");
-    let crd: CustomResourceDefinition =
-        serde_saphyr::from_str(&std::fs::read_to_string(&path)?).context("parsing the CRD")?;
-    install_crd(client, &crd).await?;
-    let records: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        DJ_NAMESPACE,
-        &dispatch_server::store::kubernetes::api_resource(),
-    );
-    eventually("the DispatchJob CRD served", LOG_TIMEOUT, || async {
-        Ok(records.list(&ListParams::default()).await.is_ok())
-    })
-    .await
+    for (file, resource) in [
+        (
+            "config/crds/dispatchjobs.yaml",
+            dispatch_server::store::kubernetes::api_resource(),
+        ),
+        (
+            "config/crds/dispatchlogrequests.yaml",
+            dispatch_server::store::log_board::api_resource(),
+        ),
+    ] {
+        let path = repo_path(file);
+        let crd: CustomResourceDefinition =
+            serde_saphyr::from_str(&std::fs::read_to_string(&path)?)
+                .with_context(|| format!("parsing {file}"))?;
+        install_crd(client, &crd).await?;
+        let objects: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), DJ_NAMESPACE, &resource);
+        eventually(
+            &format!("the {} CRD served", resource.kind),
+            LOG_TIMEOUT,
+            || async { Ok(objects.list(&ListParams::default()).await.is_ok()) },
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 /// A TCP front for the server replicas: each connection goes to the first backend that
