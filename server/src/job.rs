@@ -84,7 +84,9 @@ pub struct KargoContext {
     pub stage: String,
     /// the freight collection ID, if labelled
     pub freight_collection: Option<String>,
-    /// the Promotion, if annotated (first verification of a freight collection only)
+    /// the Promotion, if annotated: Kargo v1.11 annotates the first verification of a freight
+    /// collection and a reverify through its API, never a reverify requested by annotating the
+    /// Stage (akuity/kargo v1.11.2 pkg/controller/stages/regular_stages.go:1540-1546)
     pub promotion: Option<String>,
 }
 

@@ -1,18 +1,36 @@
-//! AnalysisRuns shaped exactly as Kargo creates them for a Stage's verification: name
-//! `<stage>.<ulid>.<freight7>`, the Kargo labels and promotion annotation, a Freight owner
-//! reference, and the `destination` arg that a Stage's `verification.args` provides.
+//! AnalysisRuns shaped exactly as Kargo v1.11 creates them for a Stage's verification
+//! (akuity/kargo v1.11.2 `RegularStageReconciler.startVerification`,
+//! pkg/controller/stages/regular_stages.go:1427-1579, through `AnalysisRunBuilder`,
+//! pkg/rollouts/analysis_run_builder.go):
+//!
+//! * name `<stage>.<ulid>.<first 7 characters of the freight collection id>`, lowercased
+//!   (`WithNamePrefix(stage.Name)`, `WithNameSuffix(freight.ID)`: regular_stages.go:1494-1495;
+//!   the suffix cut to 7, pkg/rollouts/options.go:18,99-105; joined with `.` and lowercased,
+//!   analysis_run_builder.go:107-121). The collection id is the hex SHA-1 of the collection's
+//!   Freight names, not a Freight name ([`FREIGHT_COLLECTION_ID`]);
+//! * labels `kargo.akuity.io/stage` (the Stage name, shortened past 63 characters) and
+//!   `kargo.akuity.io/freight-collection` (the collection id), regular_stages.go:1496-1499, and
+//!   `argo-rollouts.argoproj.io/controller-instance-id` when Kargo's controller has
+//!   `ROLLOUTS_CONTROLLER_INSTANCE_ID` (analysis_run_builder.go:150-152,
+//!   [`Verification::for_controller_instance`]);
+//! * annotation `kargo.akuity.io/promotion` (the Stage's last Promotion) on the first
+//!   verification of a freight collection and on a re-verification requested through Kargo's
+//!   API, none on a re-verification requested by annotating the Stage
+//!   (regular_stages.go:1540-1546, [`Verification::reverification`]); `kargo.akuity.io/stage`
+//!   only when the label had to be shortened (:1527-1531, which the fixture never needs: it
+//!   refuses Stage names over 63 characters);
+//! * one owner reference per Freight of the collection, `blockOwnerDeletion: false`
+//!   (:1533-1539, analysis_run_builder.go:272-278);
+//! * the `destination` arg that a Stage's `verification.args` provides.
 
-use std::time::Duration;
-
-use anyhow::{Context, Result};
-use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+use anyhow::{ensure, Context, Result};
+use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::GroupVersionKind;
 use serde_json::{json, Value};
 
 use crate::artifacts::PLUGIN_NAME;
 use crate::block::Block;
 use crate::objects;
-use crate::wait::{eventually, Progress};
 
 /// The Kargo project (namespace) of the verifications.
 pub const PROJECT: &str = "kargo-demo";
@@ -25,13 +43,38 @@ pub const TENANT_B: &str = "tenant-b";
 pub const FAILED_CHECK_LOG: &str =
     "GET http://svc/health\nHTTP 503 Service Unavailable\ncheck failed: svc is not healthy\n";
 
-/// The Freight that owns the verifications, as Kargo's owner reference needs it.
+/// The name of the fixtures' one Freight (Kargo names a Freight by a hash of its artifacts).
+pub const FREIGHT_NAME: &str = "abc1234f9e8d7c6b5a4938271605f4e3d2c1b0a9";
+
+/// The id of the freight collection that holds only [`FREIGHT_NAME`]: Kargo sets it to the hex
+/// SHA-1 of the collection's Freight names, sorted and joined by `,`
+/// (`FreightCollection.UpdateOrPush`, akuity/kargo v1.11.2 api/v1alpha1/stage_types.go:591-604),
+/// here `printf %s FREIGHT_NAME | sha1sum` (checked by a unit test below).
+pub const FREIGHT_COLLECTION_ID: &str = "9811bd09b08335806fcd42b7646ad27d9571fd27";
+
+/// The ULID of the Promotion that put the Freight into every fixture Stage.
+const PROMOTION_ULID: &str = "01jq0p3n9m6x2w8r4t7v5s1kza";
+
+/// Kargo's label naming the Argo Rollouts controller instance that must run an AnalysisRun
+/// (akuity/kargo v1.11.2 pkg/rollouts/analysis_run_builder.go:25; Argo Rollouts'
+/// `LabelKeyControllerInstanceID`, pkg/apis/rollouts/v1alpha1/types.go:161).
+pub const CONTROLLER_INSTANCE_LABEL: &str = "argo-rollouts.argoproj.io/controller-instance-id";
+
+/// Kargo's longest label value; a longer Stage name is shortened in the label and written whole
+/// to an annotation (regular_stages.go:1492,1527-1531), which the fixture does not do.
+const MAX_LABEL_VALUE: usize = 63;
+
+/// The Freight that owns the verifications, as Kargo's owner reference needs it, and the
+/// freight collection (of that Freight alone) that a Stage verifies.
 #[derive(Debug, Clone)]
 pub struct Freight {
-    /// The Freight's name (a commit-like hash; its first 7 characters end run names).
+    /// The Freight's name ([`FREIGHT_NAME`]; its first 7 characters end Promotion names).
     pub name: String,
     /// The Freight's UID.
     pub uid: String,
+    /// The id of the freight collection ([`FREIGHT_COLLECTION_ID`]; its first 7 characters end
+    /// AnalysisRun names).
+    pub collection_id: String,
 }
 
 impl Freight {
@@ -44,24 +87,36 @@ impl Freight {
             "freights",
         );
         let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), PROJECT, &resource);
-        let name = "abc1234f9e8d7c6b5a4938271605f4e3d2c1b0a9";
         let object: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "kargo.akuity.io/v1alpha1", "kind": "Freight",
-            "metadata": {"name": name, "namespace": PROJECT}, "origin": {"kind": "Warehouse", "name": "w"}
+            "metadata": {"name": FREIGHT_NAME, "namespace": PROJECT}, "origin": {"kind": "Warehouse", "name": "w"}
         }))?;
-        // An Established CRD can take a moment longer to be served for writes.
-        let created = eventually("a Freight created", Duration::from_secs(30), || async {
-            Ok(match api.create(&PostParams::default(), &object).await {
-                Ok(created) => Progress::Done(created),
-                Err(e) => Progress::Waiting(e.to_string()),
-            })
-        })
-        .await?;
+        let created = objects::create_when_served(&api, &object).await?;
         Ok(Self {
-            name: name.into(),
+            name: FREIGHT_NAME.into(),
             uid: created.metadata.uid.unwrap_or_default(),
+            collection_id: FREIGHT_COLLECTION_ID.into(),
         })
     }
+
+    /// The name of the Promotion that put this Freight into Stage `stage`
+    /// ([`promotion_name`]).
+    pub fn promotion(&self, stage: &str) -> String {
+        promotion_name(stage, &self.name)
+    }
+}
+
+/// The name of the Promotion that put Freight `freight` into Stage `stage`, as Kargo names it:
+/// `<stage>.<ulid>.<first 7 characters of the Freight's name>`, lowercased
+/// (`GeneratePromotionName`, akuity/kargo v1.11.2 pkg/api/promotion.go:91-120). Kargo copies it
+/// into a verification's `kargo.akuity.io/promotion` annotation.
+pub fn promotion_name(stage: &str, freight: &str) -> String {
+    format!("{stage}.{PROMOTION_ULID}.{}", short(freight)).to_lowercase()
+}
+
+/// The first 7 characters: Kargo's short form of a Freight name or a freight collection id.
+fn short(id: &str) -> &str {
+    id.get(..7).unwrap_or(id)
 }
 
 /// One Kargo-shaped verification: Stage `stage` verifying Freight on destination arg
@@ -77,6 +132,7 @@ pub struct Verification {
     duration: String,
     image: Option<String>,
     promotion: bool,
+    instance: Option<String>,
     observe: Option<Value>,
 }
 
@@ -93,6 +149,7 @@ impl Verification {
             duration: "2s".into(),
             image: None,
             promotion: true,
+            instance: None,
             observe: None,
         }
     }
@@ -115,13 +172,28 @@ impl Verification {
         self
     }
 
-    /// A re-verification: a new run for the same Stage and Freight, started by a person
-    /// (`kargo.akuity.io/reverify` on the Stage). Kargo v1.11 adds the promotion annotation only
-    /// to the first verification after a promotion or a control-plane reverify
-    /// (akuity/kargo v1.11.2 pkg/controller/stages/regular_stages.go:1540-1546), so this run
-    /// carries none.
+    /// A re-verification requested by annotating the Stage (`kubectl annotate stage …
+    /// kargo.akuity.io/reverify=<verification id>`): a new run for the same Stage and freight
+    /// collection with no annotation at all. Kargo v1.11 adds `kargo.akuity.io/promotion` only
+    /// when the collection has no verification yet, or when the re-verification request came
+    /// from Kargo's control plane with an actor (akuity/kargo v1.11.2
+    /// pkg/controller/stages/regular_stages.go:1540-1546): its API server, for the UI's and the
+    /// CLI's reverify (pkg/api/stage.go:288-325 patches the annotation with the API server's own
+    /// client, and the Stage webhook sets `controlPlane` for the control plane's user,
+    /// pkg/webhook/kubernetes/stage/webhook.go:114-130). A request written by anyone else
+    /// (kubectl, a GitOps tool) is not from the control plane, so its run carries none.
     pub fn reverification(mut self) -> Self {
         self.promotion = false;
+        self
+    }
+
+    /// The run carries Kargo's `argo-rollouts.argoproj.io/controller-instance-id: <id>` label,
+    /// as when Kargo's controller runs with `ROLLOUTS_CONTROLLER_INSTANCE_ID=<id>` (chart value
+    /// `controller.rollouts.controllerInstanceID`; akuity/kargo v1.11.2
+    /// pkg/controller/stages/regular_stages.go:55,1490-1492): only the Argo Rollouts controller
+    /// started with `--instance-id <id>` runs it.
+    pub fn for_controller_instance(mut self, id: &str) -> Self {
+        self.instance = Some(id.into());
         self
     }
 
@@ -168,23 +240,41 @@ impl Verification {
         block
     }
 
-    /// The AnalysisRun Kargo would create in [`PROJECT`] for this verification of `freight`.
-    pub fn analysis_run(&self, freight: &Freight) -> Result<DynamicObject> {
+    /// The name Kargo gives the run of this verification of `freight`'s collection.
+    pub fn run_name(&self, freight: &Freight) -> String {
         let Self { stage, ulid, .. } = self;
-        let name = format!("{stage}.{ulid}.{}", &freight.name[..7]);
-        let annotations = if self.promotion {
-            json!({"kargo.akuity.io/promotion": format!("{stage}.{ulid}.promo")})
-        } else {
-            json!({})
-        };
+        format!("{stage}.{ulid}.{}", short(&freight.collection_id)).to_lowercase()
+    }
+
+    /// The AnalysisRun Kargo would create in [`PROJECT`] for this verification of `freight`'s
+    /// collection (the module docs say where each field comes from).
+    pub fn analysis_run(&self, freight: &Freight) -> Result<DynamicObject> {
+        let stage = &self.stage;
+        ensure!(
+            stage.len() <= MAX_LABEL_VALUE,
+            "Stage name {stage:?} is longer than {MAX_LABEL_VALUE} characters: Kargo would \
+             shorten its label and add the kargo.akuity.io/stage annotation, which this fixture \
+             does not"
+        );
+        let name = self.run_name(freight);
+        let mut labels = json!({
+            "kargo.akuity.io/stage": stage,
+            "kargo.akuity.io/freight-collection": freight.collection_id,
+        });
+        if let Some(instance) = &self.instance {
+            labels[CONTROLLER_INSTANCE_LABEL] = json!(instance);
+        }
+        let mut metadata = json!({
+            "name": name, "namespace": PROJECT, "labels": labels,
+            "ownerReferences": [{"apiVersion": "kargo.akuity.io/v1alpha1", "kind": "Freight", "name": freight.name, "uid": freight.uid, "blockOwnerDeletion": false}]
+        });
+        if self.promotion {
+            metadata["annotations"] =
+                json!({"kargo.akuity.io/promotion": freight.promotion(stage)});
+        }
         serde_json::from_value(json!({
             "apiVersion": "argoproj.io/v1alpha1", "kind": "AnalysisRun",
-            "metadata": {
-                "name": name, "namespace": PROJECT,
-                "labels": {"kargo.akuity.io/stage": stage, "kargo.akuity.io/freight-collection": "9f8e7d6c5b4a39281706f5e4d3c2b1a098765432"},
-                "annotations": annotations,
-                "ownerReferences": [{"apiVersion": "kargo.akuity.io/v1alpha1", "kind": "Freight", "name": freight.name, "uid": freight.uid, "blockOwnerDeletion": false}]
-            },
+            "metadata": metadata,
             "spec": {
                 "args": [{"name": "destination", "value": self.destination}],
                 "metrics": [{"name": "smoke", "provider": {"plugin": {PLUGIN_NAME: self.block_json()}}}]
@@ -210,5 +300,58 @@ mod tests {
         );
         let job = Verification::new("s", "01j", "cluster-a").block_json();
         assert!(job.get("spec").is_some() && job.get("rollout").is_none());
+    }
+
+    fn freight() -> Freight {
+        Freight {
+            name: FREIGHT_NAME.into(),
+            uid: "8c0d4bd4-0000-4000-8000-000000000001".into(),
+            collection_id: FREIGHT_COLLECTION_ID.into(),
+        }
+    }
+
+    #[test]
+    fn the_collection_id_is_the_sha1_of_the_freight_name_as_kargo_computes_it() {
+        let out = std::process::Command::new("sh")
+            .args(["-c", &format!("printf %s {FREIGHT_NAME} | sha1sum")])
+            .output()
+            .expect("sh and sha1sum (coreutils)");
+        let sum = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(sum.split_whitespace().next(), Some(FREIGHT_COLLECTION_ID));
+    }
+
+    #[test]
+    fn a_first_verification_is_named_after_the_collection_and_annotated_with_the_promotion() {
+        let run = Verification::new("uat", "01JABCDEFGHJKMNPQRSTVWXYZ0", "cluster-a")
+            .analysis_run(&freight())
+            .unwrap();
+        let meta = serde_json::to_value(&run.metadata).unwrap();
+        // The collection id's first 7 characters (not the Freight name's, "abc1234"), lowercased.
+        assert_eq!(meta["name"], "uat.01jabcdefghjkmnpqrstvwxyz0.9811bd0");
+        assert_eq!(
+            meta["labels"],
+            json!({"kargo.akuity.io/stage": "uat", "kargo.akuity.io/freight-collection": FREIGHT_COLLECTION_ID})
+        );
+        assert_eq!(
+            meta["annotations"],
+            json!({"kargo.akuity.io/promotion": "uat.01jq0p3n9m6x2w8r4t7v5s1kza.abc1234"})
+        );
+        assert_eq!(meta["ownerReferences"][0]["name"], FREIGHT_NAME);
+        assert_eq!(meta["ownerReferences"][0]["blockOwnerDeletion"], false);
+    }
+
+    #[test]
+    fn a_reverification_has_no_annotations_and_an_instance_gets_its_label() {
+        let run = Verification::new("uat", "01jabcdefghjkmnpqrstvwxyz1", "cluster-a")
+            .reverification()
+            .for_controller_instance("shard-a")
+            .analysis_run(&freight())
+            .unwrap();
+        let meta = serde_json::to_value(&run.metadata).unwrap();
+        assert!(meta.get("annotations").is_none(), "{meta}");
+        assert_eq!(meta["labels"][CONTROLLER_INSTANCE_LABEL], "shard-a");
+        let long = "s".repeat(64);
+        let refused = Verification::new(&long, "01j", "cluster-a").analysis_run(&freight());
+        assert!(refused.unwrap_err().to_string().contains("longer than 63"));
     }
 }

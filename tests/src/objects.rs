@@ -6,11 +6,11 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde_json::json;
 
 use crate::cluster::Cluster;
-use crate::wait::eventually;
+use crate::wait::{eventually, Progress};
 
 /// The label our Jobs carry: the UID of the AnalysisRun they measure for.
 pub const RUN_UID_LABEL: &str = "rollouts-dispatch.io/run-uid";
@@ -107,6 +107,26 @@ pub async fn install_crd(client: &kube::Client, crd: &CustomResourceDefinition) 
         Err(e) => return Err(e).with_context(|| format!("creating CRD {name}")),
     }
     wait_established(client, &name).await
+}
+
+/// Creates `object` through `api`, retrying for up to 30 s while the API server refuses it: a
+/// CRD that has just become Established can take a moment longer to be served for writes.
+pub async fn create_when_served(
+    api: &Api<DynamicObject>,
+    object: &DynamicObject,
+) -> Result<DynamicObject> {
+    let what = format!(
+        "{} {} created",
+        object.types.as_ref().map_or("object", |t| t.kind.as_str()),
+        object.metadata.name.as_deref().unwrap_or_default()
+    );
+    eventually(&what, Duration::from_secs(30), || async {
+        Ok(match api.create(&PostParams::default(), object).await {
+            Ok(created) => Progress::Done(created),
+            Err(e) => Progress::Waiting(e.to_string()),
+        })
+    })
+    .await
 }
 
 /// Waits up to 30 s until CRD `name` is Established (its kind is served).

@@ -10,7 +10,10 @@ use dispatch_server::{EngineError, Phase};
 use serde_json::json;
 
 use crate::cluster_side::{foreign_job, job, job_names, jobs};
-use crate::world::{as_another_replica_builds_it, block, request, run, World, NS, PROJECT};
+use crate::world::{
+    as_another_replica_builds_it, block, request, run, World, FREIGHT_COLLECTION, NS, PROJECT,
+    PROMOTION,
+};
 use dispatch_server::signing::Signer;
 
 #[tokio::test]
@@ -64,6 +67,8 @@ async fn ensure_creates_the_job_with_its_identity_and_context_on_every_destinati
         let value = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
         assert_eq!(value("KARGO_PROJECT"), Some(PROJECT));
         assert_eq!(value("KARGO_STAGE"), Some("uat"));
+        assert_eq!(value("KARGO_FREIGHT_COLLECTION"), Some(FREIGHT_COLLECTION));
+        assert_eq!(value("KARGO_PROMOTION"), Some(PROMOTION));
         assert_eq!(value("DISPATCH_DESTINATION"), Some(d));
         assert_eq!(value("ANALYSIS_RUN_UID"), Some(run.uid.as_str()));
         assert_eq!(
@@ -83,6 +88,42 @@ async fn ensure_creates_the_job_with_its_identity_and_context_on_every_destinati
         }
     );
     assert_eq!(w.api("a").calls("POST", "/jobs"), 1);
+    Ok(())
+}
+
+/// A re-verification requested by annotating the Stage carries no annotation at all (Kargo
+/// v1.11 adds `kargo.akuity.io/promotion` only to a collection's first verification and to a
+/// reverify through its API: akuity/kargo v1.11.2 pkg/controller/stages/regular_stages.go:1540-1546):
+/// its Job has the Stage and the collection, and no promotion.
+#[tokio::test]
+async fn a_reverification_without_annotations_gets_its_job_without_a_promotion() -> Result<()> {
+    let w = World::start("").await?;
+    let mut run = run(7);
+    run.annotations.clear();
+    let req = request(&run, "smoke", 1, block(json!({"destination": "a"}))?);
+    let ensured = w.engine.ensure(&req).await?;
+    assert_eq!(ensured.outcomes, vec![("a".into(), Outcome::Created)]);
+    let j = job(w.api("a"), &ensured.job.name)?;
+    let ann = j.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(ann[job::ANN_KARGO_STAGE], "uat");
+    assert_eq!(ann[job::ANN_KARGO_FREIGHT_COLLECTION], FREIGHT_COLLECTION);
+    assert!(!ann.contains_key(job::ANN_KARGO_PROMOTION), "{ann:?}");
+    let env = j
+        .spec
+        .unwrap_or_default()
+        .template
+        .spec
+        .unwrap_or_default()
+        .containers[0]
+        .env
+        .clone()
+        .unwrap_or_default();
+    let names: Vec<&str> = env.iter().map(|e| e.name.as_str()).collect();
+    assert!(
+        names.contains(&"KARGO_STAGE") && names.contains(&"KARGO_FREIGHT_COLLECTION"),
+        "{names:?}"
+    );
+    assert!(!names.contains(&"KARGO_PROMOTION"), "{names:?}");
     Ok(())
 }
 

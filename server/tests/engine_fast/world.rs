@@ -210,11 +210,25 @@ where
     }
 }
 
-/// A run of [`PROJECT`] created by Kargo for Stage `uat`; `n` makes its UID unique in a test.
+/// The freight collection id of the runs: the hex SHA-1 of the collection's Freight names, as
+/// Kargo computes it (akuity/kargo v1.11.2 api/v1alpha1/stage_types.go:591-604), the same as
+/// `dispatch_tests::kargo::FREIGHT_COLLECTION_ID`.
+pub(crate) const FREIGHT_COLLECTION: &str = "9811bd09b08335806fcd42b7646ad27d9571fd27";
+/// The Promotion of the runs' first verification, named as Kargo names it:
+/// `<stage>.<ulid>.<first 7 characters of the Freight's name>` (pkg/api/promotion.go:91-120).
+pub(crate) const PROMOTION: &str = "uat.01jq0p3n9m6x2w8r4t7v5s1kza.abc1234";
+
+/// A run of [`PROJECT`] created by Kargo v1.11 for the first verification of Stage `uat`
+/// (`<stage>.<ulid>.<first 7 characters of the freight collection id>`, the stage and
+/// freight-collection labels, the promotion annotation: regular_stages.go:1494-1499,1540-1546);
+/// `n` makes its name and UID unique in a test.
 pub(crate) fn run(n: u32) -> RunContext {
     let uid = format!("0000{n:04x}-aaaa-4bbb-8ccc-000000000001");
     let mut run = RunContext {
-        name: format!("uat.verify.{n}"),
+        name: format!(
+            "uat.01jq0p3n9m6x2w8r4t7v{n:06x}.{}",
+            &FREIGHT_COLLECTION[..7]
+        ),
         namespace: PROJECT.to_string(),
         uid,
         ..RunContext::default()
@@ -223,10 +237,10 @@ pub(crate) fn run(n: u32) -> RunContext {
         .insert("kargo.akuity.io/stage".into(), "uat".into());
     run.labels.insert(
         "kargo.akuity.io/freight-collection".into(),
-        "55d4523".into(),
+        FREIGHT_COLLECTION.into(),
     );
     run.annotations
-        .insert("kargo.akuity.io/promotion".into(), "uat.promo.1".into());
+        .insert("kargo.akuity.io/promotion".into(), PROMOTION.into());
     run
 }
 

@@ -6,6 +6,8 @@
 //! `rollouts-dispatch/job` from a `file://` path), and starts `rollouts-controller` against the
 //! cluster in the cluster's process group. The controller runs in its own working directory
 //! (it copies plugins to `plugin-bin/` there) and logs to `logs/rollouts-controller.log`.
+//! [`ArgoRollouts::start_instance`] starts one more controller beside it with `--instance-id`,
+//! as a sharded install runs one per shard.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -77,6 +79,14 @@ pub struct ArgoRollouts {
     pub healthz_port: u16,
     /// Port of the controller's `/metrics`.
     pub metrics_port: u16,
+    /// Its `--instance-id`, if any: it runs only the objects labelled
+    /// `argo-rollouts.argoproj.io/controller-instance-id: <id>`, and a controller without one
+    /// only the objects without that label (`InstanceIDRequirement`, argo-rollouts
+    /// utils/controller/controller.go:287-300, the informers' selector in
+    /// cmd/rollouts-controller/main.go:170-195).
+    pub instance_id: Option<String>,
+    /// Its name in the cluster's process group (and of its log file).
+    process: String,
 }
 
 impl ArgoRollouts {
@@ -86,17 +96,32 @@ impl ArgoRollouts {
         apply_crds(&client, &cluster.binaries.argo_rollouts_crds).await?;
         apply_namespace(&client, NAMESPACE).await?;
         apply_config_map(&client, plugins).await?;
+        Self::launch(cluster, None).await
+    }
 
+    /// Starts one more controller on `cluster`, where [`Self::install`] ran, with
+    /// `--instance-id id`: it loads the same plugins (the one `argo-rollouts-config`) and runs
+    /// only the AnalysisRuns (and Rollouts, Experiments) labelled for instance `id`. Its
+    /// process, log and working directory are named after `id`; waits for `/healthz`.
+    pub async fn start_instance(cluster: &mut Cluster, id: &str) -> Result<Self> {
+        Self::launch(cluster, Some(id)).await
+    }
+
+    async fn launch(cluster: &mut Cluster, instance_id: Option<&str>) -> Result<Self> {
         let p = ports::allocate(2)?;
         let (healthz_port, metrics_port) = (p[0], p[1]);
-        let work_dir = cluster.dir.join("argo-rollouts");
+        let suffix = instance_id.map(|id| format!("-{id}")).unwrap_or_default();
+        let process = format!("{PROCESS}{suffix}");
+        let work_dir = cluster.dir.join(format!("argo-rollouts{suffix}"));
         std::fs::create_dir_all(&work_dir)
             .with_context(|| format!("creating {}", work_dir.display()))?;
         let argo = Self {
-            log: cluster.log_path(PROCESS),
+            log: cluster.log_path(&process),
             work_dir,
             healthz_port,
             metrics_port,
+            instance_id: instance_id.map(String::from),
+            process,
         };
         argo.spawn(cluster).await?;
         Ok(argo)
@@ -105,7 +130,7 @@ impl ArgoRollouts {
     /// Kills the controller with SIGKILL (its plugin processes lose their connection) and starts
     /// it again with the same configuration; waits for `/healthz`.
     pub async fn restart(&self, cluster: &mut Cluster) -> Result<()> {
-        cluster.kill_process(PROCESS)?;
+        cluster.kill_process(&self.process)?;
         self.spawn(cluster).await
     }
 
@@ -114,7 +139,7 @@ impl ArgoRollouts {
     /// frozen controller is not enough: thawed, it may act on a timer from its stale cache
     /// before it reads the writes from its watch.)
     pub fn stop(&self, cluster: &mut Cluster) -> Result<()> {
-        cluster.kill_process(PROCESS)
+        cluster.kill_process(&self.process)
     }
 
     /// Starts the controller stopped by [`Self::stop`]; it lists everything afresh.
@@ -134,9 +159,12 @@ impl ArgoRollouts {
                 "--leader-elect=false".into(),
                 "--loglevel=debug".into(),
             ]);
-        cluster.spawn_process(PROCESS, cmd)?;
+        if let Some(id) = &self.instance_id {
+            cmd.arg(format!("--instance-id={id}"));
+        }
+        cluster.spawn_process(&self.process, cmd)?;
         eventually(
-            "rollouts-controller /healthz ok",
+            &format!("{} /healthz ok", self.process),
             Duration::from_secs(60),
             || {
                 // Checked here, not in the future: it must own its data (see `Cluster`'s waits).

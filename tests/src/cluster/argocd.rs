@@ -11,10 +11,13 @@
 //! lands where Argo CD reads it. The player writes exactly what the controller writes (fields
 //! cited below), so a real controller would behave the same at that boundary.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::ByteString;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
 };
@@ -54,6 +57,42 @@ pub async fn install(client: &Client) -> Result<()> {
     let name = apply_crd_file(&crds, &path).await?;
     wait_established(client, &name).await?;
     super::argo::apply_namespace(client, NAMESPACE).await
+}
+
+/// Argo CD's `config` JSON of a cluster Secret: a bearer token and the CA (base64, as Go encodes
+/// `[]byte`), the shape `argocd cluster add` writes (argo-cd v3.6.1
+/// pkg/apis/application/v1alpha1/types.go `ClusterConfig`).
+pub fn cluster_config(token: &str, ca_pem: &str) -> Value {
+    let ca_b64 = serde_json::to_value(ByteString(ca_pem.as_bytes().to_vec())).unwrap_or_default();
+    json!({"bearerToken": token, "tlsClientConfig": {"insecure": false, "caData": ca_b64}})
+}
+
+/// Creates Argo CD cluster Secret `secret` in [`NAMESPACE`] (label
+/// `argocd.argoproj.io/secret-type: cluster`, plus `labels`) for cluster `name` at `server`
+/// with `config` ([`cluster_config`]).
+pub async fn apply_cluster_secret(
+    client: &Client,
+    secret: &str,
+    name: &str,
+    server: &str,
+    config: &Value,
+    labels: &[(&str, &str)],
+) -> Result<()> {
+    let mut l: BTreeMap<String, String> = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    l.insert("argocd.argoproj.io/secret-type".into(), "cluster".into());
+    let obj: Secret = serde_json::from_value(json!({
+        "metadata": {"name": secret, "namespace": NAMESPACE, "labels": l},
+        "type": "Opaque",
+        "stringData": {"name": name, "server": server, "config": config.to_string()}
+    }))?;
+    Api::<Secret>::namespaced(client.clone(), NAMESPACE)
+        .create(&PostParams::default(), &obj)
+        .await
+        .with_context(|| format!("creating Argo CD cluster secret {secret}"))?;
+    Ok(())
 }
 
 /// Creates Application `name` (a Git source, an in-cluster destination) with `status`; the CRD

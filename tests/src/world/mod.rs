@@ -9,7 +9,9 @@
 //! * [`Direct`] ([`World::start`]): one `rollouts-dispatch serve` in this process, with both
 //!   destinations in its config (their kubeconfigs), policy `kargo-demo → cluster-*`, and
 //!   `control` as its `controlPlane`, so every request is confirmed against the real
-//!   controller's AnalysisRuns (`confirmRuns`).
+//!   controller's AnalysisRuns (`confirmRuns`). [`World::start_with`] adds `argocd:`
+//!   ([`DirectOptions`]): the Argo CD cluster Secrets on `control` become destinations too, and
+//!   `destination: stage` resolves through the Stages and Applications there.
 //! * [`agents::Agents`] ([`World::start_with_agent`]): two server replicas (real processes) on
 //!   the Kubernetes store behind a TCP front; `a` direct, `b` reachable only through its agent.
 //!
@@ -22,11 +24,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use dispatch_api::client::{ClientConfig, ServerClient};
 use kube::api::{Api, DynamicObject, PostParams};
 
 use crate::analysis::{self, wait_finished};
 use crate::artifacts::{plugin_binary, PLUGIN_NAME};
 use crate::cluster::argo::{self, ArgoRollouts, MetricPlugin};
+use crate::cluster::argocd;
 use crate::cluster::process::tail;
 use crate::cluster::{start_many, Cluster};
 use crate::kargo::{Freight, Verification, PROJECT, TENANT_B};
@@ -67,19 +71,43 @@ pub struct Direct {
     pub tls: ApiTls,
 }
 
+/// What a [`Direct`] scene's server configuration adds to the two configured destinations.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DirectOptions {
+    /// `argocd: {namespace: argocd, inCluster: false}`: the Argo CD cluster Secrets in
+    /// `control`'s `argocd` namespace become destinations (watched live; name them
+    /// `cluster-*` for the policy to allow them), and `destination: stage` reads the Stages and
+    /// Applications on `control`. No `in-cluster` destination: the scene's runs never land on
+    /// the control plane.
+    pub argocd: bool,
+}
+
 impl World<Direct> {
     /// Starts the scene with one in-process server that reaches both destinations directly.
     pub async fn start() -> Result<Self> {
+        Self::start_with(DirectOptions::default()).await
+    }
+
+    /// [`Self::start`], the server configured with `options` as well.
+    pub async fn start_with(options: DirectOptions) -> Result<Self> {
         let [control, a, b] = start_clusters().await?;
         let dir = control.dir.join("dispatch");
         std::fs::create_dir_all(&dir)?;
         let key = dir.join("jwt.key");
         std::fs::write(&key, DIRECT_KEY)?;
         let config = dir.join("server.yaml");
+        let argocd = if options.argocd {
+            format!(
+                "argocd: {{namespace: {}, inCluster: false}}\n",
+                argocd::NAMESPACE
+            )
+        } else {
+            String::new()
+        };
         std::fs::write(
             &config,
             format!(
-                "controlPlane: {{kubeconfig: {}}}\n\
+                "controlPlane: {{kubeconfig: {}}}\n{argocd}\
                  destinations:\n\
                  - name: cluster-a\n  kubeconfig: {}\n  labels: {{env: e2e}}\n\
                  - name: cluster-b\n  kubeconfig: {}\n  labels: {{env: e2e}}\n\
@@ -140,6 +168,18 @@ impl World<Direct> {
             Direct { server, dir, tls },
         )
         .await
+    }
+
+    /// A client of the server's `/v1` API with the plugin's token and the API's CA.
+    pub fn api_client(&self) -> Result<ServerClient> {
+        Ok(ServerClient::new(&ClientConfig {
+            server: self.url.clone(),
+            token_file: Some(self.dispatch.dir.join("plugin.token")),
+            ca_file: Some(self.dispatch.tls.ca.clone()),
+            ca_only: true,
+            insecure_plaintext: false,
+            timeout: Duration::from_secs(30),
+        })?)
     }
 }
 

@@ -126,7 +126,7 @@ async fn abort_while_apiserver_down(w: &mut World<Agents>) -> Result<Outcome> {
     )
     .await?;
     w.a.stop_apiserver()?;
-    // Kargo aborts a verification by setting `spec.terminate` (e2e.rs, the abort scenario).
+    // Kargo aborts a verification by setting `spec.terminate` (tests/e2e/main.rs, the abort scenario).
     w.runs()
         .patch(
             &name,

@@ -5,13 +5,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use dispatch_tests::cluster::argo;
+pub(crate) use dispatch_tests::cluster::argocd::{
+    apply_cluster_secret, cluster_config as argocd_config,
+};
 use dispatch_tests::cluster::{start_many, Cluster, FAKE_NODE};
 use dispatch_tests::objects::{self, create_crd};
 use dispatch_tests::shared::Shared;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-use k8s_openapi::ByteString;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
 };
@@ -132,37 +134,6 @@ pub(crate) async fn service_account_token(cluster: &Cluster) -> Result<String> {
         },
     )
     .await
-}
-
-/// Argo CD's `config` JSON: a bearer token and the CA (base64, as Go encodes `[]byte`).
-pub(crate) fn argocd_config(token: &str, ca_pem: &str) -> Value {
-    let ca_b64 = serde_json::to_value(ByteString(ca_pem.as_bytes().to_vec())).unwrap_or_default();
-    json!({"bearerToken": token, "tlsClientConfig": {"insecure": false, "caData": ca_b64}})
-}
-
-pub(crate) async fn apply_cluster_secret(
-    client: &kube::Client,
-    secret: &str,
-    name: &str,
-    server: &str,
-    config: &Value,
-    labels: &[(&str, &str)],
-) -> Result<()> {
-    let mut l: BTreeMap<String, String> = labels
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    l.insert("argocd.argoproj.io/secret-type".into(), "cluster".into());
-    let obj: Secret = serde_json::from_value(json!({
-        "metadata": {"name": secret, "namespace": "argocd", "labels": l},
-        "type": "Opaque",
-        "stringData": {"name": name, "server": server, "config": config.to_string()}
-    }))?;
-    Api::<Secret>::namespaced(client.clone(), "argocd")
-        .create(&PostParams::default(), &obj)
-        .await
-        .with_context(|| format!("creating Argo CD cluster secret {secret}"))?;
-    Ok(())
 }
 
 /// Minimal CRDs for Kargo's Stage and Argo CD's Application (schemas preserve every field).

@@ -9,6 +9,7 @@ use dispatch_server::engine::{JobRef, Outcome};
 use dispatch_server::job::{self, LABEL_MANAGED};
 use dispatch_server::logs::Redactor;
 use dispatch_server::Phase;
+use dispatch_tests::kargo::{promotion_name, FREIGHT_COLLECTION_ID, FREIGHT_NAME};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -61,11 +62,12 @@ fn success_carries_the_kargo_context() -> Result<()> {
         ensure!(ann["analysisrun.argoproj.io/name"] == run.name);
         ensure!(ann["rollouts-dispatch.io/kargo-stage"] == "uat");
         let env = env_of(j);
+        let promotion = promotion_name("uat", FREIGHT_NAME);
         for (k, want) in [
             ("KARGO_PROJECT", "kargo-demo"),
             ("KARGO_STAGE", "uat"),
-            ("KARGO_FREIGHT_COLLECTION", "55d4523"),
-            ("KARGO_PROMOTION", "uat.promo.1"),
+            ("KARGO_FREIGHT_COLLECTION", FREIGHT_COLLECTION_ID),
+            ("KARGO_PROMOTION", promotion.as_str()),
             ("ANALYSIS_RUN_UID", run.uid.as_str()),
             ("DISPATCH_DESTINATION", "a"),
             // the user's own value is kept

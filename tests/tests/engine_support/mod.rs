@@ -18,6 +18,7 @@ use dispatch_server::verdict::Verdict;
 use dispatch_tests::block::Block;
 use dispatch_tests::cluster::Cluster;
 pub use dispatch_tests::eventually;
+use dispatch_tests::kargo::{promotion_name, FREIGHT_COLLECTION_ID, FREIGHT_NAME};
 use dispatch_tests::wait::Progress;
 use rand::Rng;
 use serde_json::{json, Value};
@@ -41,7 +42,8 @@ pub fn run_uid() -> String {
     )
 }
 
-/// A run in `namespace` (Kargo labels when `stage` is set).
+/// A run in `namespace` (when `stage` is set, Kargo's labels and annotation of a first
+/// verification, as `dispatch_tests::kargo` shapes them).
 pub fn run_context(namespace: &str, stage: Option<&str>) -> RunContext {
     let uid = run_uid();
     let mut run = RunContext {
@@ -55,10 +57,12 @@ pub fn run_context(namespace: &str, stage: Option<&str>) -> RunContext {
             .insert("kargo.akuity.io/stage".into(), s.to_string());
         run.labels.insert(
             "kargo.akuity.io/freight-collection".into(),
-            "55d4523".into(),
+            FREIGHT_COLLECTION_ID.into(),
         );
-        run.annotations
-            .insert("kargo.akuity.io/promotion".into(), format!("{s}.promo.1"));
+        run.annotations.insert(
+            "kargo.akuity.io/promotion".into(),
+            promotion_name(s, FREIGHT_NAME),
+        );
     }
     run
 }

@@ -9,8 +9,15 @@
 //! (AnalysisRuns are shaped as Kargo creates them, see `dispatch_tests::kargo`). A failure
 //! names the scenario (the test) and what it saw; the clusters' logs stay in their directories.
 //!
+//! The scene's server also has `argocd:` (`DirectOptions`), for `destination: stage`
+//! (`stage.rs`); `sharding.rs` starts a second controller with `--instance-id` beside the
+//! scene's own.
+//!
 //! `#[ignore]`d for plain `cargo test`; `make e2e` runs it (`cargo test … -- --ignored NAME`
 //! runs one scenario).
+
+mod sharding;
+mod stage;
 
 use std::time::Duration;
 
@@ -22,7 +29,8 @@ use dispatch_tests::kargo::{Verification, PROJECT, TENANT_B};
 use dispatch_tests::objects::{job_env, jobs_of};
 use dispatch_tests::shared::{block_on, Shared};
 use dispatch_tests::wait::{eventually, Progress};
-use dispatch_tests::world::{Direct, World};
+use dispatch_tests::world::{Direct, DirectOptions, World};
+use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use serde_json::json;
@@ -33,16 +41,43 @@ const JOB_TIMEOUT: Duration = Duration::from_secs(90);
 
 static WORLD: Shared<RwLock<World<Direct>>> = Shared::new();
 
+/// The shared World, started by the first scenario that runs.
+fn world() -> Result<&'static RwLock<World<Direct>>> {
+    WORLD.get_or_start(|| async {
+        let options = DirectOptions { argocd: true };
+        Ok(RwLock::new(World::start_with(options).await?))
+    })
+}
+
 /// Runs `scenario` on the shared World next to other side-by-side scenarios.
 fn side_by_side(scenario: impl AsyncFnOnce(&World<Direct>) -> Result<()>) -> Result<()> {
-    let world = WORLD.get_or_start(|| async { Ok(RwLock::new(World::start().await?)) })?;
+    let world = world()?;
     block_on(async { scenario(&*world.read().await).await })
 }
 
 /// Runs `scenario` with the World to itself: it kills and restarts components.
 fn alone(scenario: impl AsyncFnOnce(&mut World<Direct>) -> Result<()>) -> Result<()> {
-    let world = WORLD.get_or_start(|| async { Ok(RwLock::new(World::start().await?)) })?;
+    let world = world()?;
     block_on(async { scenario(&mut *world.write().await).await })
+}
+
+/// The one Job of `run`, on cluster-a; none may be on cluster-b or the control plane.
+async fn the_one_job_on_a(w: &World<Direct>, run: &DynamicObject) -> Result<Job> {
+    let uid = analysis::uid(run);
+    let (mut on_a, on_b, on_control) = (
+        jobs_of(&w.a, &uid).await?,
+        jobs_of(&w.b, &uid).await?,
+        jobs_of(&w.control, &uid).await?,
+    );
+    ensure!(
+        on_a.len() == 1 && on_b.is_empty() && on_control.is_empty(),
+        "Jobs of run {} ({uid}): {} on a, {} on b, {} on control; want 1/0/0",
+        analysis::name(run),
+        on_a.len(),
+        on_b.len(),
+        on_control.len()
+    );
+    Ok(on_a.remove(0))
 }
 
 /// What a run ended as, with the controller's last log lines: the report of a failed check.
@@ -102,20 +137,8 @@ fn a_passing_check_succeeds_with_one_job_on_its_destination_only() -> Result<()>
             "want Successful: {}",
             report(w, &run)
         );
-        let uid = analysis::uid(&run);
-        let (on_a, on_b, on_control) = (
-            jobs_of(&w.a, &uid).await?,
-            jobs_of(&w.b, &uid).await?,
-            jobs_of(&w.control, &uid).await?,
-        );
-        ensure!(
-            on_a.len() == 1 && on_b.is_empty() && on_control.is_empty(),
-            "Jobs of run {uid}: {} on a, {} on b, {} on control; want 1/0/0",
-            on_a.len(),
-            on_b.len(),
-            on_control.len()
-        );
-        let env = job_env(&on_a[0]);
+        let job = the_one_job_on_a(w, &run).await?;
+        let env = job_env(&job);
         ensure!(
             env.iter().any(|(k, v)| k == "KARGO_STAGE" && v == "uat"),
             "the Job lacks KARGO_STAGE=uat: {env:?}"
