@@ -32,6 +32,8 @@ pub const MAX_UPLOADS: usize = 4;
 const SECRET_TIMEOUT: Duration = Duration::from_secs(10);
 /// Request ids remembered so that a request listed in several replies is served once.
 const MAX_SEEN: usize = 1024;
+/// The most lines sent in one chunk of an upload's body (see [`ndjson_chunks`]).
+const LINES_PER_CHUNK: usize = 256;
 /// The longest text of one line sent, so that its JSON stays below [`MAX_LOG_UPLOAD_LINE`].
 const MAX_TEXT: usize = MAX_LOG_UPLOAD_LINE - 2048;
 
@@ -175,18 +177,34 @@ impl LogServer {
         id: &str,
         events: BoxStream<'static, LogEvent>,
     ) -> Result<LogUploadReply, CallError> {
-        let lines = events.map(|ev| {
-            let mut line = serde_json::to_vec(&bounded(ev)).unwrap_or_default();
-            line.push(b'\n');
-            Ok::<_, std::io::Error>(line)
-        });
-        let body = dispatch_api::client::Body::wrap_stream(lines);
+        let body = dispatch_api::client::Body::wrap_stream(ndjson_chunks(events));
         let path = api::logs_path(&self.destination, id);
         self.client
             .get()
             .post_stream(&path, CONTENT_TYPE, body, api::LOG_UPLOAD_TIMEOUT)
             .await
     }
+}
+
+/// `events` as NDJSON, the lines ready at once joined into one chunk (at most
+/// [`LINES_PER_CHUNK`]): each chunk is one HTTP/2 DATA frame, and h2 (0.4.20, the server's
+/// hyper) counts every buffered frame under 256 bytes against a budget of half the connection
+/// window (h2 src/proto/streams/counts.rs:120-138, src/proto/connection.rs:99-109) and closes the
+/// whole connection with `GOAWAY ENHANCE_YOUR_CALM "too_many_data_frames"` when it runs out
+/// (src/proto/streams/streams.rs:655-662). One frame per line did exactly that as soon as a slow
+/// reader let a few thousand lines wait in the server's window (issue #17).
+pub fn ndjson_chunks(
+    events: BoxStream<'static, LogEvent>,
+) -> impl futures::Stream<Item = Result<Vec<u8>, std::io::Error>> + Send + 'static {
+    events.ready_chunks(LINES_PER_CHUNK).map(|batch| {
+        let mut chunk = Vec::new();
+        for ev in batch {
+            // A LogEvent always serialises; an empty line would be skipped by the server.
+            chunk.extend(serde_json::to_vec(&bounded(ev)).unwrap_or_default());
+            chunk.push(b'\n');
+        }
+        Ok(chunk)
+    })
 }
 
 /// The redactor of `target`'s log: the values of every Secret its pods' containers (or the one
@@ -266,6 +284,67 @@ fn bounded(ev: LogEvent) -> LogEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The upload body through a real hyper HTTP/2 server (the API's listener) whose handler
+    /// stops reading for a while, as the relay does when its reader is slow: every line must
+    /// arrive. One DATA frame per line made h2 close the connection (`too_many_data_frames`).
+    #[tokio::test]
+    async fn a_long_upload_survives_a_reader_that_pauses_over_http2() {
+        use axum::routing::post;
+        const LINES: usize = 20_000;
+        let app = axum::Router::new().route(
+            "/up",
+            post(|body: axum::body::Body| async move {
+                // The reader is slow: the client fills the server's window meanwhile.
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let mut data = body.into_data_stream();
+                let mut lines = 0usize;
+                while let Some(chunk) = data.next().await {
+                    let Ok(chunk) = chunk else {
+                        return format!("broke after {lines} lines");
+                    };
+                    lines += chunk.iter().filter(|b| **b == b'\n').count();
+                }
+                lines.to_string()
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(crate::runtime::listener::serve(
+            listener,
+            app,
+            None,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        let events = stream::iter((0..LINES).map(|i| LogEvent::Line {
+            destination: "d".into(),
+            pod: "p".into(),
+            container: "c".into(),
+            text: format!("relay {i:06}"),
+        }))
+        .boxed();
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = reqwest::Client::builder()
+            .http2_prior_knowledge()
+            .build()
+            .unwrap();
+        let reply = tokio::time::timeout(
+            Duration::from_secs(60),
+            client
+                .post(format!("http://{addr}/up"))
+                .body(reqwest::Body::wrap_stream(ndjson_chunks(events)))
+                .send(),
+        )
+        .await
+        .expect("the upload ends");
+        let text = reply.expect("the upload is answered").text().await.unwrap();
+        assert_eq!(text, LINES.to_string());
+        let _ = stop.send(());
+        let _ = server.await;
+    }
 
     #[test]
     fn a_long_line_is_cut_below_the_upload_limit_on_a_char_boundary() {
