@@ -2,7 +2,7 @@
 //! phase? Ours (plugin → server → Job on cluster a) against Argo Rollouts' built-in `job`
 //! provider (Job on the control-plane cluster), with the same Job durations (5 s, 60 s, 300 s),
 //! the same controller and the same observer (one list of Jobs per cluster and one of
-//! AnalysisRuns every 100 ms), all started together.
+//! AnalysisRuns every 100 ms), started in staggered rounds.
 //!
 //! Why the durations matter: the built-in provider's `Resume` waits √(2·elapsed) before it looks
 //! again (argo-rollouts `metricproviders/job/job.go:243-246`), and the controller skips a
@@ -30,13 +30,20 @@ use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, DynamicObject, ListParams, PostParams, WatchEvent, WatchParams};
 use serde_json::json;
 
-/// Verifications of each kind and duration, all started together.
-const RUNS: usize = 5;
-/// The Job durations compared: (Go duration, label in the last line).
-const DURATIONS: [(&str, &str); 3] = [("5s", "5s"), ("60s", "60s"), ("300s", "300s")];
+/// Verifications of each kind and duration, started in this many rounds.
+const RUNS: usize = 7;
+/// Between two rounds.
+const STAGGER: Duration = Duration::from_secs(2);
+/// The Job durations compared: (seconds, label in the last line). Round `i` of `RUNS` adds
+/// `i/RUNS` of the built-in provider's wait at that duration (√(2·d) s): its looks follow a fixed
+/// schedule from each run's start, so a Job that always ends at the same second always lands at
+/// the same point between two looks (a lucky or an unlucky one); real checks do not last a fixed
+/// number of seconds, and the spread samples that point evenly. Ours and the built-in get the
+/// same durations.
+const DURATIONS: [(u64, &str); 3] = [(5, "5s"), (60, "60s"), (300, "300s")];
 /// How long the whole bench may take: the longest Job, plus the built-in provider's last wait
 /// (√600 ≈ 25 s), plus scheduling on a loaded machine.
-const BENCH_TIMEOUT: Duration = Duration::from_secs(300 + 240);
+const BENCH_TIMEOUT: Duration = Duration::from_secs(15 + 325 + 240);
 
 /// What the bench knows of one AnalysisRun.
 struct Run {
@@ -122,35 +129,49 @@ async fn verdict_latency_against_the_builtin_job_provider() -> Result<()> {
     let runs = world.runs();
     let patches = Arc::new(Mutex::new(HashMap::new()));
     let watcher = tokio::spawn(count_patches(runs.clone(), patches.clone()));
-    let post = PostParams::default();
+    // Started in rounds, STAGGER apart, while the observer below runs (so that not every Job
+    // completes in the same instant; see DURATIONS for what makes the samples fair).
+    let (started_tx, mut started_rx) = tokio::sync::mpsc::unbounded_channel();
+    // Every round's AnalysisRuns, built up front (ours as Kargo creates them).
+    let mut rounds = Vec::new();
+    for i in 0..RUNS {
+        let mut round = Vec::new();
+        for (d, (seconds, label)) in DURATIONS.iter().enumerate() {
+            // `seconds` plus i/RUNS of √(2·seconds), in milliseconds.
+            let spread = (2.0 * *seconds as f64).sqrt() * i as f64 / RUNS as f64;
+            let duration = &format!("{}ms", *seconds * 1000 + (spread * 1000.0) as u64);
+            let ulid = format!("01jbench{d}{i:017}");
+            let ours = Verification::new(&format!("v{d}x{i}"), &ulid, "cluster-a")
+                .runs_for(duration)
+                .analysis_run(&world.freight)?;
+            let builtin = builtin_run(&format!("builtin-{d}x{i}"), duration)?;
+            round.push((ours, true, *label));
+            round.push((builtin, false, *label));
+        }
+        rounds.push(round);
+    }
+    let mut creator = {
+        let runs = runs.clone();
+        tokio::spawn(async move {
+            let post = PostParams::default();
+            for round in rounds {
+                for (object, ours, duration) in round {
+                    let o = runs.create(&post, &object).await?;
+                    let run = Run {
+                        ours,
+                        uid: o.metadata.uid.clone().unwrap_or_default(),
+                        duration,
+                    };
+                    let name = o.metadata.name.clone().unwrap_or_default();
+                    let _ = started_tx.send((name, run, Instant::now()));
+                }
+                tokio::time::sleep(STAGGER).await;
+            }
+            anyhow::Ok(())
+        })
+    };
     let mut kinds: HashMap<String, Run> = HashMap::new(); // run name → what it is
     let mut started: HashMap<String, Instant> = HashMap::new();
-    for (d, (duration, label)) in DURATIONS.iter().enumerate() {
-        for i in 0..RUNS {
-            let ulid = format!("01jbench{d}{i:017}");
-            let ours = world
-                .submit(
-                    &Verification::new(&format!("v{d}x{i}"), &ulid, "cluster-a").runs_for(duration),
-                )
-                .await?;
-            let builtin = runs
-                .create(&post, &builtin_run(&format!("builtin-{d}x{i}"), duration)?)
-                .await?;
-            for (o, ours) in [(ours, true), (builtin, false)] {
-                let name = o.metadata.name.clone().unwrap_or_default();
-                started.insert(name.clone(), Instant::now());
-                let uid = o.metadata.uid.clone().unwrap_or_default();
-                kinds.insert(
-                    name,
-                    Run {
-                        ours,
-                        uid,
-                        duration: label,
-                    },
-                );
-            }
-        }
-    }
     let jobs_a: Api<Job> = Api::all(a.client().await?);
     let jobs_control: Api<Job> = Api::all(client.clone());
     // Ours on `a`, the built-in provider's (Argo's label) on the control plane.
@@ -159,7 +180,20 @@ async fn verdict_latency_against_the_builtin_job_provider() -> Result<()> {
     let mut job_done: HashMap<String, Instant> = HashMap::new(); // run uid → first seen Complete
     let mut run_done: HashMap<String, (Instant, String)> = HashMap::new(); // run name → when, phase
     let deadline = Instant::now() + BENCH_TIMEOUT;
-    while run_done.len() < kinds.len() {
+    let mut creating = true;
+    while creating || run_done.len() < kinds.len() {
+        while let Ok((name, run, at)) = started_rx.try_recv() {
+            started.insert(name.clone(), at);
+            kinds.insert(name, run);
+        }
+        if creating && creator.is_finished() {
+            creating = false;
+            (&mut creator).await??;
+            while let Ok((name, run, at)) = started_rx.try_recv() {
+                started.insert(name.clone(), at);
+                kinds.insert(name, run);
+            }
+        }
         if Instant::now() > deadline {
             bail!(
                 "only {} of {} runs finished in {BENCH_TIMEOUT:?}",
@@ -187,7 +221,7 @@ async fn verdict_latency_against_the_builtin_job_provider() -> Result<()> {
             }
         }
         for r in runs.list(&ListParams::default()).await?.items {
-            if is_finished(&r) {
+            if is_finished(&r) && kinds.contains_key(dispatch_tests::analysis::name(&r)) {
                 run_done
                     .entry(r.metadata.name.clone().unwrap_or_default())
                     .or_insert((now, phase(&r)));
