@@ -49,7 +49,7 @@ pub fn run(args: InstallPluginArgs) -> ExitCode {
 fn install(args: &InstallPluginArgs) -> Result<(PathBuf, String)> {
     let from = match &args.from {
         Some(f) => f.clone(),
-        None => std::env::current_exe()
+        None => this_executable()
             .context("cannot find this executable; pass --from FILE")?
             .with_file_name(PLUGIN_FILE),
     };
@@ -90,6 +90,18 @@ fn install(args: &InstallPluginArgs) -> Result<(PathBuf, String)> {
         .map(|b| format!("{b:02x}"))
         .collect::<String>();
     Ok((target, sha256))
+}
+
+/// This executable's path: `/proc/self/exe`, else an absolute `argv[0]` (a container runtime
+/// starts the entrypoint by its absolute path; a bare chroot has no `/proc`).
+fn this_executable() -> std::io::Result<PathBuf> {
+    std::env::current_exe().or_else(|e| {
+        std::env::args_os()
+            .next()
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+            .ok_or(e)
+    })
 }
 
 fn write_executable(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
