@@ -53,7 +53,7 @@ use futures::future::BoxFuture;
 /// The most long polls one agent destination may hold open on a replica. An agent holds one;
 /// a few more absorb a restart whose old poll has not timed out yet. Beyond it a poll is
 /// answered `429 too_many_polls` at once: a stolen or buggy agent token cannot pin the
-/// server's request budget (`serve --max-concurrent-requests`) with idle polls.
+/// replica's poll budget (`serve --max-agent-polls`, shared by every agent) with idle polls.
 pub const MAX_POLLS_PER_AGENT: usize = 4;
 
 /// The engine behind the API.

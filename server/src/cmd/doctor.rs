@@ -22,6 +22,7 @@ use crate::config::{ConfirmRuns, DEFAULT_ARGOCD_INSTANCE};
 use crate::destinations::{Destination, Entry, Source};
 use crate::engine::Engine;
 use crate::runs::Runs;
+use crate::runtime::limits;
 
 use super::{parse_duration, ConfigArgs};
 
@@ -104,6 +105,7 @@ pub(super) async fn run(args: DoctorArgs) -> ExitCode {
     let settings = config.engine;
     let confirm_runs = config.confirm_runs;
     let store = config.agents.as_ref().map(|a| a.store);
+    let agents = config.agents.as_ref().map_or(0, |a| a.destinations.len());
     let engine = match Engine::start(config).await {
         Ok(e) => e,
         Err(e) => {
@@ -133,6 +135,9 @@ pub(super) async fn run(args: DoctorArgs) -> ExitCode {
     for line in observe_access(&entries, call_timeout).await {
         println!("{line}");
     }
+    if agents > 0 {
+        println!("{}", budget_line(agents, &served_budgets()));
+    }
     if rows.iter().all(|r| r.ok) {
         println!("all {} destination(s) OK", rows.len());
         if runs_ok {
@@ -147,6 +152,51 @@ pub(super) async fn run(args: DoctorArgs) -> ExitCode {
             rows.len()
         );
         ExitCode::from(1)
+    }
+}
+
+/// The budgets `serve` runs with here: its flags' environment variables (set in the server's
+/// pod, where `doctor` runs), else their defaults.
+fn served_budgets() -> limits::BudgetArgs {
+    let from_env = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    limits::BudgetArgs {
+        max_connections: from_env(
+            "ROLLOUTS_DISPATCH_MAX_CONNECTIONS",
+            limits::DEFAULT_MAX_CONNECTIONS,
+        ),
+        max_agent_polls: from_env(
+            "ROLLOUTS_DISPATCH_MAX_AGENT_POLLS",
+            limits::DEFAULT_MAX_AGENT_POLLS,
+        ),
+        ..limits::BudgetArgs::default()
+    }
+}
+
+/// One line on whether one replica's budgets hold `agents` agent destinations: each holds one
+/// long poll (two while it reconnects) and one connection, if every agent polls this replica.
+fn budget_line(agents: usize, budgets: &limits::BudgetArgs) -> String {
+    let (polls, connections) = (budgets.max_agent_polls, budgets.max_connections);
+    // Room for the plugin, log readers and the pages beside the agents' connections.
+    let fits = agents.saturating_mul(2) <= polls && agents + 256 <= connections;
+    if fits {
+        format!(
+            "budgets: {agents} agent destination(s) fit one replica (serve --max-agent-polls \
+             {polls}, --max-connections {connections})"
+        )
+    } else {
+        format!(
+            "budgets: WARN {agents} agent destination(s) may not fit one replica: raise serve \
+             --max-agent-polls to at least {} and --max-connections to at least {} (now {polls} \
+             and {connections}), or spread the agents over more replicas (agents.store: \
+             kubernetes lets any replica serve any agent)",
+            agents * 2,
+            agents + 256
+        )
     }
 }
 
@@ -486,6 +536,23 @@ pub fn render_table(rows: &[Row]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_budget_line_says_when_a_fleet_outgrows_one_replica_and_which_flags_to_raise() {
+        let defaults = limits::BudgetArgs::default();
+        let fits = budget_line(1000, &defaults);
+        assert!(
+            fits.starts_with("budgets: 1000 agent destination(s) fit one replica"),
+            "{fits}"
+        );
+        let over = budget_line(1500, &defaults);
+        assert!(over.contains("WARN 1500"), "{over}");
+        assert!(
+            over.contains("--max-agent-polls to at least 3000")
+                && over.contains("--max-connections to at least 1756"),
+            "{over}"
+        );
+    }
 
     #[test]
     fn a_limited_destination_is_checked_per_namespace_never_cluster_wide() {

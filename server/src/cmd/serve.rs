@@ -104,18 +104,9 @@ pub struct ServeArgs {
     /// credentials resolve or `agents` is configured; 0: off.
     #[arg(long, env = "ROLLOUTS_DISPATCH_SWEEP_ORPHANS_EVERY", value_parser = parse_duration)]
     pub sweep_orphans_every: Option<Duration>,
-    /// Most connections open at once on the API port; beyond it new connections wait in the
-    /// kernel's backlog until one closes.
-    #[arg(long, env = "ROLLOUTS_DISPATCH_MAX_CONNECTIONS",
-          default_value_t = limits::DEFAULT_MAX_CONNECTIONS,
-          value_parser = parse_limit)]
-    pub max_connections: usize,
-    /// Most API requests served at once (agents' long polls included); beyond it a request is
-    /// answered 503 `overloaded` at once, before authentication, and its caller retries.
-    #[arg(long, env = "ROLLOUTS_DISPATCH_MAX_CONCURRENT_REQUESTS",
-          default_value_t = limits::DEFAULT_MAX_CONCURRENT_REQUESTS,
-          value_parser = parse_limit)]
-    pub max_concurrent_requests: usize,
+    /// The connection and request budgets of the API port.
+    #[command(flatten)]
+    pub budgets: limits::BudgetArgs,
     /// This replica's pod IP (chart: the downward API's `status.podIP`). With `agents.store:
     /// kubernetes`, a request for a Job's log on an agent destination is published with this IP
     /// and the --listen port, so that whichever replica the agent polls hands it out and an
@@ -135,10 +126,6 @@ pub struct ServeArgs {
 }
 
 /// A budget flag: a whole number of at least 1.
-fn parse_limit(s: &str) -> Result<usize, std::num::ParseIntError> {
-    s.parse::<std::num::NonZeroUsize>().map(usize::from)
-}
-
 /// Runs `rollouts-dispatch serve`; returns the exit code.
 pub(super) async fn run(args: ServeArgs) -> ExitCode {
     match serve(args).await {
@@ -166,8 +153,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         token_review_allow,
         sync_timeout,
         sweep_orphans_every,
-        max_connections,
-        max_concurrent_requests,
+        budgets,
         pod_ip,
         peer_name,
         peer_ca_file,
@@ -274,22 +260,23 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         dispatcher,
         auth,
         people,
-        metrics,
+        metrics: metrics.clone(),
     };
-    // Outermost: an overloaded server refuses before authenticating (no TokenReview spent).
-    let router = http::router(state).layer(axum::middleware::from_fn_with_state(
-        limits::ConcurrencyLimit::new(max_concurrent_requests),
-        limits::limit_requests,
-    ));
+    let router = limits::Budgets::new(&budgets, metrics.clone()).around(http::router(state));
+    open_files_for(budgets.max_connections);
     let api = tokio::spawn(
         listener::serve_limited(
             api_listener,
             router,
             tls,
             shutdown.clone(),
-            Some(max_connections),
+            Some(budgets.max_connections),
         )
-        .instrument(info_span!("api", %listen, max_connections, max_concurrent_requests)),
+        .instrument(
+            info_span!("api", %listen, max_connections = budgets.max_connections,
+                               max_concurrent_requests = budgets.max_concurrent_requests,
+                               max_agent_polls = budgets.max_agent_polls),
+        ),
     );
 
     if let Some(store) = engine.store() {
@@ -374,6 +361,25 @@ pub async fn people(
 /// The signer of Job references: the `--signing-key-file` keys, else one derived from each JWT
 /// key (`signing::derive_from_jwt_key`), so a deployment with JWT keys only keeps working and its
 /// replicas agree. Either way the keys follow their files without a restart.
+/// Raises the open-file limit to fit `max_connections` (each connection is a file descriptor)
+/// and the server's own files, or says which limit is short.
+fn open_files_for(max_connections: usize) {
+    // Watch streams, kube clients, log files, the admin port: a margin beside the connections.
+    let wanted = max_connections as u64 + 512;
+    match limits::raise_open_files(wanted) {
+        Some(limit) if limit >= wanted => {}
+        Some(limit) => warn!(
+            open_files = limit,
+            wanted,
+            max_connections,
+            "the open-file limit (RLIMIT_NOFILE, hard) is below --max-connections plus the \
+             server's own files: accepts fail before the connection budget is reached; raise the \
+             limit (the container runtime's nofile) or lower --max-connections"
+        ),
+        None => warn!("cannot read the open-file limit (RLIMIT_NOFILE)"),
+    }
+}
+
 fn signer(signing_key_files: &[PathBuf], jwt_key_files: &[PathBuf]) -> anyhow::Result<Signer> {
     let read = |p: &std::path::Path| crate::token::read_key(p);
     if !signing_key_files.is_empty() {

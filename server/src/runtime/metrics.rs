@@ -52,6 +52,15 @@ pub struct Metrics {
     past_deadline: Counter,
     gc_failures: Family<DestinationLabels, Counter>,
     pending_deletions: Family<DestinationLabels, Gauge>,
+    budget_in_use: Family<BudgetLabels, Gauge>,
+    budget_refused: Family<BudgetLabels, Counter>,
+    budget_size: Family<BudgetLabels, Gauge>,
+}
+
+/// `budget` is one of `runtime::limits::Budget`'s labels: a fixed set.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BudgetLabels {
+    budget: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -153,7 +162,30 @@ impl Metrics {
              retries), or an agent that has not confirmed the deletion",
             pending_deletions.clone(),
         );
+        let budget_in_use = Family::<BudgetLabels, Gauge>::default();
+        registry.register(
+            "budget_in_use",
+            "Requests being served now, by request budget (api: the plugin and the API; \
+             agent_polls, agent_reports, log_uploads, log_reads: see serve --help)",
+            budget_in_use.clone(),
+        );
+        let budget_refused = Family::<BudgetLabels, Counter>::default();
+        registry.register(
+            "budget_refused",
+            "Requests answered 503 overloaded because their budget was used up, by budget \
+             (raise the serve flag the reply names, or add a replica)",
+            budget_refused.clone(),
+        );
+        let budget_size = Family::<BudgetLabels, Gauge>::default();
+        registry.register(
+            "budget_size",
+            "The size of each request budget (its serve flag)",
+            budget_size.clone(),
+        );
         Self {
+            budget_in_use,
+            budget_refused,
+            budget_size,
             pending_deletions,
             gc_failures,
             past_deadline,
@@ -246,6 +278,30 @@ impl Metrics {
                 phase: phase.into(),
             })
             .set(count);
+    }
+
+    /// The gauge of the requests `budget` serves now (`runtime::limits`).
+    pub fn budget_in_use(&self, budget: &'static str) -> Gauge {
+        self.budget_in_use
+            .get_or_create(&BudgetLabels { budget })
+            .clone()
+    }
+
+    /// One request refused by `budget`.
+    pub fn count_budget_refused(&self, budget: &'static str) {
+        self.budget_refused
+            .get_or_create(&BudgetLabels { budget })
+            .inc();
+    }
+
+    /// The size of `budget`; its in-use and refused series start at 0 with it.
+    pub fn set_budget_size(&self, budget: &'static str, size: usize) {
+        let labels = BudgetLabels { budget };
+        self.budget_size
+            .get_or_create(&labels)
+            .set(i64::try_from(size).unwrap_or(i64::MAX));
+        let _ = self.budget_in_use.get_or_create(&labels);
+        let _ = self.budget_refused.get_or_create(&labels);
     }
 
     /// The Prometheus text exposition of every metric.

@@ -14,6 +14,7 @@ use dispatch_server::engine::MAX_PLACEMENTS;
 use dispatch_server::http::auth::{Chain, JwtAuthenticator};
 use dispatch_server::http::tokenreview::{TokenReviewAuthenticator, NEGATIVE_MAX, POSITIVE_MAX};
 use dispatch_server::http::Authenticator;
+use dispatch_server::runtime::limits::BudgetArgs;
 use dispatch_server::runtime::metrics::Metrics;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -326,6 +327,73 @@ async fn the_fifth_long_poll_of_an_agent_is_refused_at_once() -> Result<()> {
         "budgets: 5th open long poll of one agent → 429 too_many_polls at once",
         Outcome {
             refused: fifth.status == 429 && quick,
+            ..Outcome::default()
+        },
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn agents_holding_every_poll_slot_cannot_take_the_plugins() -> Result<()> {
+    // Two agent destinations; the replica holds 4 polls in all (the poll budget), 8 requests of
+    // the plugin and the API.
+    let agents = "agents: {store: memory, destinations: [{name: edge, namespace: verify}, \
+                  {name: edge-2, namespace: verify}]}";
+    let budgets = BudgetArgs {
+        max_agent_polls: MAX_POLLS_PER_AGENT,
+        max_concurrent_requests: 8,
+        ..BudgetArgs::default()
+    };
+    let scene = Arc::new(Scene::start_budgeted(&format!("{POLICY}\n{agents}"), budgets).await?);
+    let agent = token("agent-edge", |c| c.destination = Some("edge".into()));
+    let other = token("agent-edge-2", |c| c.destination = Some("edge-2".into()));
+    let path = dispatch_api::agent::path(dispatch_api::agent::WORK, "edge");
+    let first = scene
+        .call("POST", &path, Some(&agent), &json!({"waitSeconds": 0}))
+        .await?;
+    let fingerprint = first.body["fingerprint"].clone();
+    // One agent parks as many polls as the whole poll budget holds.
+    let mut open = Vec::new();
+    for _ in 0..MAX_POLLS_PER_AGENT {
+        let (scene, agent, path) = (scene.clone(), agent.clone(), path.clone());
+        let body = json!({"fingerprint": fingerprint, "waitSeconds": 30});
+        open.push(tokio::spawn(async move {
+            scene.call("POST", &path, Some(&agent), &body).await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let other_poll = scene
+        .call(
+            "POST",
+            &dispatch_api::agent::path(dispatch_api::agent::WORK, "edge-2"),
+            Some(&other),
+            &json!({"waitSeconds": 30}),
+        )
+        .await?;
+    let plugin = token("plugin", |_| {});
+    let ensured = scene
+        .call(
+            "POST",
+            dispatch_api::v1::ENSURE,
+            Some(&plugin),
+            &measurement(1, json!({"destination": "a"})),
+        )
+        .await?;
+    let message = other_poll.body["message"].as_str().unwrap_or_default();
+    assert_eq!(other_poll.status, 503, "{:?}", other_poll.body);
+    assert!(message.contains("--max-agent-polls"), "{message}");
+    assert_eq!(ensured.status, 200, "{:?}", ensured.body);
+    assert!(
+        open.iter().all(|p| !p.is_finished()),
+        "the parked polls are still open"
+    );
+    for p in open {
+        p.abort();
+    }
+    tally::refused(
+        "budgets: polls filling the poll budget → the next poll 503 naming --max-agent-polls, the plugin's ensure served",
+        Outcome {
+            refused: other_poll.status == 503 && ensured.status == 200,
             ..Outcome::default()
         },
     );

@@ -13,6 +13,7 @@ use anyhow::{Context, Result};
 use dispatch_server::dispatch::EngineDispatcher;
 use dispatch_server::http::auth::{self, Claims, JwtAuthenticator};
 use dispatch_server::http::{self as api_http, AppState, Authenticator};
+use dispatch_server::runtime::limits::{BudgetArgs, Budgets};
 use dispatch_server::runtime::metrics::Metrics;
 use serde_json::Value;
 
@@ -63,7 +64,21 @@ impl Scene {
         auth: Arc<dyn Authenticator>,
         metrics: Arc<Metrics>,
     ) -> Result<Self> {
-        Self::serve_dispatcher(world, auth, metrics, None).await
+        Self::serve_dispatcher(world, auth, metrics, None, None).await
+    }
+
+    /// [`Scene::start`] behind the request budgets `budgets`, as `serve` wires them.
+    pub(crate) async fn start_budgeted(extra: &str, budgets: BudgetArgs) -> Result<Self> {
+        let jwt = JwtAuthenticator::new(&[KEY.to_vec()], [REVOKED_JTI.to_string()]);
+        let world = World::start(extra).await?;
+        Self::serve_dispatcher(
+            world,
+            Arc::new(jwt),
+            Arc::new(Metrics::new()),
+            None,
+            Some(budgets),
+        )
+        .await
     }
 
     /// `world`'s engine (its configuration was the default plus `extra`) behind the API the
@@ -76,15 +91,17 @@ impl Scene {
         let runs = dispatch_server::cmd::serve::confirming_runs(config.confirm_runs, &world.engine)
             .await?;
         let jwt = JwtAuthenticator::new(&[KEY.to_vec()], [REVOKED_JTI.to_string()]);
-        Self::serve_dispatcher(world, Arc::new(jwt), Arc::new(Metrics::new()), runs).await
+        Self::serve_dispatcher(world, Arc::new(jwt), Arc::new(Metrics::new()), runs, None).await
     }
 
-    /// `world`'s engine behind the API, its requests confirmed by `runs` when given.
+    /// `world`'s engine behind the API, its requests confirmed by `runs` and held to `budgets`
+    /// when given.
     async fn serve_dispatcher(
         world: World,
         auth: Arc<dyn Authenticator>,
         metrics: Arc<Metrics>,
         runs: Option<dispatch_server::runs::Runs>,
+        budgets: Option<BudgetArgs>,
     ) -> Result<Self> {
         let mut dispatcher =
             EngineDispatcher::new(world.engine.clone(), metrics.clone(), Arc::new(signer()));
@@ -95,11 +112,15 @@ impl Scene {
             dispatcher: Arc::new(dispatcher),
             auth,
             people: Arc::new(dispatch_server::http::viewer::NoPeople),
-            metrics,
+            metrics: metrics.clone(),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let router = api_http::router(state);
+        let router = match budgets {
+            Some(b) => Budgets::new(&b, metrics).around(router),
+            None => router,
+        };
         let server = tokio::spawn(async move {
             let _ = axum::serve(listener, router).await;
         });
