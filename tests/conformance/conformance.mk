@@ -31,10 +31,15 @@ golden-check: golden ## regenerate the golden vectors, fail if they changed, che
 	if [ -n "$$untracked" ]; then echo "golden-check: uncommitted fixture files:"; echo "$$untracked"; exit 1; fi
 	cd $(CONFORMANCE_DIR) && GOLDEN_REQUIRE_REPLIES=1 $(CONFORMANCE_GO) test -count=1 ./golden
 
-bench-plugin: plugin-release ## compare the Rust plugin with the Go reference: Run latency, RSS, gob decode time
+# Sizes: BENCH_PLUGIN_CALLS measured Run calls per plugin (10 000), BENCH_PLUGIN_WARMUP before.
+BENCH_PLUGIN_CALLS ?= 10000
+BENCH_PLUGIN_WARMUP ?= 500
+
+bench-plugin: plugin-release ## compare the Rust plugin with the Go reference: Run latency, RSS, gob decode time (BENCH_PLUGIN_CALLS, BENCH_PLUGIN_WARMUP)
 	$(if $(PLUGIN_BIN),,$(error PLUGIN_BIN is not defined))
 	$(CARGO) build --release --locked -p dispatch-metric-provider --example gob_decode_bench
 	cd $(CONFORMANCE_DIR) && $(CONFORMANCE_GO) run ./cmd/benchplugin \
+		-n $(BENCH_PLUGIN_CALLS) -warmup $(BENCH_PLUGIN_WARMUP) \
 		-ours $(abspath $(PLUGIN_BIN)) -rust-decode $(abspath $(GOB_DECODE_BENCH))
 
 .PHONY: conformance-lint

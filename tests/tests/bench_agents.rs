@@ -1,16 +1,22 @@
-//! `make bench-agents`: one server replica (the release binary, a real process) with 500
-//! simulated agents long-polling it, and 2 000 Jobs dispatched across them through the plugin
-//! API. An agent here is the wire protocol without a cluster: it polls, and answers every new
-//! Job with a `succeeded` report, so the server does all the work it does for real agents.
+//! `make bench-agents`: one server replica (the release binary, a real process, default `serve`
+//! flags) with 1 000 simulated agents long-polling it, and 2 000 Jobs dispatched across them
+//! through the plugin API. An agent here is the wire protocol without a cluster: it polls, and
+//! answers every new Job with a `succeeded` report, so the server does all the work it does for
+//! real agents.
 //!
 //! Measured: dispatch latency (from the `ensure` call to the agent holding the Job in a poll
 //! reply), and the server's peak RSS (`VmHWM`). Every measurement must then read Successful
-//! through `status`, so a fast but wrong server fails. Last line (also written to
-//! `$SUMMARY_FILE`): `agents=500 dispatch_p99_ms=X server_rss_mib=Y`.
+//! through `status`, so a fast but wrong server fails; and no plugin call may be refused for lack
+//! of a slot while the agents poll (their polls have a budget of their own,
+//! `runtime::limits`): a refused call is retried, counted, and fails the bench. Sizes from the
+//! environment: `BENCH_AGENTS` (1000), `BENCH_JOBS` (2000); `make test` runs it small. Last line
+//! (also written to `$SUMMARY_FILE`): `agents=1000 dispatch_p99_ms=X server_rss_mib=Y`, after a
+//! line `bench-agents: refused_plugin_calls=0 refused_polls=N`.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,15 +24,13 @@ use anyhow::{ensure, Context, Result};
 use dispatch_api::agent::{
     self as api, Report, ReportReply, ReportRequest, WorkReply, WorkRequest,
 };
-use dispatch_api::client::{ClientConfig, ServerClient};
+use dispatch_api::client::{CallError, ClientConfig, ServerClient};
 use dispatch_api::v1::{Ensured, MeasurementRef, RunRef, Verdict};
 use dispatch_api::DestState;
 use dispatch_tests::cluster::process::status_mib;
 use dispatch_tests::wait::{eventually, Progress};
 use dispatch_tests::{free_port, summary};
 
-const AGENTS: usize = 500;
-const JOBS: usize = 2_000;
 const CONCURRENCY: usize = 64;
 const KEY: &str = "bench-agents-signing-key-0123456789abcdef012345";
 
@@ -55,10 +59,55 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// A size from the environment, else `default`.
+fn knob(name: &str, default: usize) -> Result<usize> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .with_context(|| format!("{name}={v:?} is not a count")),
+        Err(_) => Ok(default),
+    }
+}
+
+/// The name of agent destination `i`.
+fn destination(i: usize) -> String {
+    format!("agent-{i:04}")
+}
+
+/// A 503 of a budget used up (the message the server's `runtime::limits` gives).
+fn refused(e: &CallError) -> bool {
+    matches!(e, CallError::Transient(m) if m.contains("503"))
+}
+
+/// A plugin call, retried while the server refuses it for lack of a slot; each refusal counted.
+async fn plugin_call(
+    plugin: &ServerClient,
+    path: &str,
+    m: &MeasurementRef,
+    refusals: &AtomicUsize,
+) -> Result<serde_json::Value> {
+    loop {
+        match plugin.post(path, m).await {
+            Ok(v) => return Ok(v),
+            Err(e) if refused(&e) => {
+                refusals.fetch_add(1, Ordering::Relaxed);
+                eprintln!("bench-agents: {path} {}: refused: {e}", m.run.name);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => anyhow::bail!("{path} {}: {e}", m.run.name),
+        }
+    }
+}
+
 /// When each Job (by name) was first seen by its agent.
 type Seen = Arc<Mutex<HashMap<String, Instant>>>;
 
-async fn agent(client: ServerClient, destination: String, seen: Seen) {
+async fn agent(
+    client: ServerClient,
+    destination: String,
+    seen: Seen,
+    refused_polls: Arc<AtomicUsize>,
+) {
     let work = api::path(api::WORK, &destination);
     let report = api::path(api::REPORT, &destination);
     let mut fingerprint = String::new();
@@ -71,6 +120,9 @@ async fn agent(client: ServerClient, destination: String, seen: Seen) {
         let reply: WorkReply = match client.post(&work, &req).await {
             Ok(r) => r,
             Err(e) => {
+                if refused(&e) {
+                    refused_polls.fetch_add(1, Ordering::Relaxed);
+                }
                 eprintln!("bench-agents: {destination}: {e}");
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
@@ -97,7 +149,7 @@ async fn agent(client: ServerClient, destination: String, seen: Seen) {
     }
 }
 
-fn measurement(i: usize) -> MeasurementRef {
+fn measurement(i: usize, agents: usize) -> MeasurementRef {
     MeasurementRef {
         run: RunRef {
             name: format!("bench-{i}"),
@@ -108,7 +160,7 @@ fn measurement(i: usize) -> MeasurementRef {
         metric: "smoke".into(),
         index: 1,
         block: serde_json::json!({
-            "destination": format!("agent-{:03}", i % AGENTS),
+            "destination": destination(i % agents),
             "spec": {"backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never",
                 "containers": [{"name": "check", "image": "example.invalid/check:1"}]}}}
         }),
@@ -117,8 +169,13 @@ fn measurement(i: usize) -> MeasurementRef {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "starts the release server with 500 simulated agents: run `make bench-agents`"]
-async fn five_hundred_agents_two_thousand_jobs() -> Result<()> {
+#[ignore = "starts the release server with 1 000 simulated agents: run `make bench-agents`"]
+async fn a_thousand_agents_two_thousand_jobs() -> Result<()> {
+    let (agents_n, jobs) = (knob("BENCH_AGENTS", 1000)?, knob("BENCH_JOBS", 2000)?);
+    ensure!(
+        agents_n > 0 && jobs > 0,
+        "BENCH_AGENTS and BENCH_JOBS must be positive"
+    );
     let binary = dispatch_tests::rollouts_dispatch_binary()?;
     let dir: PathBuf = std::env::temp_dir().join(format!("bench-agents-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
@@ -128,8 +185,8 @@ async fn five_hundred_agents_two_thousand_jobs() -> Result<()> {
         "policy: {rules: [{projects: ['*'], destinations: ['agent-*']}]}\n\
          agents:\n  store: memory\n  destinations:\n",
     );
-    for i in 0..AGENTS {
-        config.push_str(&format!("  - name: agent-{i:03}\n"));
+    for i in 0..agents_n {
+        config.push_str(&format!("  - name: {}\n", destination(i)));
     }
     std::fs::write(dir.join("server.yaml"), &config)?;
     let (port, admin) = (free_port()?, free_port()?);
@@ -165,9 +222,11 @@ async fn five_hundred_agents_two_thousand_jobs() -> Result<()> {
     .await?;
 
     let seen: Seen = Arc::new(Mutex::new(HashMap::new()));
+    let refused_polls = Arc::new(AtomicUsize::new(0));
+    let refused_plugin_calls = Arc::new(AtomicUsize::new(0));
     let mut agents = Vec::new();
-    for i in 0..AGENTS {
-        let destination = format!("agent-{i:03}");
+    for i in 0..agents_n {
+        let destination = destination(i);
         let (token, _) = dispatch_server::token::issue_token(
             &key_bytes,
             &format!("agent:{destination}"),
@@ -177,29 +236,40 @@ async fn five_hundred_agents_two_thousand_jobs() -> Result<()> {
         let file = dir.join(format!("{destination}.token"));
         std::fs::write(&file, token)?;
         let c = client(&url, &file, Duration::from_secs(60))?;
-        agents.push(tokio::spawn(agent(c, destination, seen.clone())));
+        agents.push(tokio::spawn(agent(
+            c,
+            destination,
+            seen.clone(),
+            refused_polls.clone(),
+        )));
     }
     // Let every agent open its first long poll.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(Duration::from_secs(3 + agents_n as u64 / 250)).await;
     let rss_idle = status_mib(pid, "VmHWM")?;
 
     let started = Instant::now();
     let sent: Arc<Mutex<HashMap<String, Instant>>> = Arc::new(Mutex::new(HashMap::new()));
-    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let next = Arc::new(AtomicUsize::new(0));
     let mut senders = Vec::new();
     for _ in 0..CONCURRENCY {
         let (plugin, sent, next) = (plugin.clone(), sent.clone(), next.clone());
+        let refusals = refused_plugin_calls.clone();
         senders.push(tokio::spawn(async move {
             loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if i >= JOBS {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= jobs {
                     return Ok::<(), anyhow::Error>(());
                 }
                 let at = Instant::now();
-                let ensured: Ensured = plugin
-                    .post(dispatch_api::v1::ENSURE, &measurement(i))
-                    .await
-                    .map_err(|e| anyhow::anyhow!("ensure {i}: {e}"))?;
+                let ensured: Ensured = serde_json::from_value(
+                    plugin_call(
+                        &plugin,
+                        dispatch_api::v1::ENSURE,
+                        &measurement(i, agents_n),
+                        &refusals,
+                    )
+                    .await?,
+                )?;
                 sent.lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(ensured.job_name, at);
@@ -215,10 +285,10 @@ async fn five_hundred_agents_two_thousand_jobs() -> Result<()> {
         "every Job at its agent",
         Duration::from_secs(60),
         || async {
-            Ok(if reached() >= JOBS {
+            Ok(if reached() >= jobs {
                 Progress::Done(())
             } else {
-                Progress::Waiting(format!("{} of {JOBS} Jobs reached their agent", reached()))
+                Progress::Waiting(format!("{} of {jobs} Jobs reached their agent", reached()))
             })
         },
     )
@@ -226,15 +296,16 @@ async fn five_hundred_agents_two_thousand_jobs() -> Result<()> {
 
     // Every verdict must be the agent's: Successful.
     let mut successful = 0;
-    for i in 0..JOBS {
+    for i in 0..jobs {
+        let m = measurement(i, agents_n);
         let v: Verdict = eventually(
             &format!("a verdict for measurement {i}"),
             Duration::from_secs(60),
             || async {
-                let v: Verdict = plugin
-                    .post(dispatch_api::v1::STATUS, &measurement(i))
-                    .await
-                    .map_err(|e| anyhow::anyhow!("status {i}: {e}"))?;
+                let v: Verdict = serde_json::from_value(
+                    plugin_call(&plugin, dispatch_api::v1::STATUS, &m, &refused_plugin_calls)
+                        .await?,
+                )?;
                 Ok((v.phase != "Running").then_some(v))
             },
         )
@@ -256,11 +327,11 @@ async fn five_hundred_agents_two_thousand_jobs() -> Result<()> {
                 .map(|s| s.saturating_duration_since(*at).as_secs_f64() * 1000.0)
         })
         .collect();
-    ensure!(latencies.len() == JOBS, "{} latencies", latencies.len());
+    ensure!(latencies.len() == jobs, "{} latencies", latencies.len());
     latencies.sort_by(f64::total_cmp);
     println!(
-        "bench-agents: {JOBS} ensures in {ensure_secs:.2}s ({:.0}/s, {CONCURRENCY} in flight); {successful}/{JOBS} Successful",
-        JOBS as f64 / ensure_secs
+        "bench-agents: {jobs} ensures in {ensure_secs:.2}s ({:.0}/s, {CONCURRENCY} in flight); {successful}/{jobs} Successful",
+        jobs as f64 / ensure_secs
     );
     println!(
         "bench-agents: dispatch latency ms p50={:.1} p90={:.1} p99={:.1} max={:.1}",
@@ -270,10 +341,21 @@ async fn five_hundred_agents_two_thousand_jobs() -> Result<()> {
         latencies[latencies.len() - 1]
     );
     println!(
-        "bench-agents: server RSS MiB idle-with-{AGENTS}-polls={rss_idle:.1} peak={rss_peak:.1}"
+        "bench-agents: server RSS MiB idle-with-{agents_n}-polls={rss_idle:.1} peak={rss_peak:.1}"
+    );
+    let (refused_plugin_calls, refused_polls) = (
+        refused_plugin_calls.load(Ordering::Relaxed),
+        refused_polls.load(Ordering::Relaxed),
+    );
+    println!(
+        "bench-agents: refused_plugin_calls={refused_plugin_calls} refused_polls={refused_polls}"
+    );
+    ensure!(
+        refused_plugin_calls == 0,
+        "{refused_plugin_calls} plugin calls were refused for lack of a slot while {agents_n} agents polled"
     );
     let line = format!(
-        "agents={AGENTS} dispatch_p99_ms={:.0} server_rss_mib={:.0}",
+        "agents={agents_n} dispatch_p99_ms={:.0} server_rss_mib={:.0}",
         percentile(&latencies, 0.99),
         rss_peak
     );

@@ -12,7 +12,10 @@
 //! AnalysisRun per look: a watch counts them (`patches_per_min`, per running measurement).
 //!
 //! Last line: `verdict_ratio_5s=X verdict_ratio_60s=Y verdict_ratio_300s=Z patches_per_min=P`
-//! (ours over built-in, p50 of each).
+//! (ours over built-in, p50 of each; `patches_per_min` at the longest duration run).
+//!
+//! Sizes from the environment: `BENCH_VERDICT_RUNS` (7 rounds) and `BENCH_VERDICT_DURATIONS`
+//! (`5,60,300`: which of the durations to run); `make test` runs one round of 5 s Jobs.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -30,7 +33,7 @@ use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, DynamicObject, ListParams, PostParams, WatchEvent, WatchParams};
 use serde_json::json;
 
-/// Verifications of each kind and duration, started in this many rounds.
+/// Verifications of each kind and duration, started in this many rounds (by default).
 const RUNS: usize = 7;
 /// Between two rounds.
 const STAGGER: Duration = Duration::from_secs(2);
@@ -120,9 +123,38 @@ async fn count_patches(runs: Api<DynamicObject>, counts: Arc<Mutex<HashMap<Strin
     }
 }
 
+/// The rounds and durations to run: `BENCH_VERDICT_RUNS`, `BENCH_VERDICT_DURATIONS`.
+fn sizes() -> Result<(usize, Vec<(u64, &'static str)>)> {
+    let runs = match std::env::var("BENCH_VERDICT_RUNS") {
+        Ok(v) => v
+            .parse()
+            .map_err(|_| anyhow::anyhow!("BENCH_VERDICT_RUNS={v:?} is not a count"))?,
+        Err(_) => RUNS,
+    };
+    let durations = match std::env::var("BENCH_VERDICT_DURATIONS") {
+        Ok(v) => {
+            let wanted: Vec<&str> = v.split(',').map(str::trim).collect();
+            let chosen: Vec<_> = DURATIONS
+                .into_iter()
+                .filter(|(seconds, _)| wanted.contains(&seconds.to_string().as_str()))
+                .collect();
+            if chosen.len() != wanted.len() {
+                bail!("BENCH_VERDICT_DURATIONS={v:?}: each must be one of 5, 60, 300");
+            }
+            chosen
+        }
+        Err(_) => DURATIONS.to_vec(),
+    };
+    if runs == 0 || durations.is_empty() {
+        bail!("BENCH_VERDICT_RUNS and BENCH_VERDICT_DURATIONS must name at least one run");
+    }
+    Ok((runs, durations))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs the Go-built cluster binaries and the release plugin: run `make bench-verdict`"]
 async fn verdict_latency_against_the_builtin_job_provider() -> Result<()> {
+    let (rounds_n, durations) = sizes()?;
     // Keep the whole world alive to the end: its clusters stop when it is dropped.
     let world = World::start().await?;
     let (a, client) = (&world.a, world.client.clone());
@@ -134,11 +166,11 @@ async fn verdict_latency_against_the_builtin_job_provider() -> Result<()> {
     let (started_tx, mut started_rx) = tokio::sync::mpsc::unbounded_channel();
     // Every round's AnalysisRuns, built up front (ours as Kargo creates them).
     let mut rounds = Vec::new();
-    for i in 0..RUNS {
+    for i in 0..rounds_n {
         let mut round = Vec::new();
-        for (d, (seconds, label)) in DURATIONS.iter().enumerate() {
-            // `seconds` plus i/RUNS of √(2·seconds), in milliseconds.
-            let spread = (2.0 * *seconds as f64).sqrt() * i as f64 / RUNS as f64;
+        for (d, (seconds, label)) in durations.iter().enumerate() {
+            // `seconds` plus i/rounds of √(2·seconds), in milliseconds.
+            let spread = (2.0 * *seconds as f64).sqrt() * i as f64 / rounds_n as f64;
             let duration = &format!("{}ms", *seconds * 1000 + (spread * 1000.0) as u64);
             let ulid = format!("01jbench{d}{i:017}");
             let ours = Verification::new(&format!("v{d}x{i}"), &ulid, "cluster-a")
@@ -264,7 +296,7 @@ async fn verdict_latency_against_the_builtin_job_provider() -> Result<()> {
         c.1 += running_min;
     }
     let mut line = Vec::new();
-    for (_, label) in DURATIONS {
+    for (_, label) in durations.iter().copied() {
         let ours = p50(latency.remove(&(label, true)).unwrap_or_default());
         let builtin = p50(latency.remove(&(label, false)).unwrap_or_default());
         let rate = |ours| {
@@ -279,7 +311,8 @@ async fn verdict_latency_against_the_builtin_job_provider() -> Result<()> {
         line.push(format!("verdict_ratio_{label}={:.2}", ours / builtin));
     }
     // The steady-state cost: the longest Jobs, where the first seconds' faster looks weigh least.
-    let (n, min) = cost[&("300s", true)];
+    let longest = durations.last().map_or("300s", |(_, label)| label);
+    let (n, min) = cost[&(longest, true)];
     line.push(format!("patches_per_min={:.1}", n / min));
     summary::report(&line.join(" "))
 }
