@@ -11,8 +11,13 @@
 test-fast: ## unit, golden-vector and property tests (no Go, no clusters)
 	$(CARGO) test --workspace --locked
 
+# Every process `make test` starts carries this run's mark in its environment, so that the last
+# step (tests/leftovers.sh check) finds any that outlived its test.
+test: export ROLLOUTS_DISPATCH_TEST_RUN := make-test-$(shell date +%s)-$(shell echo $$$$)
+
 .PHONY: test
-test: ## the whole suite: Rust tests, golden vectors, Go conformance, real clusters (README, .ci/run)
+test: ## the whole suite: Rust tests, golden vectors, Go conformance, real clusters, every bench small, no process left behind (README, .ci/run)
+	@tests/leftovers.sh selftest
 	$(MAKE) test-fast
 	$(MAKE) attacks
 	$(MAKE) golden-check
@@ -24,6 +29,8 @@ test: ## the whole suite: Rust tests, golden vectors, Go conformance, real clust
 	$(MAKE) e2e-agent
 	$(MAKE) e2e-observe
 	$(MAKE) chart
+	$(MAKE) bench-small
+	@tests/leftovers.sh check
 
 .PHONY: attacks
 attacks: ## every attack on authorization, tenancy, pod security, TLS and budgets, each asserted refused (last line: the tally)
@@ -36,6 +43,16 @@ attacks: ## every attack on authorization, tenancy, pod security, TLS and budget
 
 .PHONY: bench
 bench: bench-plugin bench-engine bench-verdict bench-agents ## every benchmark, side by side with its baseline (ratios printed)
+
+# Every bench at a small size, asserting only that it completes correctly (no timing asserts):
+# `make test` runs it, so a bench that no longer runs fails CI. The full sizes are the bench-*
+# targets themselves; each takes its sizes from the variables set here.
+.PHONY: bench-small
+bench-small: ## every bench at a small size, as `make test` runs them (about 4 min)
+	$(MAKE) --no-print-directory bench-plugin BENCH_PLUGIN_CALLS=500 BENCH_PLUGIN_WARMUP=50
+	BENCH_JOBS=200 BENCH_CLUSTERS=2 BENCH_ROUNDS=1 BENCH_NAIVE_LOOKUPS=100 $(MAKE) --no-print-directory bench-engine
+	BENCH_VERDICT_RUNS=1 BENCH_VERDICT_DURATIONS=5 $(MAKE) --no-print-directory bench-verdict
+	BENCH_AGENTS=20 BENCH_JOBS=50 $(MAKE) --no-print-directory bench-agents BENCH_AGENTS_PROFILE=debug
 
 # The binaries the process-level tests run.
 DISPATCH_BIN := target/debug/rollouts-dispatch
@@ -130,10 +147,14 @@ e2e-observe: k8s-bin plugin-release ## rollout: and application: checks and the 
 	$(CARGO) build --locked -p dispatch-server --bin rollouts-dispatch
 	$(call summary_test,e2e_observe,$(CLUSTER_ENV) RUST_TEST_THREADS=$(E2E_OBSERVE_TEST_THREADS),grep -vE '^time=|^[0-9-]+T[0-9:.]+Z ')
 
+# BENCH_AGENTS agents (1000) and BENCH_JOBS Jobs (2000), from the environment; the server is the
+# release build unless BENCH_AGENTS_PROFILE=debug (bench-small: no release build in `make test`).
+BENCH_AGENTS_PROFILE ?= release
+
 .PHONY: bench-agents
-bench-agents: ## one server replica (release) with 500 simulated agents long-polling, 2 000 Jobs dispatched (last line: agents=500 dispatch_p99_ms=X server_rss_mib=Y)
-	$(CARGO) build --release --locked -p dispatch-server --bin rollouts-dispatch
-	$(call summary_test,bench_agents,ROLLOUTS_DISPATCH_BINARY=$(abspath $(DISPATCH_RELEASE_BIN)))
+bench-agents: ## one server replica (default serve flags) with 1 000 simulated agents long-polling, 2 000 Jobs dispatched, no plugin call refused (last line: agents=1000 dispatch_p99_ms=X server_rss_mib=Y)
+	$(CARGO) build $(if $(filter release,$(BENCH_AGENTS_PROFILE)),--release) --locked -p dispatch-server --bin rollouts-dispatch
+	$(call summary_test,bench_agents,ROLLOUTS_DISPATCH_BINARY=$(abspath target/$(BENCH_AGENTS_PROFILE)/rollouts-dispatch))
 
 .PHONY: chaos
 chaos: k8s-bin plugin-release ## 50 verifications on a direct and an agent destination while servers, agent, plugin and controller are killed (-9), then 4 faults (apiserver down during abort, agent silent past the deadline, transient 5xx on the agent's create, memory-store server restart); last line: verifications=50 correct=N duplicate_jobs=D orphans=O stuck=S leftover_jobs=L

@@ -366,6 +366,24 @@ async fn browse(
 ) -> Result<String> {
     let driver = Driver::start().await?;
     let s = driver.session().await?;
+    let seen = browse_in(&s, w, person, failing, other, out).await;
+    // The browser goes with its session, before the driver is killed (a chromedriver killed
+    // under an open session leaves Chromium running, orphaned).
+    let quit = s.quit().await;
+    let seen = seen?;
+    quit?;
+    Ok(seen)
+}
+
+/// What the person sees in the browser session `s`.
+async fn browse_in(
+    s: &Session<'_>,
+    w: &World<Direct>,
+    person: &str,
+    failing: &str,
+    other: &str,
+    out: &Path,
+) -> Result<String> {
     s.go(&format!("{}/ui/login", w.url)).await?;
     s.type_into("#token", person).await?;
     s.click("#login").await?;
@@ -439,11 +457,25 @@ async fn http_status_of_page(w: &World<Direct>, person: &str, other: &str) -> Re
     Ok(resp.status().as_u16())
 }
 
-/// chromedriver on a free port; killed on drop.
+/// chromedriver on a free port, in a process group of its own with the browsers it starts:
+/// the group is killed on drop, so no Chromium outlives the test even when a session was left
+/// open (an error, a panic).
 struct Driver {
-    _child: tokio::process::Child,
+    child: tokio::process::Child,
     url: String,
     http: reqwest::Client,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if let Some(pid) = self.child.id().and_then(|p| i32::try_from(p).ok()) {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let _ = self.child.start_kill();
+    }
 }
 
 impl Driver {
@@ -453,6 +485,7 @@ impl Driver {
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            .process_group(0)
             .kill_on_drop(true)
             .spawn()
             .context("starting chromedriver (make e2e-ui installs chromium-driver)")?;
@@ -474,11 +507,7 @@ impl Driver {
             },
         )
         .await?;
-        Ok(Self {
-            _child: child,
-            url,
-            http,
-        })
+        Ok(Self { child, url, http })
     }
 
     async fn session(&self) -> Result<Session<'_>> {
@@ -518,6 +547,13 @@ struct Session<'a> {
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 
 impl Session<'_> {
+    /// Ends the session: chromedriver closes its browser (W3C WebDriver "Delete Session").
+    async fn quit(&self) -> Result<()> {
+        call(&self.driver.http, reqwest::Method::DELETE, &self.base, None)
+            .await
+            .map(drop)
+            .context("deleting the WebDriver session")
+    }
     async fn cmd(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Result<Value> {
         call(
             &self.driver.http,
