@@ -12,6 +12,8 @@
 //! * [`observe`]: the `rollout:` and `application:` checks and the Application sync trigger.
 //! * [`logs`]: full logs of a run's Jobs (the route, its query, the NDJSON events, agent log requests).
 //! * [`selector`]: label selectors for `destinationSelector`.
+//! * [`names`]: the Kubernetes name checks (DNS-1123 labels and subdomains, label keys and
+//!   values), for every crate.
 //! * [`duration`]: Go's duration syntax.
 //! * [`phase`]: Argo's measurement phases; [`state`]: one destination's Job state.
 //! * [`redact`]: the one [`Redactor`] of secret values.
@@ -23,6 +25,7 @@ pub mod block;
 pub mod client;
 pub mod duration;
 pub mod logs;
+pub mod names;
 pub mod observe;
 pub mod phase;
 pub mod redact;
