@@ -9,7 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::block::{fail, BlockError};
+use crate::error::{fail, BlockError};
 use crate::names::{is_dns_label, is_dns_labels};
 
 /// The namespace of an Application when the block names none (Argo CD's default install).
