@@ -30,7 +30,7 @@ plugin-release: ## build the static release plugin binary ($(PLUGIN_BIN))
 	@if readelf -l $(PLUGIN_BIN) | grep -q INTERP || readelf -d $(PLUGIN_BIN) | grep -q NEEDED; then echo "error: $(PLUGIN_BIN) is not statically linked"; exit 1; fi
 
 .PHONY: lint
-lint: conformance-lint deny ## rustfmt check, clippy with warnings denied, no module cycle in the server, cargo-deny, gofmt + go vet
+lint: conformance-lint deny ## rustfmt check, clippy with warnings denied, no module cycle in every crate, docs/architecture.md module tables true, cargo-deny, gofmt + go vet
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	$(CARGO) test --locked -q -p dispatch-server --test module_graph

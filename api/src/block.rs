@@ -10,8 +10,13 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::duration::parse_go_duration;
+use crate::error::fail;
+use crate::names::is_dns_label;
 use crate::observe::{ApplicationCheck, Observe, RolloutCheck};
 use crate::selector::Selector;
+
+// Re-exported where it was first defined, so `dispatch_api::block::BlockError` keeps working.
+pub use crate::error::BlockError;
 
 /// The key under `provider.plugin` in AnalysisTemplates, also the name in `argo-rollouts-config`.
 pub const PLUGIN_NAME: &str = "rollouts-dispatch/job";
@@ -97,15 +102,6 @@ impl JobConfig {
             Check::Observe(o) => Some(o),
         }
     }
-}
-
-/// What is wrong with a block and how to fix it (one field, named).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct BlockError(pub String);
-
-pub(crate) fn fail<T>(reason: impl Into<String>) -> Result<T, BlockError> {
-    Err(BlockError(reason.into()))
 }
 
 /// A plugin block that cannot be used; the message is shown to the template's author.
@@ -351,16 +347,6 @@ fn json_kind(v: &Value) -> &'static str {
         Value::Array(_) => "an array",
         Value::Object(_) => "an object",
     }
-}
-
-/// A DNS-1123 label: what Kubernetes accepts as a namespace name.
-pub(crate) fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
 }
 
 #[cfg(test)]

@@ -9,7 +9,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::block::{fail, is_dns_label, BlockError};
+use crate::error::{fail, BlockError};
+use crate::names::{is_dns_label, is_dns_labels};
 
 /// The namespace of an Application when the block names none (Argo CD's default install).
 pub const DEFAULT_ARGOCD_NAMESPACE: &str = "argocd";
@@ -169,8 +170,7 @@ fn namespace(field: &str, ns: &str) -> Result<(), BlockError> {
 /// An object name: a DNS-1123 subdomain (what Kubernetes accepts for Rollouts and Applications).
 fn object_name(field: &str, name: &str) -> Result<(), BlockError> {
     unresolved(field, name)?;
-    let valid = !name.is_empty() && name.len() <= 253 && name.split('.').all(is_dns_label);
-    if valid {
+    if is_dns_labels(name) {
         Ok(())
     } else {
         fail(format!(
@@ -188,8 +188,7 @@ pub fn application_of_route(namespace: &str, name: &str) -> Result<ApplicationCh
              letters, digits and '-', at most 63)"
         ));
     }
-    let valid = !name.is_empty() && name.len() <= 253 && name.split('.').all(is_dns_label);
-    if !valid {
+    if !is_dns_labels(name) {
         return fail(format!(
             "path segment {{name}} is not a valid Application name: {name:?} (lowercase letters, \
              digits, '-' and '.', at most 253)"

@@ -7,6 +7,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::names::{has_label_value_chars, is_loose_label_key};
+
 /// A selector that does not parse; the message names the part that is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -155,12 +157,8 @@ fn parse_requirement(part: &str) -> Result<Requirement, SelectorError> {
 }
 
 fn key_of(k: &str) -> Result<String, SelectorError> {
-    let valid = !k.is_empty()
-        && k.len() <= 317
-        && k.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
-        && k.matches('/').count() <= 1;
-    if valid {
+    // At most one `/` (prefix and name), which the config file's labels do not insist on.
+    if is_loose_label_key(k) && k.matches('/').count() <= 1 {
         Ok(k.to_string())
     } else {
         fail(format!("invalid label key {k:?}"))
@@ -171,11 +169,7 @@ fn value_of(v: &str, op: &str) -> Result<String, SelectorError> {
     if v.is_empty() {
         return fail(format!("missing value after `{op}`"));
     }
-    if v.len() > 63
-        || !v
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-    {
+    if !has_label_value_chars(v) {
         return fail(format!("invalid label value {v:?}"));
     }
     Ok(v.to_string())

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use dispatch_api::block::{Check, JobConfig};
+use dispatch_api::names::{is_dns_subdomain, is_label_value};
 use k8s_openapi::api::batch::v1::Job;
 use serde_json::{json, Map, Value};
 
@@ -444,30 +445,6 @@ pub fn ownership(job: &Job, run_uid: &str) -> Ownership {
             "it was not created by rollouts-dispatch (no label {MANAGED_SELECTOR})"
         )),
     }
-}
-
-/// A DNS-1123 subdomain (what Kubernetes accepts as a Job name).
-pub fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|part| {
-            !part.is_empty()
-                && part
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !part.starts_with('-')
-                && !part.ends_with('-')
-        })
-}
-
-/// A valid label value (empty is valid for Kubernetes but not useful here).
-pub fn is_label_value(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-        && s.as_bytes()[0].is_ascii_alphanumeric()
-        && s.as_bytes()[s.len() - 1].is_ascii_alphanumeric()
 }
 
 fn sanitize(s: &str) -> String {

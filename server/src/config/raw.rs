@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use dispatch_api::duration::DurationError;
-use dispatch_api::parse_go_duration;
+use dispatch_api::{names, parse_go_duration};
 use serde::Deserialize;
 
 use crate::podsecurity::{default_service_accounts, Level, UnknownLevel};
@@ -689,14 +689,10 @@ pub fn check_destination_name(name: &str) -> Result<(), InvalidName> {
 
 fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), InvalidLabel> {
     for (k, v) in labels {
-        let key_ok = !k.is_empty()
-            && k.len() <= 317
-            && k.chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
-        if !key_ok {
+        if !names::is_loose_label_key(k) {
             return Err(InvalidLabel::Key(k.clone()));
         }
-        if !v.is_empty() && !crate::job::is_label_value(v) {
+        if !v.is_empty() && !names::is_label_value(v) {
             return Err(InvalidLabel::Value {
                 key: k.clone(),
                 value: v.clone(),

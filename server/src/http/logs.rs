@@ -17,6 +17,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use dispatch_api::logs::{LogEvent, LogsQuery, CONTENT_TYPE};
+use dispatch_api::names::{is_dns_label, is_dns_labels};
 use futures::StreamExt;
 
 use super::viewer::{self, Viewer};
@@ -48,27 +49,16 @@ fn bad_request(message: String) -> ApiFailure {
     ApiFailure::new(StatusCode::BAD_REQUEST, "invalid_request", message)
 }
 
-/// A DNS-1123 label: lowercase letters, digits and `-`, starting and ending alphanumeric, ≤ 63.
-fn is_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        && b[0] != b'-'
-        && b[b.len() - 1] != b'-'
-}
-
 /// The run the path names: a namespace name and an object name (DNS-1123 subdomain), nothing
 /// else — `..`, `/` (`%2F`) and the like are refused.
 fn run_of_path(namespace: String, name: String) -> Result<RunName, ApiFailure> {
-    if !is_label(&namespace) {
+    if !is_dns_label(&namespace) {
         return Err(bad_request(format!(
             "path segment {{namespace}} is not a valid namespace name: {namespace:?} (lowercase \
              letters, digits and '-', at most 63)"
         )));
     }
-    if name.len() > 253 || !name.split('.').all(is_label) {
+    if !is_dns_labels(&name) {
         return Err(bad_request(format!(
             "path segment {{name}} is not a valid AnalysisRun name: {name:?} (lowercase letters, \
              digits, '-' and '.', at most 253)"

@@ -591,7 +591,9 @@ mod tests {
     #[test]
     fn records_of_a_measurement_differ_per_destination_and_states_round_trip() {
         assert_ne!(record_name("u.m.1", "a"), record_name("u.m.1", "b"));
-        assert!(crate::job::is_dns_subdomain(&record_name("u.m.1", "a")));
+        assert!(dispatch_api::names::is_dns_subdomain(&record_name(
+            "u.m.1", "a"
+        )));
         let s = DispatchJobStatus::observed(
             Some(DestState::Failed {
                 reason: "BackoffLimitExceeded".into(),

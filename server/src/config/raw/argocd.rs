@@ -255,7 +255,7 @@ fn validate_instance(
         Some(list) => {
             let mut set = BTreeSet::new();
             for (i, s) in list.into_iter().enumerate() {
-                if !s.is_empty() && !crate::job::is_label_value(&s) {
+                if !s.is_empty() && !dispatch_api::names::is_label_value(&s) {
                     let problem = ArgoCdProblem::BadShard(s);
                     return Err(invalid(format!("{at}.shards[{i}]"), problem));
                 }

@@ -3,6 +3,8 @@
 
 use std::collections::BTreeSet;
 
+use dispatch_api::names::is_dns_label;
+
 /// A string that is not a Kubernetes namespace name.
 #[derive(Debug, thiserror::Error)]
 #[error("{0:?} is not a valid namespace name (lowercase letters, digits and '-', at most 63)")]
@@ -64,17 +66,7 @@ pub fn check_namespaces(
 pub(super) fn check_namespace(ns: Option<&str>) -> Result<(), InvalidNamespace> {
     match ns {
         None => Ok(()),
-        Some(ns)
-            if !ns.is_empty()
-                && ns.len() <= 63
-                && ns
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !ns.starts_with('-')
-                && !ns.ends_with('-') =>
-        {
-            Ok(())
-        }
+        Some(ns) if is_dns_label(ns) => Ok(()),
         Some(ns) => Err(InvalidNamespace(ns.to_string())),
     }
 }
