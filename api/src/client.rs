@@ -50,6 +50,15 @@ pub enum CallError {
     /// Worth retrying: the server could not be reached, timed out, or answered 5xx/429/401.
     #[error("{0}")]
     Transient(String),
+    /// Worth retrying, but not before `retry_after`: the server is at a budget (`503` or `429`
+    /// with `Retry-After`); the message names the budget and the flag that sizes it.
+    #[error("{message}")]
+    Busy {
+        /// the server's message and the status
+        message: String,
+        /// the server's `Retry-After`
+        retry_after: Duration,
+    },
     /// The server refused the request for a reason that retrying will not fix.
     #[error("{}", .0.message)]
     Rejected(ApiError),
@@ -280,6 +289,7 @@ impl ServerClient {
             .await
             .map_err(|e| CallError::Transient(describe(&e, &self.base)))?;
         let status = resp.status();
+        let retry_after = retry_after(&resp);
         let bytes = read_bounded(resp, self.max_reply_bytes)
             .await
             .map_err(|e| {
@@ -294,15 +304,33 @@ impl ServerClient {
             code: format!("http_{}", status.as_u16()),
             message: format!("the server answered {status} to {path}"),
         });
-        if status.is_server_error() || status.as_u16() == 429 || status.as_u16() == 401 {
-            Err(CallError::Transient(format!(
-                "{} ({status})",
-                api_error.message
-            )))
-        } else {
-            Err(CallError::Rejected(api_error))
+        let message = format!("{} ({status})", api_error.message);
+        let busy = status.as_u16() == 503 || status.as_u16() == 429;
+        match retry_after {
+            Some(retry_after) if busy => Err(CallError::Busy {
+                message,
+                retry_after,
+            }),
+            _ if status.is_server_error() || status.as_u16() == 429 || status.as_u16() == 401 => {
+                Err(CallError::Transient(message))
+            }
+            _ => Err(CallError::Rejected(api_error)),
         }
     }
+}
+
+/// A reply's `Retry-After` in seconds (the form the server sends; an HTTP date is ignored),
+/// capped at 5 minutes so that a broken proxy cannot park a caller for hours.
+fn retry_after(resp: &reqwest::Response) -> Option<Duration> {
+    let seconds: u64 = resp
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_secs(seconds.min(300)))
 }
 
 /// Why a reply body was not read.
@@ -453,6 +481,67 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(50)).await;
             assert!(sent.load(Ordering::SeqCst) < 32 << 20, "{head}: {}", sent.load(Ordering::SeqCst));
         }
+    }
+
+    /// A server answering every request with `head` and the JSON `body`.
+    async fn answering(head: &'static str, body: &'static str) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                let mut buf = [0u8; 4096];
+                let _ = tcp.read(&mut buf).await;
+                let reply = format!(
+                    "{head}content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = tcp.write_all(reply.as_bytes()).await;
+            }
+        });
+        url
+    }
+
+    #[tokio::test]
+    async fn a_budget_refusal_is_busy_with_the_servers_retry_after_and_message() {
+        let body = r#"{"code":"overloaded","message":"the server is serving its maximum of 2048 agent long polls (serve --max-agent-polls); retry shortly"}"#;
+        let url = answering(
+            "HTTP/1.1 503 Service Unavailable\r\nretry-after: 5\r\n",
+            body,
+        )
+        .await;
+        let e = client(&url)
+            .get::<serde_json::Value>("/v1/destinations")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, CallError::Busy { message, retry_after }
+                if message.contains("--max-agent-polls") && message.contains("503")
+                    && *retry_after == Duration::from_secs(5)),
+            "{e:?}"
+        );
+        // Without Retry-After, a 503 is a plain transient error; a huge one is capped.
+        let url = answering("HTTP/1.1 503 Service Unavailable\r\n", body).await;
+        let e = client(&url)
+            .get::<serde_json::Value>("/v1/destinations")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, CallError::Transient(m) if m.contains("overloaded") || m.contains("maximum")),
+            "{e:?}"
+        );
+        let url = answering(
+            "HTTP/1.1 429 Too Many Requests\r\nretry-after: 99999\r\n",
+            body,
+        )
+        .await;
+        let e = client(&url)
+            .get::<serde_json::Value>("/v1/destinations")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, CallError::Busy { retry_after, .. } if *retry_after == Duration::from_secs(300)),
+            "{e:?}"
+        );
     }
 
     #[tokio::test]

@@ -293,7 +293,12 @@ impl DispatchProvider {
                 m.resume_at = Some(at(now, Duration::from_secs(1)));
                 m
             }
-            Err(CallError::Transient(reason)) => {
+            Err(
+                CallError::Transient(reason)
+                | CallError::Busy {
+                    message: reason, ..
+                },
+            ) => {
                 warn!(run = %run.object_meta.name, metric = %metric.name, destination = %cfg.target_display(), %reason,
                       "server unavailable, will retry");
                 m.metadata.insert(keys::PENDING.into(), "true".into());
@@ -340,7 +345,12 @@ impl MetricProvider for DispatchProvider {
         let secrets = secret_values(&run);
         match self.call::<_, Verdict>(api::STATUS, &req).await {
             Ok(v) => finish(m, v, now, &secrets, self.config.max_resume_interval),
-            Err(CallError::Transient(reason)) => self.outage(m, &reason, now),
+            Err(
+                CallError::Transient(reason)
+                | CallError::Busy {
+                    message: reason, ..
+                },
+            ) => self.outage(m, &reason, now),
             Err(CallError::Rejected(e)) => {
                 let mut err = Measurement::error(secrets.redact(&e.message));
                 err.started_at = m.started_at;
@@ -374,7 +384,12 @@ impl MetricProvider for DispatchProvider {
                 // again (argo-rollouts analysis/analysis.go:350-356), so waiting (`Running`)
                 // would only hide the Jobs left behind: say so, and answer at once. The Jobs end
                 // at their deadline; the server's sweep deletes the Jobs of completed runs.
-                Err(CallError::Transient(reason)) => {
+                Err(
+                    CallError::Transient(reason)
+                    | CallError::Busy {
+                        message: reason, ..
+                    },
+                ) => {
                     message = format!(
                         "terminated, but the rollouts-dispatch server could not be reached to \
                          delete the Jobs ({reason}); they end at their deadline, and the server's \

@@ -74,9 +74,9 @@ fn destination(i: usize) -> String {
     format!("agent-{i:04}")
 }
 
-/// A 503 of a budget used up (the message the server's `runtime::limits` gives).
+/// A 503 of a budget used up (`runtime::limits`: with `Retry-After`).
 fn refused(e: &CallError) -> bool {
-    matches!(e, CallError::Transient(m) if m.contains("503"))
+    matches!(e, CallError::Busy { .. }) || matches!(e, CallError::Transient(m) if m.contains("503"))
 }
 
 /// A plugin call, retried while the server refuses it for lack of a slot; each refusal counted.

@@ -173,6 +173,21 @@ pub fn backoff(failures: u32) -> Duration {
     Duration::from_millis(base / 2 + base * jitter / 1000)
 }
 
+/// How long to wait after the `failures`-th failed call in a row: the [`backoff`], or, when the
+/// server said when to come back (`Retry-After`, at a budget), that long plus up to half as much
+/// again, so that a fleet refused at once does not come back at once.
+pub fn retry_delay(e: &CallError, failures: u32) -> Duration {
+    let backoff = backoff(failures);
+    match e {
+        CallError::Busy { retry_after, .. } => {
+            let jitter = RandomState::new().hash_one(failures) % 1000;
+            let asked = *retry_after + retry_after.mul_f64(jitter as f64 / 2000.0);
+            asked.max(backoff)
+        }
+        _ => backoff,
+    }
+}
+
 struct Shared {
     destination: String,
     /// the last work the server sent, replaced whole when it changes (cheap to share)
@@ -301,7 +316,7 @@ async fn poll(
             }
             Err(e) => {
                 failures += 1;
-                let delay = backoff(failures);
+                let delay = retry_delay(&e, failures);
                 match &e {
                     CallError::Rejected(api) => {
                         error!(destination = %shared.destination, code = %api.code, error = %api.message,
@@ -310,6 +325,11 @@ async fn poll(
                     CallError::Transient(m) => {
                         warn!(destination = %shared.destination, error = %m,
                               retry_in_ms = delay.as_millis() as u64, "cannot get work from the server")
+                    }
+                    CallError::Busy { message, .. } => {
+                        warn!(destination = %shared.destination, error = %message,
+                              retry_in_ms = delay.as_millis() as u64,
+                              "the server is at a budget; polling again when it asks")
                     }
                 }
                 if failures >= 3 {
@@ -380,6 +400,26 @@ mod tests {
         }
         assert!(backoff(1) < Duration::from_millis(750));
         assert!(backoff(10) >= Duration::from_secs(15));
+    }
+
+    #[test]
+    fn a_busy_server_is_polled_again_no_sooner_than_it_asks_with_jitter() {
+        let busy = CallError::Busy {
+            message: "the server is serving its maximum of 2048 agent long polls".into(),
+            retry_after: Duration::from_secs(5),
+        };
+        let delays: Vec<Duration> = (1..40).map(|n| retry_delay(&busy, n % 3 + 1)).collect();
+        assert!(delays
+            .iter()
+            .all(|d| *d >= Duration::from_secs(5) && *d <= Duration::from_millis(7_500)));
+        assert!(
+            delays.iter().any(|d| *d != delays[0]),
+            "jittered: {delays:?}"
+        );
+        // Past the server's hint, the agent's own growing backoff wins.
+        assert!(retry_delay(&busy, 10) >= Duration::from_secs(15));
+        let transient = CallError::Transient("connection refused".into());
+        assert!(retry_delay(&transient, 1) < Duration::from_secs(1));
     }
 
     #[test]

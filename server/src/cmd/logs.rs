@@ -121,7 +121,7 @@ pub(super) async fn run(args: LogsArgs) -> ExitCode {
         Err(e) => {
             let message = match &e {
                 CallError::Rejected(api) => api.message.clone(),
-                CallError::Transient(m) => m.clone(),
+                CallError::Transient(m) | CallError::Busy { message: m, .. } => m.clone(),
             };
             eprintln!(
                 "rollouts-dispatch logs: {} answered: {message}",

@@ -365,7 +365,9 @@ pub async fn call_as(url: &str, token_file: &Path, ca: &Path, path: &str) -> Res
     Ok(match answer {
         Ok(v) => format!("ok {v}"),
         Err(CallError::Rejected(e)) => format!("rejected {}: {}", e.code, e.message),
-        Err(CallError::Transient(m)) => format!("transient: {m}"),
+        Err(CallError::Transient(m) | CallError::Busy { message: m, .. }) => {
+            format!("transient: {m}")
+        }
     })
 }
 
