@@ -321,11 +321,15 @@ fn engine_error(e: EngineError) -> DispatchError {
         EngineError::Denied(_)
         | EngineError::PodSecurity { .. }
         | EngineError::OutsideNamespaces { .. } => DispatchError::Forbidden(Reason::of(e)),
-        EngineError::Stage(_) => DispatchError::NotFound(Reason::of(e)),
+        EngineError::Stage(_) | EngineError::StageControlPlane(_) => {
+            DispatchError::NotFound(Reason::of(e))
+        }
         EngineError::InvalidJob { .. }
         | EngineError::TooManyPlacements { .. }
         | EngineError::DeadlineTooLong { .. } => DispatchError::InvalidBlock(Reason::of(e)),
-        EngineError::Start(_) => DispatchError::Internal(Reason::of(e)),
+        EngineError::Start { .. } | EngineError::ArgoCd(_) => {
+            DispatchError::Internal(Reason::of(e))
+        }
     }
 }
 
