@@ -77,6 +77,8 @@ pub(super) async fn run(args: AgentArgs) -> ExitCode {
     match crate::agent::run(opts).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            // Rendered here, once, with every source (`{:#}` of the anyhow report).
+            let e = anyhow::Error::new(e);
             tracing::error!(error = format!("{e:#}"), "agent stopped");
             ExitCode::FAILURE
         }
