@@ -513,9 +513,14 @@ mod tests {
         let file = std::env::temp_dir().join(format!("rd-agent-no-token-{}", std::process::id()));
         let e = token_identity(&file).unwrap_err();
         assert!(matches!(e, AgentError::TokenRead { .. }), "{e:?}");
-        // The report `rollouts-dispatch agent` logs: the context, then the io error.
-        let report = format!("{:#}", anyhow::Error::new(e));
-        assert!(report.starts_with("reading the agent token "), "{report}");
-        assert!(report.contains(": No such file"), "{report}");
+        assert!(e.to_string().starts_with("reading the agent token "), "{e}");
+        // `rollouts-dispatch agent` logs the context, then this io error.
+        let source = std::error::Error::source(&e).map(ToString::to_string);
+        assert!(
+            source
+                .as_deref()
+                .is_some_and(|s| s.contains("No such file")),
+            "{source:?}"
+        );
     }
 }
