@@ -36,7 +36,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::destinations::{AgentDestination, Entry};
 use crate::engine::{Engine, EngineError, Expected, JobRef, MeasureRequest, TerminateReport};
-use crate::http::{DispatchError, Dispatcher, Principal};
+use crate::http::{DispatchError, Dispatcher, Principal, Reason};
 use crate::job::RunContext;
 use crate::logs::Redactor;
 use crate::logs::MAX_LOG_BYTES;
@@ -145,8 +145,8 @@ impl EngineDispatcher {
             tracing::warn!(run = %format!("{}/{}", run.namespace, run.name), uid = %run.uid,
                            metric, reason = %e, "refused: run not confirmed");
             match e {
-                RunError::NotSynced { .. } => DispatchError::Unavailable(e.to_string()),
-                _ => DispatchError::Forbidden(e.to_string()),
+                RunError::NotSynced { .. } => DispatchError::Unavailable(Reason::of(e)),
+                _ => DispatchError::Forbidden(Reason::of(e)),
             }
         })
     }
@@ -165,11 +165,14 @@ impl EngineDispatcher {
         match caller.destination.as_deref() {
             None => {
                 tracing::warn!(subject = %caller.subject, destination, "refused: not an agent token");
-                return Err(DispatchError::Forbidden(format!(
-                    "{} holds no agent token; an agent needs one issued for its destination \
+                return Err(DispatchError::Forbidden(
+                    format!(
+                        "{} holds no agent token; an agent needs one issued for its destination \
                      (rollouts-dispatch token issue --destination {destination})",
-                    caller.subject
-                )));
+                        caller.subject
+                    )
+                    .into(),
+                ));
             }
             Some(own) if own != destination => {
                 tracing::warn!(subject = %caller.subject, token_destination = own, destination,
@@ -178,7 +181,7 @@ impl EngineDispatcher {
                     "the agent token of {} is for destination {own:?}, not {destination:?}; an agent \
                      only sees and reports the work of its own destination",
                     caller.subject
-                )));
+                ).into()));
             }
             Some(_) => {}
         }
@@ -187,11 +190,14 @@ impl EngineDispatcher {
             (Some(Entry::Agent(a)), Some(store)) => Ok((a, store)),
             _ => {
                 tracing::warn!(subject = %caller.subject, destination, "refused: not an agent destination");
-                Err(DispatchError::NotFound(format!(
-                    "{destination:?} is not an agent destination of this server; add it to \
+                Err(DispatchError::NotFound(
+                    format!(
+                        "{destination:?} is not an agent destination of this server; add it to \
                      agents.destinations in {}",
-                    self.engine.origin()
-                )))
+                        self.engine.origin()
+                    )
+                    .into(),
+                ))
             }
         }
     }
@@ -277,19 +283,22 @@ impl EngineDispatcher {
             run_name: &req.run.name,
             metric: &req.metric,
         };
-        let refused = |why: String| {
+        let refused = |why: Reason| {
             tracing::warn!(run = %format!("{}/{}", req.run.namespace, req.run.name),
                            metric = %req.metric, reason = %why, "refused: measurement reference");
             DispatchError::Forbidden(why)
         };
         match JobRef::from_request(&req.metadata, &self.signer, expected) {
-            Err(e) => Err(refused(e.to_string())),
+            Err(e) => Err(refused(Reason::of(e))),
             Ok(Some(job)) => {
                 self.engine
                     .check_placements(&req.run.namespace, &job)
                     .map_err(|d| {
-                        refused(format!(
-                            "refusing the measurement's dispatch-ref: {d}. No Job was read or deleted"
+                        refused(Reason::caused_by(
+                            format!(
+                                "refusing the measurement's dispatch-ref: {d}. No Job was read or deleted"
+                            ),
+                            d,
                         ))
                     })?;
                 Ok(job)
@@ -304,29 +313,34 @@ impl EngineDispatcher {
 }
 
 fn engine_error(e: EngineError) -> DispatchError {
-    let message = e.to_string();
+    // The patterns bind nothing, so `e` itself becomes the cause.
     match e {
         EngineError::UnknownDestination { .. } | EngineError::NoMatch { .. } => {
-            DispatchError::UnknownDestination(message)
+            DispatchError::UnknownDestination(Reason::of(e))
         }
         EngineError::Denied(_)
         | EngineError::PodSecurity { .. }
-        | EngineError::OutsideNamespaces { .. } => DispatchError::Forbidden(message),
-        EngineError::Stage(_) => DispatchError::NotFound(message),
+        | EngineError::OutsideNamespaces { .. } => DispatchError::Forbidden(Reason::of(e)),
+        EngineError::Stage(_) | EngineError::StageControlPlane(_) => {
+            DispatchError::NotFound(Reason::of(e))
+        }
         EngineError::InvalidJob { .. }
         | EngineError::TooManyPlacements { .. }
-        | EngineError::DeadlineTooLong { .. } => DispatchError::InvalidBlock(message),
-        EngineError::Start(_) => DispatchError::Internal(message),
+        | EngineError::DeadlineTooLong { .. } => DispatchError::InvalidBlock(Reason::of(e)),
+        EngineError::Start { .. } | EngineError::ArgoCd(_) => {
+            DispatchError::Internal(Reason::of(e))
+        }
     }
 }
 
 /// Validates the plugin block a request carries; the error names the metric and the field.
 fn parse_block(metric: &str, block: &serde_json::Value) -> Result<JobConfig, DispatchError> {
     let bytes =
-        serde_json::to_vec(block).map_err(|e| DispatchError::InvalidBlock(e.to_string()))?;
+        serde_json::to_vec(block).map_err(|e| DispatchError::InvalidBlock(Reason::of(e)))?;
     JobConfig::parse(&bytes).map_err(|reason| {
-        DispatchError::InvalidBlock(format!(
-            "invalid rollouts-dispatch/job block in metric {metric:?}: {reason}"
+        DispatchError::InvalidBlock(Reason::caused_by(
+            format!("invalid rollouts-dispatch/job block in metric {metric:?}: {reason}"),
+            reason,
         ))
     })
 }
@@ -377,7 +391,7 @@ fn terminated(report: &TerminateReport) -> api::Verdict {
 
 fn wire(v: Verdict) -> Result<api::Verdict, DispatchError> {
     if v.retryable {
-        return Err(DispatchError::Unavailable(v.message));
+        return Err(DispatchError::Unavailable(v.message.into()));
     }
     Ok(api::Verdict {
         phase: v.phase.as_str().to_string(),
@@ -398,7 +412,7 @@ impl Dispatcher for EngineDispatcher {
             let ensured = self.engine.ensure(&mr).await.map_err(engine_error)?;
             if ensured.verdict.retryable {
                 // Some destination could not be reached: ensure is idempotent, let the plugin retry.
-                return Err(DispatchError::Unavailable(ensured.verdict.message));
+                return Err(DispatchError::Unavailable(ensured.verdict.message.into()));
             }
             if ensured.verdict.phase != Phase::Running {
                 // Decided at creation: a destination refused the Job, and retrying the same Job
@@ -409,7 +423,7 @@ impl Dispatcher for EngineDispatcher {
                                deleted = ?report.deleted, failed = ?report.failed,
                                "a destination refused the job; the others' jobs are deleted");
                 return Err(DispatchError::Refused(
-                    self.linked(&req.run, ensured.verdict.message),
+                    self.linked(&req.run, ensured.verdict.message).into(),
                 ));
             }
             let job = ensured.job.signed(&self.signer);
@@ -609,7 +623,7 @@ impl Dispatcher for EngineDispatcher {
                 return Err(DispatchError::TooManyPolls(format!(
                     "destination {destination:?} already has {MAX_POLLS_PER_AGENT} open polls on \
                      this server; one agent needs one (is another agent running with the same token?)"
-                )));
+                ).into()));
             }
             // Whatever happens below, the poll ends here.
             let _ended = scopeguard(|| agent.contact(&caller.subject, -1));
@@ -674,10 +688,13 @@ impl Dispatcher for EngineDispatcher {
                 if record.spec.destination != destination {
                     tracing::warn!(subject = %caller.subject, destination, record = %report.name,
                                    "refused: report on a record of another destination");
-                    return Err(DispatchError::Forbidden(format!(
-                        "dispatchjob {} belongs to destination {:?}, not {destination:?}",
-                        report.name, record.spec.destination
-                    )));
+                    return Err(DispatchError::Forbidden(
+                        format!(
+                            "dispatchjob {} belongs to destination {:?}, not {destination:?}",
+                            report.name, record.spec.destination
+                        )
+                        .into(),
+                    ));
                 }
                 let result = if report.state.is_none() {
                     store.remove(&report.name).await
@@ -702,7 +719,7 @@ impl Dispatcher for EngineDispatcher {
                 match result {
                     Ok(()) => reply.accepted += 1,
                     Err(crate::store::StoreError::NotFound(_)) => reply.unknown.push(report.name),
-                    Err(e) => return Err(DispatchError::Unavailable(e.to_string())),
+                    Err(e) => return Err(DispatchError::Unavailable(Reason::of(e))),
                 }
             }
             self.metrics

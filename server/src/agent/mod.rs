@@ -23,14 +23,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{bail, Context};
 use dispatch_api::client::{CallError, ClientConfig, ServerClient};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tracing::{error, info, info_span, warn, Instrument};
 
 use crate::config::EngineSettings;
-use crate::engine::Engine;
+use crate::engine::{Engine, EngineError};
 use crate::podsecurity::{Level, Origin, Profile};
 use crate::runtime::admin::{self, Readiness};
 use crate::runtime::metrics::Metrics;
@@ -103,6 +102,83 @@ impl AgentOptions {
     }
 }
 
+/// Why the agent cannot run. `rollouts-dispatch agent` reports it with its sources.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// neither `--namespaces` nor `POD_NAMESPACE`
+    #[error(transparent)]
+    Namespaces(#[from] MissingNamespaces),
+    /// `--token-file` cannot be read
+    #[error("reading the agent token {}", .path.display())]
+    TokenRead {
+        /// the file
+        path: PathBuf,
+        /// why
+        #[source]
+        source: std::io::Error,
+    },
+    /// `--token-file` holds no JWT
+    #[error(
+        "{} does not hold a rollouts-dispatch JWT; issue one with `rollouts-dispatch token issue --destination NAME`",
+        .path.display()
+    )]
+    NotAJwt {
+        /// the file
+        path: PathBuf,
+    },
+    /// `--destination` names another destination than the token
+    #[error("--destination {flag} does not match the token, which is for destination {claim}")]
+    WrongDestination {
+        /// `--destination`
+        flag: String,
+        /// the token's destination
+        claim: String,
+    },
+    /// the token has no destination claim
+    #[error(
+        "the token in {} is not an agent token (no destination claim); issue one with \
+         `rollouts-dispatch token issue --destination NAME`",
+        .path.display()
+    )]
+    NotAnAgentToken {
+        /// the file
+        path: PathBuf,
+    },
+    /// the client of the server cannot be built (`--server`, `--ca-file`)
+    #[error(transparent)]
+    Client(#[from] dispatch_api::client::ClientError),
+    /// the engine of its own cluster cannot start (boxed: the other causes are small)
+    #[error(transparent)]
+    Engine(Box<EngineError>),
+    /// `--admin-listen` cannot be bound
+    #[error("binding the admin port {addr}")]
+    Bind {
+        /// `--admin-listen`
+        addr: SocketAddr,
+        /// why
+        #[source]
+        source: std::io::Error,
+    },
+    /// the engine did not register the agent's own cluster
+    #[error("the agent's own cluster {destination} is not registered")]
+    Unregistered {
+        /// the destination
+        destination: String,
+    },
+    /// the admin server failed
+    #[error(transparent)]
+    Admin(std::io::Error),
+    /// the admin server's task panicked or was cancelled
+    #[error(transparent)]
+    AdminTask(#[from] tokio::task::JoinError),
+}
+
+impl From<EngineError> for AgentError {
+    fn from(e: EngineError) -> Self {
+        Self::Engine(Box::new(e))
+    }
+}
+
 /// The claims of a token that the agent reads without verifying (the server verifies).
 #[derive(serde::Deserialize)]
 struct UnverifiedClaims {
@@ -111,20 +187,21 @@ struct UnverifiedClaims {
 }
 
 /// The `(subject, destination)` claims of the JWT in `token_file`.
-fn token_identity(token_file: &Path) -> anyhow::Result<(String, Option<String>)> {
+fn token_identity(token_file: &Path) -> Result<(String, Option<String>), AgentError> {
     use base64::Engine as _;
-    let token = std::fs::read_to_string(token_file)
-        .with_context(|| format!("reading the agent token {}", token_file.display()))?;
+    let token = std::fs::read_to_string(token_file).map_err(|source| AgentError::TokenRead {
+        path: token_file.to_path_buf(),
+        source,
+    })?;
     let payload = token.trim().split('.').nth(1).unwrap_or_default();
     let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(payload.trim_end_matches('='))
         .ok()
         .and_then(|b| serde_json::from_slice::<UnverifiedClaims>(&b).ok());
     let Some(claims) = bytes else {
-        bail!(
-            "{} does not hold a rollouts-dispatch JWT; issue one with `rollouts-dispatch token issue --destination NAME`",
-            token_file.display()
-        );
+        return Err(AgentError::NotAJwt {
+            path: token_file.to_path_buf(),
+        });
     };
     Ok((claims.sub.unwrap_or_default(), claims.destination))
 }
@@ -136,7 +213,7 @@ fn token_identity(token_file: &Path) -> anyhow::Result<(String, Option<String>)>
 pub fn server_client(
     opts: &AgentOptions,
     every: Duration,
-) -> anyhow::Result<Reloading<ServerClient>> {
+) -> Result<Reloading<ServerClient>, AgentError> {
     let config = ClientConfig {
         server: opts.server.clone(),
         token_file: Some(opts.token_file.clone()),
@@ -205,19 +282,19 @@ struct Shared {
 pub const MAX_WORK_REPLY_BYTES: usize = 32 << 20;
 
 /// Runs the agent until SIGTERM or SIGINT.
-pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
+pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     let guard = opts.guard(std::env::var("POD_NAMESPACE").ok())?;
     let (subject, claimed) = token_identity(&opts.token_file)?;
     let destination = match (opts.destination.clone(), claimed) {
         (Some(flag), Some(claim)) if flag != claim => {
-            bail!("--destination {flag} does not match the token, which is for destination {claim}")
+            return Err(AgentError::WrongDestination { flag, claim });
         }
         (_, Some(claim)) => claim,
-        (Some(_), None) | (None, None) => bail!(
-            "the token in {} is not an agent token (no destination claim); issue one with \
-             `rollouts-dispatch token issue --destination NAME`",
-            opts.token_file.display()
-        ),
+        (Some(_), None) | (None, None) => {
+            return Err(AgentError::NotAnAgentToken {
+                path: opts.token_file.clone(),
+            })
+        }
     };
     let client = server_client(&opts, reload::CHECK_EVERY)?;
     let watched = opts.watched_namespaces();
@@ -230,7 +307,10 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     let readiness = Readiness::new("the cluster's Jobs are not listed yet");
     let admin_listener = TcpListener::bind(opts.admin_listen)
         .await
-        .with_context(|| format!("binding the admin port {}", opts.admin_listen))?;
+        .map_err(|source| AgentError::Bind {
+            addr: opts.admin_listen,
+            source,
+        })?;
     let shutdown = shutdown_signal();
     let admin = tokio::spawn(
         listener::serve(
@@ -256,7 +336,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         argocd_sync: opts.argocd_sync,
     });
     let Some(kube) = engine.client_of(&destination) else {
-        bail!("the agent's own cluster {destination} is not registered");
+        return Err(AgentError::Unregistered { destination });
     };
     let log_server =
         logs::LogServer::new(client.clone(), kube, &destination, guard.namespaces.clone());
@@ -276,7 +356,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     }
     poller.abort();
     readiness.set_unready("shutting down");
-    admin.await??;
+    admin.await?.map_err(AgentError::Admin)?;
     info!(%destination, "agent stopped");
     Ok(())
 }
@@ -466,5 +546,21 @@ mod tests {
             .to_string()
             .contains("token issue --destination"));
         std::fs::remove_file(file).ok();
+    }
+
+    #[test]
+    fn an_unreadable_token_is_reported_with_its_cause() {
+        let file = std::env::temp_dir().join(format!("rd-agent-no-token-{}", std::process::id()));
+        let e = token_identity(&file).unwrap_err();
+        assert!(matches!(e, AgentError::TokenRead { .. }), "{e:?}");
+        assert!(e.to_string().starts_with("reading the agent token "), "{e}");
+        // `rollouts-dispatch agent` logs the context, then this io error.
+        let source = std::error::Error::source(&e).map(ToString::to_string);
+        assert!(
+            source
+                .as_deref()
+                .is_some_and(|s| s.contains("No such file")),
+            "{source:?}"
+        );
     }
 }

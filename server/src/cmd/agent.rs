@@ -77,7 +77,9 @@ pub(super) async fn run(args: AgentArgs) -> ExitCode {
     match crate::agent::run(opts).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(error = format!("{e:#}"), "agent stopped");
+            // Rendered here, once: the error, then each source whose text the line does not
+            // hold yet (a message that quotes its source is not followed by it again).
+            tracing::error!(error = %crate::http::Chain(&e), "agent stopped");
             ExitCode::FAILURE
         }
     }

@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, watch};
 use super::log_peers::LogPeers;
 use super::EngineDispatcher;
 use crate::destinations::Entry;
-use crate::http::{DispatchError, LogUpload, Principal};
+use crate::http::{DispatchError, LogUpload, Principal, Reason};
 
 /// How long a request waits for its agent to start the upload before the reader gets a note.
 pub const ANSWER_WAIT: Duration = Duration::from_secs(30);
@@ -326,7 +326,7 @@ impl EngineDispatcher {
                 tracing::warn!(subject = %caller.subject, destination, id,
                                forwarded_by = upload.forwarded_by.as_deref(),
                                "refused: log upload of no pending request");
-                return Err(DispatchError::NotFound(e.to_string()));
+                return Err(DispatchError::NotFound(Reason::of(e)));
             }
         };
         let span = tracing::info_span!(

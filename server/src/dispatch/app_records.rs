@@ -19,7 +19,7 @@ use dispatch_api::agent::SyncOrder;
 use dispatch_api::observe::ApplicationState;
 
 use crate::engine::applications::api_record;
-use crate::http::{AppRef, DispatchError};
+use crate::http::{AppRef, DispatchError, Reason};
 use crate::store::{Created, DispatchJob, Store, StoreError};
 
 use super::EngineDispatcher;
@@ -29,7 +29,10 @@ use super::EngineDispatcher;
 pub(super) const FIRST_REPORT_WAIT: Duration = Duration::from_secs(5);
 
 fn unavailable(e: StoreError) -> DispatchError {
-    DispatchError::Unavailable(format!("the agent store cannot be written: {e}"))
+    DispatchError::Unavailable(Reason::caused_by(
+        format!("the agent store cannot be written: {e}"),
+        e,
+    ))
 }
 
 impl EngineDispatcher {
@@ -75,11 +78,14 @@ impl EngineDispatcher {
         wait_for_report(&*store, &record.name, &app.destination)
             .await
             .unwrap_or_else(|| {
-                Err(DispatchError::Unavailable(format!(
-                    "the agent of destination {:?} has not reported on Application {}/{} yet; \
+                Err(DispatchError::Unavailable(
+                    format!(
+                        "the agent of destination {:?} has not reported on Application {}/{} yet; \
                      ask again (is the agent connected? `rollouts-dispatch destinations`)",
-                    app.destination, app.namespace, app.name
-                )))
+                        app.destination, app.namespace, app.name
+                    )
+                    .into(),
+                ))
             })
     }
 }
@@ -101,7 +107,7 @@ fn reported(record: Option<&DispatchJob>) -> Option<Result<ApplicationState, Dis
         Some(crate::verdict::DestState::Error(m)) => m.clone(),
         _ => return None,
     };
-    Some(Err(DispatchError::Refused(why)))
+    Some(Err(DispatchError::Refused(why.into())))
 }
 
 /// The first reported state of record `name`, within [`FIRST_REPORT_WAIT`].

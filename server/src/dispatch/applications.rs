@@ -12,7 +12,7 @@ use dispatch_api::observe::{ApplicationState, SyncRequest};
 
 use crate::destinations::{Destination, Entry};
 use crate::engine::applications::{new_sync_id, AppError, AppTarget};
-use crate::http::{AppRef, DispatchError};
+use crate::http::{AppRef, DispatchError, Reason};
 use crate::observe::application::state_of;
 
 use super::EngineDispatcher;
@@ -26,19 +26,20 @@ pub(super) enum Place {
 }
 
 pub(super) fn app_error(e: AppError) -> DispatchError {
-    let message = e.to_string();
-    match e {
-        AppError::NotFound { .. } => DispatchError::NotFound(message),
-        AppError::Busy { .. } => DispatchError::Conflict(message),
-        AppError::Api { source, .. } => match &source {
-            kube::Error::Api(s) if s.code == 403 || s.code == 401 => {
-                DispatchError::Forbidden(format!(
-                    "{message}: grant the server's credentials for that destination get (and, to \
-                     sync, patch) on applications.argoproj.io in that namespace"
-                ))
-            }
-            _ => DispatchError::Unavailable(message),
-        },
+    match &e {
+        AppError::NotFound { .. } => DispatchError::NotFound(Reason::of(e)),
+        AppError::Busy { .. } => DispatchError::Conflict(Reason::of(e)),
+        AppError::Api {
+            source: kube::Error::Api(s),
+            ..
+        } if s.code == 403 || s.code == 401 => DispatchError::Forbidden(Reason::caused_by(
+            format!(
+                "{e}: grant the server's credentials for that destination get (and, to \
+                 sync, patch) on applications.argoproj.io in that namespace"
+            ),
+            e,
+        )),
+        AppError::Api { .. } => DispatchError::Unavailable(Reason::of(e)),
     }
 }
 
@@ -60,7 +61,7 @@ impl EngineDispatcher {
         app: &AppRef,
         sync: bool,
     ) -> Result<Place, DispatchError> {
-        let refused = |why: String| {
+        let refused = |why: Reason| {
             tracing::warn!(application = %app.object(), project = %app.project, sync,
                            reason = %why, "refused: application route");
             DispatchError::Forbidden(why)
@@ -70,29 +71,35 @@ impl EngineDispatcher {
             .registry()
             .get(&app.destination)
             .ok_or_else(|| {
-                DispatchError::UnknownDestination(format!(
-                    "unknown destination {:?} (known: {}); add it to `destinations` in {}",
-                    app.destination,
-                    self.engine.registry().names().join(", "),
-                    self.engine.origin()
-                ))
+                DispatchError::UnknownDestination(
+                    format!(
+                        "unknown destination {:?} (known: {}); add it to `destinations` in {}",
+                        app.destination,
+                        self.engine.registry().names().join(", "),
+                        self.engine.origin()
+                    )
+                    .into(),
+                )
             })?;
         self.engine
             .policy()
             .check(&app.project, &app.destination, &app.namespace)
-            .map_err(|d| refused(d.to_string()))?;
+            .map_err(|d| refused(Reason::of(d)))?;
         if sync {
             self.engine
                 .sync_enabled(&app.destination)
-                .map_err(|e| refused(e.to_string()))?;
+                .map_err(|e| refused(Reason::of(e)))?;
         }
         match entry {
             Entry::Ready(d) => Ok(Place::Direct(d)),
             Entry::Agent(_) => Ok(Place::Agent),
-            Entry::Broken(b) => Err(DispatchError::Unavailable(format!(
-                "destination {:?} cannot be used: {}",
-                app.destination, b.error
-            ))),
+            Entry::Broken(b) => Err(DispatchError::Unavailable(
+                format!(
+                    "destination {:?} cannot be used: {}",
+                    app.destination, b.error
+                )
+                .into(),
+            )),
         }
     }
 

@@ -21,7 +21,7 @@ use dispatch_api::logs::{LogRequest, CONTENT_TYPE};
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use crate::http::{DispatchError, LogUpload, FORWARDED_BY};
+use crate::http::{DispatchError, LogUpload, Reason, FORWARDED_BY};
 use crate::store::log_board::{LogBoard, PublishedLog};
 
 /// How often a replica deletes published requests gone stale (`log_board::STALE_AFTER`).
@@ -58,13 +58,20 @@ pub enum PeerError {
         #[source]
         source: std::io::Error,
     },
-    /// `--peer-ca-file` holds no certificate.
-    #[error("--peer-ca-file {path}: no PEM certificate in it ({why})")]
+    /// `--peer-ca-file` is not PEM.
+    #[error("--peer-ca-file {path}: no PEM certificate in it ({source})")]
     CaParse {
         /// the file
         path: String,
         /// why
-        why: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    /// `--peer-ca-file` is PEM without a certificate.
+    #[error("--peer-ca-file {path}: no PEM certificate in it (empty)")]
+    CaEmpty {
+        /// the file
+        path: String,
     },
 }
 
@@ -76,15 +83,13 @@ impl PeerTransport {
             path: path.clone(),
             source,
         })?;
-        let ca = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| PeerError::CaParse {
-            path: path.clone(),
-            why: e.to_string(),
-        })?;
+        let ca =
+            reqwest::Certificate::from_pem_bundle(&pem).map_err(|source| PeerError::CaParse {
+                path: path.clone(),
+                source,
+            })?;
         if ca.is_empty() {
-            return Err(PeerError::CaParse {
-                path,
-                why: "empty".into(),
-            });
+            return Err(PeerError::CaEmpty { path });
         }
         Ok(Self::Tls {
             name: name.to_string(),
@@ -233,13 +238,16 @@ impl LogPeers {
             DispatchError::Forbidden("a log upload needs the agent's bearer token".into())
         })?;
         let path = dispatch_api::agent::logs_path(destination, id);
-        let unavailable = |e: &dyn std::fmt::Display| {
-            DispatchError::Unavailable(format!(
-                "log request {id} is held by the server replica at {owner}, which could not be \
-                 reached: {e}"
+        let unavailable = |e: reqwest::Error| {
+            DispatchError::Unavailable(Reason::caused_by(
+                format!(
+                    "log request {id} is held by the server replica at {owner}, which could not \
+                     be reached: {e}"
+                ),
+                e,
             ))
         };
-        let (client, url) = self.client_for(owner, &path).map_err(|e| unavailable(&e))?;
+        let (client, url) = self.client_for(owner, &path).map_err(unavailable)?;
         tracing::info!(destination, id, %owner, "log upload forwarded to the replica holding the reader");
         let resp = client
             .post(url)
@@ -249,10 +257,10 @@ impl LogPeers {
             .body(reqwest::Body::wrap_stream(upload.body))
             .send()
             .await
-            .map_err(|e| unavailable(&e))?;
+            .map_err(unavailable)?;
         let status = resp.status();
         if status.is_success() {
-            return resp.json().await.map_err(|e| unavailable(&e));
+            return resp.json().await.map_err(unavailable);
         }
         let text: String = resp
             .text()
@@ -264,9 +272,9 @@ impl LogPeers {
         let why = format!("the server replica holding log request {id} answered {status}: {text}");
         tracing::warn!(destination, id, %owner, %status, "forwarded log upload refused");
         Err(match status.as_u16() {
-            401 | 403 => DispatchError::Forbidden(why),
-            404 => DispatchError::NotFound(why),
-            _ => DispatchError::Unavailable(why),
+            401 | 403 => DispatchError::Forbidden(why.into()),
+            404 => DispatchError::NotFound(why.into()),
+            _ => DispatchError::Unavailable(why.into()),
         })
     }
 

@@ -77,7 +77,7 @@ impl EngineDispatcher {
                 .engine
                 .registry()
                 .get(d)
-                .ok_or_else(|| DispatchError::UnknownDestination(d.clone()))?],
+                .ok_or_else(|| DispatchError::UnknownDestination(d.clone().into()))?],
             None => self.engine.registry().entries(),
         };
         let mut parts: Vec<BoxStream<'static, LogEvent>> = Vec::new();
@@ -161,26 +161,35 @@ impl EngineDispatcher {
 /// The uid of `run` from the watch of the control plane's runs.
 fn run_uid(runs: Option<&Runs>, run: &RunName) -> Result<String, DispatchError> {
     let Some(runs) = runs else {
-        return Err(DispatchError::NotFound(format!(
+        return Err(DispatchError::NotFound(
+            format!(
             "cannot find run {}/{}: the log API finds runs in the server's watch of the control \
              plane's AnalysisRuns, which needs `controlPlane` in the server's config (and \
              `confirmRuns` not false)",
             run.namespace, run.name
-        )));
+        )
+            .into(),
+        ));
     };
     if !runs.is_synced() {
-        return Err(DispatchError::Unavailable(format!(
+        return Err(DispatchError::Unavailable(
+            format!(
             "the server's watch of analysisruns on the control plane has not listed them yet{}; \
              ask again in a moment (the server needs list and watch on analysisruns.argoproj.io \
              there)",
             runs.problem().map(|p| format!(": {p}")).unwrap_or_default()
-        )));
+        )
+            .into(),
+        ));
     }
     runs.uid_of(&run.namespace, &run.name).ok_or_else(|| {
-        DispatchError::NotFound(format!(
-            "no AnalysisRun {}/{} on the control plane",
-            run.namespace, run.name
-        ))
+        DispatchError::NotFound(
+            format!(
+                "no AnalysisRun {}/{} on the control plane",
+                run.namespace, run.name
+            )
+            .into(),
+        )
     })
 }
 

@@ -39,9 +39,9 @@ impl Engine {
                 destination: entry.name(),
                 namespace,
             })
-            .map_err(|e| EngineError::InvalidJob {
+            .map_err(|reason| EngineError::InvalidJob {
                 metric: req.metric.clone(),
-                reason: e.to_string(),
+                reason,
             })?;
             let profile = self
                 .inner
@@ -293,7 +293,7 @@ impl Engine {
         let cp = self
             .control_plane()
             .await
-            .map_err(|e| EngineError::Stage(e.to_string()))?;
+            .map_err(EngineError::StageControlPlane)?;
         let registry = &self.inner.registry;
         registry.wait_sources(self.sources_wait()).await;
         let names = stage::resolve(
@@ -304,7 +304,7 @@ impl Engine {
             self.inner.settings.request_timeout,
         )
         .await
-        .map_err(|e| EngineError::Stage(e.to_string()))?;
+        .map_err(EngineError::Stage)?;
         let mut memo = self.inner.stages.lock().unwrap_or_else(|e| e.into_inner());
         if memo.len() >= MAX_REMEMBERED {
             memo.clear();

@@ -162,8 +162,9 @@ pub struct GcReport {
 /// measurement into thousands of destination calls, so it is refused before any.
 pub const MAX_PLACEMENTS: usize = 64;
 
-/// A measurement that cannot be started at all.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// A measurement that cannot be started at all. Each message is what the client reads; the
+/// error it came from, if any, stays its `source` for the server log.
+#[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     /// no destination has that name
     #[error(
@@ -196,14 +197,18 @@ pub enum EngineError {
     Denied(#[from] Denied),
     /// `destination: stage` could not be resolved
     #[error("destination \"stage\": {0}")]
-    Stage(String),
+    Stage(#[source] crate::destinations::stage::StageError),
+    /// `destination: stage` needs the control plane, which cannot be used
+    #[error("destination \"stage\": {0}")]
+    StageControlPlane(#[source] ControlPlaneError),
     /// the plugin block does not give a valid Job
     #[error("invalid {PLUGIN_NAME} block in metric {metric:?}: {reason}")]
     InvalidJob {
         /// the metric
         metric: String,
         /// what is wrong
-        reason: String,
+        #[source]
+        reason: crate::job::BuildError,
     },
     /// the measurement would run on more destinations than [`MAX_PLACEMENTS`]
     #[error(
@@ -264,8 +269,30 @@ pub enum EngineError {
         origin: String,
     },
     /// the engine cannot start
+    #[error("cannot start the dispatch engine: {message}")]
+    Start {
+        /// what cannot work, and why
+        message: String,
+        /// the error it came from, if any
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+    /// the Argo CD instances of `argocd:` cannot start without the control plane
     #[error("cannot start the dispatch engine: {0}")]
-    Start(String),
+    ArgoCd(#[source] crate::destinations::argocd::instances::ControlPlaneNeeded),
+}
+
+impl EngineError {
+    /// The engine cannot start: `message` says what and why, `source` is the error it came from.
+    fn cannot_start(
+        message: String,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self::Start {
+            message,
+            source: Some(source.into()),
+        }
+    }
 }
 
 /// The API may not sync Applications on a destination (`applicationSync`).

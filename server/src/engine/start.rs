@@ -45,9 +45,10 @@ impl Engine {
                     tracing::warn!(error = %e, "no kubeconfig contexts as destinations");
                 }
                 Err(e) => {
-                    return Err(EngineError::Start(format!(
-                        "kubeconfigContexts.path in {origin}: {e}"
-                    )))
+                    return Err(EngineError::cannot_start(
+                        format!("kubeconfigContexts.path in {origin}: {e}"),
+                        e,
+                    ))
                 }
             }
         }
@@ -69,7 +70,7 @@ impl Engine {
                 &origin,
             )
             .await
-            .map_err(|e| EngineError::Start(e.to_string()))?;
+            .map_err(EngineError::ArgoCd)?;
             if let Some(cp) = started.control_plane {
                 let _ = control_plane.set(Ok(cp));
             }
@@ -90,12 +91,12 @@ impl Engine {
                     let cp_config = client::config_for(&control_plane_access, "control-plane")
                         .await
                         .map_err(|e| {
-                            EngineError::Start(format!(
+                            EngineError::cannot_start(format!(
                                 "`agents.store: kubernetes` needs the control plane (`controlPlane` in {origin}): {e}"
-                            ))
+                            ), e)
                         })?;
                     let cp = client::client(cp_config, &settings, &RequestCounter::default())
-                        .map_err(|e| EngineError::Start(format!("control plane: {e}")))?;
+                        .map_err(|e| EngineError::cannot_start(format!("control plane: {e}"), e))?;
                     Arc::new(store::kubernetes::KubeStore::start(
                         cp,
                         &namespace,
@@ -159,9 +160,12 @@ impl Engine {
         let config = client::config_for(&crate::config::Access::Infer, name)
             .await
             .map_err(|e| {
-                EngineError::Start(format!(
-                    "no credentials for this cluster (in-cluster ServiceAccount or $KUBECONFIG): {e}"
-                ))
+                EngineError::cannot_start(
+                    format!(
+                        "no credentials for this cluster (in-cluster ServiceAccount or $KUBECONFIG): {e}"
+                    ),
+                    e,
+                )
             })?;
         let registry = Arc::new(Registry::new(settings, false));
         // The agent names the namespace of every Job it creates; this default is never used.
@@ -181,7 +185,10 @@ impl Engine {
             config: Ok(config),
         });
         if let Some(Entry::Broken(b)) = registry.get(name) {
-            return Err(EngineError::Start(b.error.clone()));
+            return Err(EngineError::Start {
+                message: b.error.clone(),
+                source: None,
+            });
         }
         let origin = "agent".to_string();
         Ok(Self {

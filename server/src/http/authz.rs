@@ -19,13 +19,16 @@ pub(super) fn measurement_caller(caller: &Principal, run: &RunRef) -> Result<(),
     if let Some(dest) = &caller.destination {
         tracing::warn!(subject = %caller.subject, token_destination = %dest,
                        "refused: agent token on a measurement route");
-        return Err(DispatchError::Forbidden(format!(
-            "{} holds an agent token for destination {dest:?}; agent tokens may only poll and \
+        return Err(DispatchError::Forbidden(
+            format!(
+                "{} holds an agent token for destination {dest:?}; agent tokens may only poll and \
              report that destination's work (/v1/agents/{dest}/…), never start, read, delete or \
              garbage-collect measurements: give the plugin a plugin token (rollouts-dispatch \
              token issue without --destination)",
-            caller.subject
-        )));
+                caller.subject
+            )
+            .into(),
+        ));
     }
     let project = &run.namespace;
     if caller.projects.allows(project) {
@@ -48,10 +51,13 @@ pub(super) fn measurement_caller(caller: &Principal, run: &RunRef) -> Result<(),
             globs.join(", ")
         ),
     };
-    Err(DispatchError::Forbidden(format!(
-        "{} may not act for project {project:?} (the namespace of AnalysisRun {}/{}): {fix}",
-        caller.subject, run.namespace, run.name
-    )))
+    Err(DispatchError::Forbidden(
+        format!(
+            "{} may not act for project {project:?} (the namespace of AnalysisRun {}/{}): {fix}",
+            caller.subject, run.namespace, run.name
+        )
+        .into(),
+    ))
 }
 
 /// The project a caller acts for on the Application routes: plugin tokens only (agent tokens
@@ -65,12 +71,15 @@ pub(super) fn application_caller(
     if let Some(dest) = &caller.destination {
         tracing::warn!(subject = %caller.subject, token_destination = %dest, destination,
                        "refused: agent token on an Application route");
-        return Err(DispatchError::Forbidden(format!(
-            "{} holds an agent token for destination {dest:?}; agent tokens may only poll and \
+        return Err(DispatchError::Forbidden(
+            format!(
+                "{} holds an agent token for destination {dest:?}; agent tokens may only poll and \
              report that destination's work, never read or sync Applications: Kargo's http step \
              needs a plugin token (rollouts-dispatch token issue --project <project>)",
-            caller.subject
-        )));
+                caller.subject
+            )
+            .into(),
+        ));
     }
     let only_one = match &caller.projects {
         Projects::Only { globs, .. } if globs.len() == 1 && !globs[0].contains(['*', '?']) => {
@@ -79,12 +88,15 @@ pub(super) fn application_caller(
         _ => None,
     };
     let Some(project) = named.or(only_one) else {
-        return Err(DispatchError::Forbidden(format!(
-            "{} may act for more than one project: name the Kargo project the request is for \
+        return Err(DispatchError::Forbidden(
+            format!(
+                "{} may act for more than one project: name the Kargo project the request is for \
              (`project` in the POST body, `?project=` on GET), or use a token issued for one \
              project (rollouts-dispatch token issue --project <project>)",
-            caller.subject
-        )));
+                caller.subject
+            )
+            .into(),
+        ));
     };
     if caller.projects.allows(project) {
         return Ok(project.to_string());
@@ -100,10 +112,13 @@ pub(super) fn application_caller(
             format!("use a token issued for it (rollouts-dispatch token issue --project {project})")
         }
     };
-    Err(DispatchError::Forbidden(format!(
-        "{} may not act for project {project:?}: {fix}",
-        caller.subject
-    )))
+    Err(DispatchError::Forbidden(
+        format!(
+            "{} may not act for project {project:?}: {fix}",
+            caller.subject
+        )
+        .into(),
+    ))
 }
 
 #[cfg(test)]

@@ -36,7 +36,7 @@ pub use auth::{Authenticator, Principal};
 use dispatch_api::agent::{self as agent_api, ReportReply, ReportRequest, WorkReply, WorkRequest};
 use dispatch_api::logs::{self as logs_api, LogEvent, LogsQuery};
 use dispatch_api::observe::{self as observe_api, ApplicationState, SyncRequest};
-pub use error::{ApiFailure, DispatchError};
+pub use error::{ApiFailure, Cause, Chain, DispatchError, Reason};
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use tracing::Instrument;
@@ -86,10 +86,13 @@ pub trait Dispatcher: Send + Sync + 'static {
         app: AppRef,
     ) -> BoxFuture<'a, Result<ApplicationState, DispatchError>> {
         let _ = caller;
-        Box::pin(std::future::ready(Err(DispatchError::NotFound(format!(
-            "this server does not read Argo CD Applications ({})",
-            app.object()
-        )))))
+        Box::pin(std::future::ready(Err(DispatchError::NotFound(
+            format!(
+                "this server does not read Argo CD Applications ({})",
+                app.object()
+            )
+            .into(),
+        ))))
     }
     /// Asks Argo CD to refresh and sync an Application; its state as it is now (the sync runs
     /// in Argo CD, later).
@@ -100,10 +103,13 @@ pub trait Dispatcher: Send + Sync + 'static {
         req: SyncRequest,
     ) -> BoxFuture<'a, Result<ApplicationState, DispatchError>> {
         let _ = (caller, req);
-        Box::pin(std::future::ready(Err(DispatchError::NotFound(format!(
-            "this server does not sync Argo CD Applications ({})",
-            app.object()
-        )))))
+        Box::pin(std::future::ready(Err(DispatchError::NotFound(
+            format!(
+                "this server does not sync Argo CD Applications ({})",
+                app.object()
+            )
+            .into(),
+        ))))
     }
     /// The whole log of a run's Jobs for `viewer`, who may see the run's namespace (checked by
     /// the route before: a person by SubjectAccessReview, a service by its projects).
@@ -114,10 +120,13 @@ pub trait Dispatcher: Send + Sync + 'static {
         query: LogsQuery,
     ) -> BoxFuture<'a, Result<BoxStream<'static, LogEvent>, DispatchError>> {
         let _ = (viewer, query);
-        Box::pin(std::future::ready(Err(DispatchError::NotFound(format!(
-            "this server serves no logs (run {}/{})",
-            run.namespace, run.name
-        )))))
+        Box::pin(std::future::ready(Err(DispatchError::NotFound(
+            format!(
+                "this server serves no logs (run {}/{})",
+                run.namespace, run.name
+            )
+            .into(),
+        ))))
     }
     /// The pages' recent runs (newest first, at most `limit`, every project: the pages filter
     /// by viewer); `None` when this server does not watch the control plane's runs.
@@ -148,9 +157,9 @@ pub trait Dispatcher: Send + Sync + 'static {
         req: WorkRequest,
     ) -> BoxFuture<'a, Result<WorkReply, DispatchError>> {
         let _ = (caller, req);
-        Box::pin(std::future::ready(Err(DispatchError::NotFound(format!(
-            "{destination} is not an agent destination of this server"
-        )))))
+        Box::pin(std::future::ready(Err(DispatchError::NotFound(
+            format!("{destination} is not an agent destination of this server").into(),
+        ))))
     }
     /// An agent's upload of the log it was asked for (request `id`), NDJSON [`LogEvent`]s read
     /// as they come: relayed to the reader, waiting for it when it is slow.
@@ -162,9 +171,9 @@ pub trait Dispatcher: Send + Sync + 'static {
         upload: LogUpload,
     ) -> BoxFuture<'a, Result<agent_api::LogUploadReply, DispatchError>> {
         let _ = (caller, id, upload);
-        Box::pin(std::future::ready(Err(DispatchError::NotFound(format!(
-            "{destination} is not an agent destination of this server"
-        )))))
+        Box::pin(std::future::ready(Err(DispatchError::NotFound(
+            format!("{destination} is not an agent destination of this server").into(),
+        ))))
     }
     /// An agent's observations of its destination's Jobs.
     fn agent_report<'a>(
@@ -174,9 +183,9 @@ pub trait Dispatcher: Send + Sync + 'static {
         req: ReportRequest,
     ) -> BoxFuture<'a, Result<ReportReply, DispatchError>> {
         let _ = (caller, req);
-        Box::pin(std::future::ready(Err(DispatchError::NotFound(format!(
-            "{destination} is not an agent destination of this server"
-        )))))
+        Box::pin(std::future::ready(Err(DispatchError::NotFound(
+            format!("{destination} is not an agent destination of this server").into(),
+        ))))
     }
 }
 

@@ -47,9 +47,9 @@ impl Dispatcher for Scripted {
                 "boom" => Err(DispatchError::Internal(
                     "kube client panicked at secret-detail".into(),
                 )),
-                other => Err(DispatchError::UnknownDestination(format!(
-                    "unknown destination {other:?}; known destinations: a, b"
-                ))),
+                other => Err(DispatchError::UnknownDestination(
+                    format!("unknown destination {other:?}; known destinations: a, b").into(),
+                )),
             }
         })
     }

@@ -89,7 +89,7 @@ fn to_object(job: &DispatchJob) -> Result<DynamicObject, StoreError> {
         },
         "spec": job.spec,
     }))
-    .map_err(|e| StoreError::Backend(format!("encoding dispatchjob {}: {e}", job.name)))
+    .map_err(|e| StoreError::backend_from(format!("encoding dispatchjob {}: {e}", job.name), e))
 }
 
 impl KubeStore {
@@ -124,25 +124,28 @@ impl KubeStore {
         match tokio::time::timeout(self.timeout, fut).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(kube::Error::Api(s))) if s.code == 404 => Err(StoreError::NotFound(what)),
-            Ok(Err(e)) => Err(self.failure(&what, Some(&e))),
+            Ok(Err(e)) => Err(self.failure(&what, Some(e))),
             Err(_) => Err(self.failure(&what, None)),
         }
     }
 
     /// A failed call (`None`: no answer in time), naming the namespace.
-    fn failure(&self, what: &str, error: Option<&kube::Error>) -> StoreError {
-        StoreError::Backend(match error {
-            Some(e) => format!(
-                "{what} in namespace {}: {}",
-                self.namespace,
-                crate::destinations::client::describe(e)
+    fn failure(&self, what: &str, error: Option<kube::Error>) -> StoreError {
+        match error {
+            Some(e) => StoreError::backend_from(
+                format!(
+                    "{what} in namespace {}: {}",
+                    self.namespace,
+                    crate::destinations::client::describe(&e)
+                ),
+                e,
             ),
-            None => format!(
+            None => StoreError::backend(format!(
                 "{what} in namespace {}: no answer within {}s",
                 self.namespace,
                 self.timeout.as_secs()
-            ),
-        })
+            )),
+        }
     }
 
     fn applied(&self, obj: DynamicObject) {
@@ -248,12 +251,12 @@ impl Store for KubeStore {
                         )
                         .await?;
                     let existing = from_object(existing).ok_or_else(|| {
-                        StoreError::Backend(format!("dispatchjob {} is malformed", job.name))
+                        StoreError::backend(format!("dispatchjob {} is malformed", job.name))
                     })?;
                     self.index.upsert(existing.clone());
                     Ok(Created::Existing(Box::new(existing)))
                 }
-                Ok(Err(e)) => Err(self.failure(&what, Some(&e))),
+                Ok(Err(e)) => Err(self.failure(&what, Some(e))),
                 Err(_) => Err(self.failure(&what, None)),
             }
         })
@@ -266,7 +269,7 @@ impl Store for KubeStore {
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             let mut value = serde_json::to_value(&status)
-                .map_err(|e| StoreError::Backend(format!("encoding the status: {e}")))?;
+                .map_err(|e| StoreError::backend_from(format!("encoding the status: {e}"), e))?;
             // A merge patch keeps what it does not mention: say explicitly that a deleted Job
             // has no state any more.
             value["state"] = serde_json::to_value(&status.state).unwrap_or(Value::Null);

@@ -154,7 +154,7 @@ fn to_object(log: &PublishedLog) -> Result<DynamicObject, StoreError> {
         },
         "spec": spec,
     }))
-    .map_err(|e| StoreError::Backend(format!("encoding dispatchlogrequest {}: {e}", r.id)))
+    .map_err(|e| StoreError::backend_from(format!("encoding dispatchlogrequest {}: {e}", r.id), e))
 }
 
 /// The published requests of every replica, kept in step by an informer.
@@ -241,11 +241,11 @@ impl LogBoard {
             Ok(Err(kube::Error::Api(s))) if s.code == 404 => {
                 Err(StoreError::NotFound(what.to_string()))
             }
-            Ok(Err(e)) => Err(StoreError::Backend(format!(
-                "{what}: {}",
-                crate::destinations::client::describe(&e)
-            ))),
-            Err(_) => Err(StoreError::Backend(format!(
+            Ok(Err(e)) => Err(StoreError::backend_from(
+                format!("{what}: {}", crate::destinations::client::describe(&e)),
+                e,
+            )),
+            Err(_) => Err(StoreError::backend(format!(
                 "{what}: no answer within {}s",
                 self.timeout.as_secs()
             ))),

@@ -21,7 +21,7 @@ pub mod log_board;
 pub mod memory;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -184,14 +184,42 @@ pub enum Created {
 }
 
 /// A store operation that failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// no such record
     #[error("dispatchjob {0} does not exist")]
     NotFound(String),
     /// the backend could not be reached or refused (retryable)
-    #[error("dispatchjob store: {0}")]
-    Backend(String),
+    #[error("dispatchjob store: {message}")]
+    Backend {
+        /// what failed, and why
+        message: String,
+        /// the error it came from (the API's, the encoder's), if any; shared, so that the
+        /// error stays `Clone`
+        #[source]
+        source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+    },
+}
+
+impl StoreError {
+    /// The backend failed without an error value (no answer in time, a malformed record).
+    pub fn backend(message: String) -> Self {
+        Self::Backend {
+            message,
+            source: None,
+        }
+    }
+
+    /// The backend failed with `source`; `message` says what was asked and why it failed.
+    pub fn backend_from(
+        message: String,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self::Backend {
+            message,
+            source: Some(Arc::new(source)),
+        }
+    }
 }
 
 /// Where the records live. Reads come from the backend's [`Index`]; writes go to the backend.

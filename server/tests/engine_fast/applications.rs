@@ -124,7 +124,7 @@ async fn get_reads_the_state_and_a_sync_is_requested_once() -> Result<()> {
         .await
         .unwrap_err();
     assert!(
-        matches!(&again, DispatchError::Conflict(m) if m.contains("already requested")),
+        matches!(&again, DispatchError::Conflict(m) if m.message().contains("already requested")),
         "{again:?}"
     );
     // Argo CD picked it up and runs it: still refused.
@@ -137,7 +137,7 @@ async fn get_reads_the_state_and_a_sync_is_requested_once() -> Result<()> {
         .await
         .unwrap_err();
     assert!(
-        matches!(&running, DispatchError::Conflict(m) if m.contains("running")),
+        matches!(&running, DispatchError::Conflict(m) if m.message().contains("running")),
         "{running:?}"
     );
     assert_eq!(
@@ -163,7 +163,7 @@ async fn sync_needs_the_policy_and_application_sync() -> Result<()> {
         .await
         .unwrap_err();
     assert!(
-        matches!(&e, DispatchError::Forbidden(m) if m.contains("applicationSync.destinations")),
+        matches!(&e, DispatchError::Forbidden(m) if m.message().contains("applicationSync.destinations")),
         "{e:?}"
     );
     // Another project, or another namespace: the policy denies both, reads included.
@@ -171,7 +171,7 @@ async fn sync_needs_the_policy_and_application_sync() -> Result<()> {
     other.project = "team-b".into();
     let e = d.application(&caller, other).await.unwrap_err();
     assert!(
-        matches!(&e, DispatchError::Forbidden(m) if m.contains("policy.rules")),
+        matches!(&e, DispatchError::Forbidden(m) if m.message().contains("policy.rules")),
         "{e:?}"
     );
     let mut kube_system = app("a", "web");
@@ -184,7 +184,7 @@ async fn sync_needs_the_policy_and_application_sync() -> Result<()> {
     // A missing Application is 404, not a sync.
     let e = d.application(&caller, app("a", "nope")).await.unwrap_err();
     assert!(
-        matches!(&e, DispatchError::NotFound(m) if m.contains("argocd/nope")),
+        matches!(&e, DispatchError::NotFound(m) if m.message().contains("argocd/nope")),
         "{e:?}"
     );
     for api in [&w.clusters.a, &w.clusters.b] {
@@ -261,7 +261,7 @@ mod through_an_agent {
             .await
             .unwrap_err();
         assert!(
-            matches!(&e, DispatchError::Unavailable(m) if m.contains("has not reported")),
+            matches!(&e, DispatchError::Unavailable(m) if m.message().contains("has not reported")),
             "{e:?}"
         );
         assert_eq!(work(&w)?.len(), 1, "the GET wrote the agent's record");
@@ -315,7 +315,7 @@ mod through_an_agent {
             .await
             .unwrap_err();
         assert!(
-            matches!(&e, DispatchError::Refused(m) if m.contains("--argocd-sync")),
+            matches!(&e, DispatchError::Refused(m) if m.message().contains("--argocd-sync")),
             "{e:?}"
         );
         assert_eq!(patches(), 1);

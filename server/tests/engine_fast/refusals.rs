@@ -58,9 +58,10 @@ async fn an_admission_denial_ends_the_measurement_at_once_with_its_reason() -> R
     let refused = d
         .ensure(&Principal::plugin("controller"), measurement(uid, "a,b"))
         .await;
-    let Err(DispatchError::Refused(message)) = refused else {
+    let Err(DispatchError::Refused(message)) = &refused else {
         bail!("expected a refusal, got {refused:?}");
     };
+    let message = message.message();
     assert!(
         message.contains("images must be pinned"),
         "the API's reason: {message}"
@@ -183,9 +184,10 @@ async fn with_ui_external_url_every_message_ends_with_the_run_page() -> Result<(
             measurement("0000aaaa-aaaa-4bbb-8ccc-000000000012", "b"),
         )
         .await;
-    let Err(DispatchError::Refused(message)) = refused else {
+    let Err(DispatchError::Refused(message)) = &refused else {
         bail!("expected a refusal, got {refused:?}");
     };
+    let message = message.message();
     assert!(
         message.contains("images must be pinned") && message.ends_with(&link),
         "{message}"

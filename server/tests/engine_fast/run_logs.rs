@@ -209,7 +209,7 @@ async fn unknown_runs_other_metrics_and_no_control_plane_say_why() -> Result<()>
     );
     let e = read(&d, 54, LogsQuery::default()).await.unwrap_err();
     assert!(
-        matches!(&e, DispatchError::NotFound(m) if m.contains("no AnalysisRun")),
+        matches!(&e, DispatchError::NotFound(m) if m.message().contains("no AnalysisRun")),
         "{e:?}"
     );
     let e = read(
@@ -226,7 +226,7 @@ async fn unknown_runs_other_metrics_and_no_control_plane_say_why() -> Result<()>
     let without = dispatcher(&w, None)?;
     let e = read(&without, 53, LogsQuery::default()).await.unwrap_err();
     assert!(
-        matches!(&e, DispatchError::NotFound(m) if m.contains("controlPlane")),
+        matches!(&e, DispatchError::NotFound(m) if m.message().contains("controlPlane")),
         "{e:?}"
     );
     Ok(())
