@@ -131,7 +131,7 @@ pub(super) async fn run(args: ServeArgs) -> ExitCode {
     match serve(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(error = format!("{e:#}"), "server stopped");
+            tracing::error!(error = %crate::http::Chain(e.as_ref()), "server stopped");
             ExitCode::FAILURE
         }
     }
