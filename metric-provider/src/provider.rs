@@ -581,6 +581,60 @@ mod tests {
         assert!(!m.message.contains("secret arg"), "{}", m.message);
     }
 
+    #[tokio::test]
+    async fn a_server_at_its_budget_keeps_the_measurement_running_and_says_which_budget() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // A server refusing every call as `runtime::limits` does when its budget is used up.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let body = r#"{"code":"overloaded","message":"the server is serving its maximum of 256 plugin and API requests (serve --max-concurrent-requests); retry shortly"}"#;
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                let mut buf = [0u8; 8192];
+                let _ = tcp.read(&mut buf).await;
+                let reply = format!(
+                    "HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = tcp.write_all(reply.as_bytes()).await;
+            }
+        });
+        let client = ServerClient::new(&dispatch_api::client::ClientConfig {
+            server: url,
+            token_file: None,
+            ca_file: None,
+            ca_only: false,
+            insecure_plaintext: false,
+            timeout: Duration::from_secs(10),
+        })
+        .unwrap();
+        let provider = Arc::new(DispatchProvider::new(ProviderConfig {
+            client: Some(client),
+            ..ProviderConfig::default()
+        }));
+        let mut metric = Metric {
+            name: "smoke".into(),
+            ..Default::default()
+        };
+        metric.provider.plugin.insert(
+            PLUGIN_NAME.into(),
+            dispatch_plugin::gob::GoBytes(
+                br#"{"destination":"a","spec":{"template":{"spec":{"containers":[{"name":"c","image":"x"}]}}}}"#.to_vec(),
+            ),
+        );
+        let m = provider.run(AnalysisRun::default(), metric).await;
+        assert_eq!(m.phase, "Running", "{}", m.message);
+        assert!(
+            m.message
+                .contains("waiting for the rollouts-dispatch server")
+                && m.message
+                    .contains("256 plugin and API requests (serve --max-concurrent-requests)"),
+            "{}",
+            m.message
+        );
+        assert!(m.resume_at.is_some());
+    }
+
     #[test]
     fn a_running_verdict_keeps_the_measurement_in_flight_with_resume_at() {
         let now = GoTime::from_unix(1_000, 0);
