@@ -285,25 +285,39 @@ async fn a_selector_matching_too_many_destinations_is_refused() -> Result<()> {
     Ok(())
 }
 
+/// The agent `token` parks [`MAX_POLLS_PER_AGENT`] long polls at `path` (they wait: the work
+/// does not change); returns them, still open, and the work's fingerprint.
+async fn park_polls(
+    scene: &Arc<Scene>,
+    token: &str,
+    path: &str,
+) -> Result<(
+    Vec<tokio::task::JoinHandle<Result<crate::scene::Reply>>>,
+    Value,
+)> {
+    let first = scene
+        .call("POST", path, Some(token), &json!({"waitSeconds": 0}))
+        .await?;
+    let fingerprint = first.body["fingerprint"].clone();
+    let mut open = Vec::new();
+    for _ in 0..MAX_POLLS_PER_AGENT {
+        let (scene, token, path) = (scene.clone(), token.to_string(), path.to_string());
+        let body = json!({"fingerprint": fingerprint, "waitSeconds": 30});
+        open.push(tokio::spawn(async move {
+            scene.call("POST", &path, Some(&token), &body).await
+        }));
+    }
+    // Let the polls arrive and park.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Ok((open, fingerprint))
+}
+
 #[tokio::test]
 async fn the_fifth_long_poll_of_an_agent_is_refused_at_once() -> Result<()> {
     let scene = Arc::new(Scene::start(&format!("{POLICY}\n{AGENTS}")).await?);
     let agent = token("agent-edge", |c| c.destination = Some("edge".into()));
     let path = dispatch_api::agent::path(dispatch_api::agent::WORK, "edge");
-    let first = scene
-        .call("POST", &path, Some(&agent), &json!({"waitSeconds": 0}))
-        .await?;
-    let fingerprint = first.body["fingerprint"].clone();
-    let mut open = Vec::new();
-    for _ in 0..MAX_POLLS_PER_AGENT {
-        let (scene, agent, path) = (scene.clone(), agent.clone(), path.clone());
-        let body = json!({"fingerprint": fingerprint, "waitSeconds": 30});
-        open.push(tokio::spawn(async move {
-            scene.call("POST", &path, Some(&agent), &body).await
-        }));
-    }
-    // Let the polls arrive and park.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (open, fingerprint) = park_polls(&scene, &agent, &path).await?;
     let started = std::time::Instant::now();
     let fifth = scene
         .call(
@@ -348,20 +362,8 @@ async fn agents_holding_every_poll_slot_cannot_take_the_plugins() -> Result<()> 
     let agent = token("agent-edge", |c| c.destination = Some("edge".into()));
     let other = token("agent-edge-2", |c| c.destination = Some("edge-2".into()));
     let path = dispatch_api::agent::path(dispatch_api::agent::WORK, "edge");
-    let first = scene
-        .call("POST", &path, Some(&agent), &json!({"waitSeconds": 0}))
-        .await?;
-    let fingerprint = first.body["fingerprint"].clone();
     // One agent parks as many polls as the whole poll budget holds.
-    let mut open = Vec::new();
-    for _ in 0..MAX_POLLS_PER_AGENT {
-        let (scene, agent, path) = (scene.clone(), agent.clone(), path.clone());
-        let body = json!({"fingerprint": fingerprint, "waitSeconds": 30});
-        open.push(tokio::spawn(async move {
-            scene.call("POST", &path, Some(&agent), &body).await
-        }));
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (open, _) = park_polls(&scene, &agent, &path).await?;
     let other_poll = scene
         .call(
             "POST",
