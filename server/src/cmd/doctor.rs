@@ -155,26 +155,16 @@ pub(super) async fn run(args: DoctorArgs) -> ExitCode {
     }
 }
 
-/// The budgets `serve` runs with here: its flags' environment variables (set in the server's
-/// pod, where `doctor` runs), else their defaults.
+/// The budgets `serve` runs with here: its flags read from their environment variables (set in
+/// the server's pod, where `doctor` runs) by `serve`'s own argument definitions, else defaults.
 fn served_budgets() -> limits::BudgetArgs {
-    let from_env = |name: &str, default: usize| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    limits::BudgetArgs {
-        max_connections: from_env(
-            "ROLLOUTS_DISPATCH_MAX_CONNECTIONS",
-            limits::DEFAULT_MAX_CONNECTIONS,
-        ),
-        max_agent_polls: from_env(
-            "ROLLOUTS_DISPATCH_MAX_AGENT_POLLS",
-            limits::DEFAULT_MAX_AGENT_POLLS,
-        ),
-        ..limits::BudgetArgs::default()
-    }
+    use clap::{Args, FromArgMatches};
+    let command = limits::BudgetArgs::augment_args(clap::Command::new("serve"));
+    command
+        .try_get_matches_from(["serve"])
+        .ok()
+        .and_then(|m| limits::BudgetArgs::from_arg_matches(&m).ok())
+        .unwrap_or_default()
 }
 
 /// One line on whether one replica's budgets hold `agents` agent destinations: each holds one
@@ -545,6 +535,7 @@ mod tests {
             fits.starts_with("budgets: 1000 agent destination(s) fit one replica"),
             "{fits}"
         );
+        assert_eq!(served_budgets().max_agent_polls, defaults.max_agent_polls);
         let over = budget_line(1500, &defaults);
         assert!(over.contains("WARN 1500"), "{over}");
         assert!(
