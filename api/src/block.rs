@@ -172,6 +172,11 @@ impl JobConfig {
     pub fn parse(json: &[u8]) -> Result<Self, BlockError> {
         let value: Value = serde_json::from_slice(json)
             .map_err(|e| BlockError(format!("the block is not valid JSON: {e}")))?;
+        Self::from_value(value)
+    }
+
+    /// Validates one block already read as JSON (the server's requests carry it as a value).
+    pub fn from_value(value: Value) -> Result<Self, BlockError> {
         if !value.is_object() {
             return fail(format!(
                 "the block must be an object with `destination` and `spec`, got {}",

@@ -14,25 +14,30 @@
 //! * [`job`]: the Job object (name, labels, annotations, injected context) — pure.
 //! * [`verdict`]: per-destination state → measurement phase, message, metadata — pure.
 //! * [`observe`]: what is deployed (Argo Rollouts, Argo CD Applications) read into states — pure.
-//! * [`logs`]: the log tail of a failed container, bounded and redacted.
 //! * [`policy`]: which Kargo projects may use which destinations and namespaces, and with which
 //!   [`podsecurity`] profile (the Pod Security Standards check that the server and the agent run).
-//! * [`engine`]: the entry point, [`engine::Engine`] (`ensure`, `status`, `terminate`, `gc`).
-//! * [`http`]: the authenticated `/v1` API; [`dispatch`] puts the engine behind it.
+//! * [`engine`]: the core, [`engine::Engine`] (`ensure`, `status`, `terminate`, `gc`).
+//! * The features, each with its routes and state: [`measure`] (the plugin's calls and the
+//!   agents' work), [`logs`] (tails in verdicts, whole logs, relayed from agents),
+//!   [`applications`] (Argo CD Applications), [`ui`] (the pages); [`app`] builds them over one
+//!   engine and assembles their routes.
+//! * [`http`]: the web layer under the routes: authentication, authorization, errors.
 //! * [`agent`]: the agent of a destination that only dials out; [`store`]: its work records.
 //! * [`runtime`]: shutdown, the admin port, metrics, logging and the API listener.
 //! * [`signing`]: the server's HMAC keys, which sign the Job references it hands out.
 //! * [`cmd`]: the command line, one module per subcommand with its args; [`token`]: JWTs.
 
 pub mod agent;
+pub mod app;
+pub mod applications;
 pub mod cmd;
 pub mod config;
 pub mod destinations;
-pub mod dispatch;
 pub mod engine;
 pub mod http;
 pub mod job;
 pub mod logs;
+pub mod measure;
 pub mod observe;
 pub mod podsecurity;
 pub mod policy;
@@ -41,6 +46,7 @@ pub mod runtime;
 pub mod signing;
 pub mod store;
 pub mod token;
+pub mod ui;
 pub mod verdict;
 
 pub use engine::{Engine, EngineError, Ensured, JobRef, MeasureRequest};

@@ -12,17 +12,17 @@ use clap::Args;
 use tokio::net::TcpListener;
 use tracing::{info, info_span, warn, Instrument};
 
+use crate::app::{self, Features, Options, PeerOptions};
 use crate::config::{CallerBinding, ConfirmRuns};
-use crate::dispatch::log_peers::PeerTransport;
-use crate::dispatch::EngineDispatcher;
 use crate::engine::Engine;
+use crate::logs::peers::PeerTransport;
 use crate::runs::Runs;
 use crate::signing::{KeyFiles, Signer};
 
 use super::{parse_duration, AdminArgs, ConfigArgs};
 use crate::http::auth::{parse_revoked, Chain, JwtAuthenticator, JwtKeys};
 use crate::http::tokenreview::TokenReviewAuthenticator;
-use crate::http::{self, AppState, Authenticator};
+use crate::http::{self, Authenticator, Gate};
 use crate::runtime::admin::{self, Readiness};
 use crate::runtime::limits;
 use crate::runtime::listener;
@@ -214,25 +214,32 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         )
         .instrument(info_span!("admin", listen = %admin_listen)),
     );
-    let mut dispatcher = EngineDispatcher::new(engine.clone(), metrics.clone(), signer)
-        .with_external_url(ui.external_url.clone());
-    if let Some(runs) = &runs {
-        dispatcher = dispatcher.with_runs(runs.clone());
-    }
     // The board's informer starts only here: without --pod-ip a replica publishes nothing.
-    if let Some((me, transport)) = peers {
-        if let Some(board) = engine.store().and_then(|s| s.log_board()) {
-            info!(%me, "log requests of agent destinations are shared with the other replicas");
-            dispatcher = dispatcher.with_log_peers(board, me, transport);
-        }
-    }
-    let dispatcher = Arc::new(dispatcher);
+    let log_peers = peers.and_then(|(me, transport)| {
+        let board = engine.store().and_then(|s| s.log_board())?;
+        info!(%me, "log requests of agent destinations are shared with the other replicas");
+        Some(PeerOptions {
+            board,
+            me,
+            transport,
+        })
+    });
+    let features = Features::new(
+        engine.clone(),
+        metrics.clone(),
+        signer,
+        Options {
+            runs: runs.clone(),
+            external_url: ui.external_url.clone(),
+            log_peers,
+        },
+    );
     let counts = tokio::spawn({
-        let dispatcher = dispatcher.clone();
+        let (measure, agents) = (features.measure.clone(), features.agents.clone());
         async move {
             loop {
-                dispatcher.publish_job_counts();
-                dispatcher.publish_agents();
+                measure.publish_job_counts();
+                agents.publish_agents();
                 tokio::time::sleep(std::time::Duration::from_secs(15)).await;
             }
         }
@@ -248,21 +255,16 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     .map(|every| super::sweep::spawn(engine.clone(), metrics.clone(), every));
     // Open long polls of agents answer at once on shutdown, so that the drain does not wait.
     tokio::spawn({
-        let dispatcher = dispatcher.clone();
+        let agents = features.agents.clone();
         let shutdown = shutdown.clone();
         async move {
             shutdown.await;
-            dispatcher.stop_polls();
+            agents.stop_polls();
         }
         .instrument(info_span!("release_polls_at_shutdown"))
     });
-    let state = AppState {
-        dispatcher,
-        auth,
-        people,
-        metrics: metrics.clone(),
-    };
-    let router = limits::Budgets::new(&budgets, metrics.clone()).around(http::router(state));
+    let router = app::router(&features, Gate { auth, people }, metrics.clone());
+    let router = limits::Budgets::new(&budgets, metrics.clone()).around(router);
     open_files_for(budgets.max_connections);
     let api = tokio::spawn(
         listener::serve_limited(

@@ -204,21 +204,6 @@ pub enum AppError {
     },
 }
 
-/// A new sync id: 128 random bits, hex.
-pub fn new_sync_id() -> String {
-    use ring::rand::SecureRandom;
-    let mut bytes = [0u8; 16];
-    // The system RNG fails only on a broken OS; an id from the clock is still unique enough
-    // for "carry out once".
-    if ring::rand::SystemRandom::new().fill(&mut bytes).is_err() {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        bytes = nanos.to_be_bytes();
-    }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// Why Argo CD would refuse another operation now, if it would: an operation requested and not
 /// picked up yet (`operation` set), or one running (`status.operationState.phase: Running`).
 pub fn busy(app: &Value) -> Option<String> {
@@ -397,7 +382,7 @@ mod tests {
         assert!(e.contains("already requested"), "{e}");
         let e = busy(&json!({"status": {"operationState": {"phase": "Running"}}})).unwrap();
         assert!(e.contains("running"), "{e}");
-        assert_ne!(new_sync_id(), new_sync_id());
-        assert_eq!(new_sync_id().len(), 32);
+        assert_ne!(crate::store::random_id(), crate::store::random_id());
+        assert_eq!(crate::store::random_id().len(), 32);
     }
 }

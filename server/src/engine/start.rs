@@ -21,7 +21,7 @@ impl Engine {
             confirm_runs: _,
             jobs,
             application_sync,
-            // read by `serve` (people, the log API) and the dispatcher (the verdict's link)
+            // read by `serve` (people, the log API) and the measurements (the verdict's link)
             ui: _,
         } = config;
         let policy = Policy::new(policy.as_ref(), &origin);
@@ -293,6 +293,11 @@ impl Engine {
     /// The destination registry.
     pub fn registry(&self) -> &Registry {
         &self.inner.registry
+    }
+
+    /// The destination registry, shared (the log feature holds it without the engine).
+    pub fn shared_registry(&self) -> Arc<Registry> {
+        self.inner.registry.clone()
     }
 
     /// The client of the usable direct destination `name` (the agent's own cluster, read by

@@ -20,7 +20,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use super::{ApiFailure, AppState};
+use super::{ApiFailure, Gate};
 use crate::runtime::reload::Reloading;
 use futures::future::BoxFuture;
 
@@ -371,15 +371,11 @@ pub fn bearer_token(headers: &axum::http::HeaderMap) -> Option<&str> {
 }
 
 /// Middleware: rejects requests without an accepted bearer token; adds the [`Principal`].
-pub async fn require_bearer(
-    State(state): State<AppState>,
-    mut req: Request,
-    next: Next,
-) -> Response {
+pub async fn require_bearer(State(gate): State<Gate>, mut req: Request, next: Next) -> Response {
     let token = bearer_token(req.headers());
     let result = match token {
         None => Err(AuthError::Missing),
-        Some(t) => state.auth.authenticate(t).await,
+        Some(t) => gate.auth.authenticate(t).await,
     };
     match result {
         Ok(p) => {

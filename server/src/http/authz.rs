@@ -1,5 +1,6 @@
 //! Which caller may use the measurement routes (`ensure`, `status`, `terminate`, `gc`), and for
-//! which project; checked before the request reaches the [`super::Dispatcher`].
+//! which project, and which agent may use an agent route; checked by the routes before the
+//! request reaches its feature.
 //!
 //! * Agent tokens serve one destination's work (`/v1/agents/{dest}/…`) and nothing else: on a
 //!   measurement route they are refused outright, whatever the request says.
@@ -14,8 +15,39 @@ use dispatch_api::v1::RunRef;
 use super::auth::{Principal, Projects, ScopeSource};
 use super::DispatchError;
 
+/// Refuses any caller but the agent of `destination` on an agent route (`/v1/agents/{dest}/…`):
+/// tokens that are not agent tokens, and agent tokens of another destination.
+pub fn agent_caller(caller: &Principal, destination: &str) -> Result<(), DispatchError> {
+    match caller.destination.as_deref() {
+        None => {
+            tracing::warn!(subject = %caller.subject, destination, "refused: not an agent token");
+            Err(DispatchError::Forbidden(
+                format!(
+                    "{} holds no agent token; an agent needs one issued for its destination \
+                     (rollouts-dispatch token issue --destination {destination})",
+                    caller.subject
+                )
+                .into(),
+            ))
+        }
+        Some(own) if own != destination => {
+            tracing::warn!(subject = %caller.subject, token_destination = own, destination,
+                           "refused: agent token of another destination");
+            Err(DispatchError::Forbidden(
+                format!(
+                    "the agent token of {} is for destination {own:?}, not {destination:?}; an \
+                     agent only sees and reports the work of its own destination",
+                    caller.subject
+                )
+                .into(),
+            ))
+        }
+        Some(_) => Ok(()),
+    }
+}
+
 /// Refuses agent tokens, and callers not bound to the run's project.
-pub(super) fn measurement_caller(caller: &Principal, run: &RunRef) -> Result<(), DispatchError> {
+pub fn measurement_caller(caller: &Principal, run: &RunRef) -> Result<(), DispatchError> {
     if let Some(dest) = &caller.destination {
         tracing::warn!(subject = %caller.subject, token_destination = %dest,
                        "refused: agent token on a measurement route");
@@ -63,7 +95,7 @@ pub(super) fn measurement_caller(caller: &Principal, run: &RunRef) -> Result<(),
 /// The project a caller acts for on the Application routes: plugin tokens only (agent tokens
 /// are refused), for the project the request names (`project` in the body, `?project=`), which
 /// the caller must be bound to; a caller bound to exactly one project (no glob) may leave it out.
-pub(super) fn application_caller(
+pub fn application_caller(
     caller: &Principal,
     destination: &str,
     named: Option<&str>,

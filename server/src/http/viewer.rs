@@ -14,7 +14,7 @@ use axum::http::{HeaderMap, StatusCode};
 use futures::future::BoxFuture;
 
 use super::auth::{AuthError, Principal};
-use super::{ApiFailure, AppState};
+use super::{ApiFailure, Gate};
 
 /// The browser session cookie: its value is the bearer token the login page was given
 /// (HttpOnly, SameSite=Strict, Secure over TLS, Path=/).
@@ -119,7 +119,7 @@ impl People for NoPeople {
 /// service token (an agent token is refused: 403); else as a person's token of the control plane.
 /// No token, or one nobody accepts: 401.
 pub async fn identify(
-    state: &AppState,
+    gate: &Gate,
     headers: &HeaderMap,
     peer: Option<SocketAddr>,
     token: Option<&str>,
@@ -132,7 +132,7 @@ pub async fn identify(
         };
         ApiFailure::new(status, "unauthenticated", e.to_string())
     };
-    if let Some(person) = state
+    if let Some(person) = gate
         .people
         .by_proxy(headers, peer)
         .map_err(unauthenticated)?
@@ -140,7 +140,7 @@ pub async fn identify(
         return Ok(Viewer::Person(person));
     }
     let token = token.ok_or_else(|| unauthenticated(AuthError::Missing))?;
-    match state.auth.authenticate(token).await {
+    match gate.auth.authenticate(token).await {
         Ok(principal) if principal.destination.is_some() => Err(ApiFailure::new(
             StatusCode::FORBIDDEN,
             "forbidden",
@@ -152,7 +152,7 @@ pub async fn identify(
             ),
         )),
         Ok(principal) => Ok(Viewer::Service(principal)),
-        Err(service_refusal) => match state.people.by_token(token).await {
+        Err(service_refusal) => match gate.people.by_token(token).await {
             Ok(Some(person)) => Ok(Viewer::Person(person)),
             Ok(None) => Err(unauthenticated(service_refusal)),
             Err(e) => Err(unauthenticated(e)),
@@ -162,14 +162,10 @@ pub async fn identify(
 
 /// Whether `viewer` may see the runs of `namespace`: a service by its projects, a person by a
 /// SubjectAccessReview (`get analysisruns` there).
-pub async fn may_see(
-    state: &AppState,
-    viewer: &Viewer,
-    namespace: &str,
-) -> Result<bool, ApiFailure> {
+pub async fn may_see(gate: &Gate, viewer: &Viewer, namespace: &str) -> Result<bool, ApiFailure> {
     match viewer {
         Viewer::Service(p) => Ok(p.destination.is_none() && p.projects.allows(namespace)),
-        Viewer::Person(person) => state.people.may_see(person, namespace).await.map_err(|e| {
+        Viewer::Person(person) => gate.people.may_see(person, namespace).await.map_err(|e| {
             ApiFailure::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",

@@ -1,4 +1,8 @@
-//! The log tail of a failed container: found, fetched, bounded and redacted.
+//! Logs, the feature: the tail of a failed container in a verdict (here), the whole log of a
+//! run for people and tools (`routes`, `run`), relayed from agents (`relay`) across replicas
+//! (`peers`), and read on the agent's side (`agent`).
+//!
+//! The log tail of a failed container is found, fetched, bounded and redacted here.
 //!
 //! The cheapest source is the container's `state.terminated.message`: with
 //! `terminationMessagePolicy: FallbackToLogsOnError` (which [`crate::job::build`] sets on every
@@ -17,6 +21,10 @@ use kube::api::{Api, LogParams};
 
 pub use dispatch_api::redact::{Redactor, REDACTED};
 
+pub mod peers;
+pub mod relay;
+pub mod routes;
+pub mod run;
 pub mod secrets;
 pub mod stream;
 

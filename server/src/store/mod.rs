@@ -529,6 +529,21 @@ pub fn by_metric(jobs: Vec<DispatchJob>) -> BTreeMap<(String, String), Vec<Dispa
     groups
 }
 
+/// A fresh unguessable id (128 random bits, hex): of a sync order, of a log request.
+pub fn random_id() -> String {
+    use ring::rand::SecureRandom;
+    let mut bytes = [0u8; 16];
+    // The system RNG fails only on a broken OS; an id from the clock is still unique enough
+    // for "carry out once".
+    if ring::rand::SystemRandom::new().fill(&mut bytes).is_err() {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        bytes = nanos.to_be_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use dispatch_api::logs::LogEvent;
-use dispatch_server::dispatch::log_peers::PeerTransport;
+use dispatch_server::logs::peers::PeerTransport;
 use dispatch_server::store::log_board;
 use futures::stream::BoxStream;
 use kube::api::{Api, DynamicObject, PostParams};
@@ -34,7 +34,7 @@ async fn waiting_reader(
     rig: &Rig,
     two: &Replica,
 ) -> Result<(String, BoxStream<'static, LogEvent>)> {
-    let mut reader = rig.dispatcher.agent_job_log("edge", request(false));
+    let mut reader = rig.features.logs.agent_job_log("edge", request(false));
     // Polled once: the request is published while the reader waits.
     ensure!(!got_event(&mut reader).await, "an event before any upload");
     let ids = handed_out(two.addr).await?;

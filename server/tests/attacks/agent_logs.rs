@@ -63,7 +63,7 @@ async fn pending(rig: &Rig) -> Result<(String, futures::stream::BoxStream<'stati
     let path = agent_api::path(agent_api::WORK, "edge");
     let _: WorkReply = client.post(&path, &WorkRequest::default()).await?;
     // Registered at once (the stream is the reader's end).
-    let reader = rig.dispatcher.agent_job_log("edge", request(false));
+    let reader = rig.features.logs.agent_job_log("edge", request(false));
     let reply: WorkReply = client
         .post(
             &path,

@@ -10,9 +10,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use dispatch_server::dispatch::EngineDispatcher;
+use dispatch_server::app::{router_over, Options};
 use dispatch_server::http::auth::{self, Claims, JwtAuthenticator};
-use dispatch_server::http::{self as api_http, AppState, Authenticator};
+use dispatch_server::http::{Authenticator, Gate};
 use dispatch_server::runtime::limits::{BudgetArgs, Budgets};
 use dispatch_server::runtime::metrics::Metrics;
 use serde_json::Value;
@@ -103,20 +103,23 @@ impl Scene {
         runs: Option<dispatch_server::runs::Runs>,
         budgets: Option<BudgetArgs>,
     ) -> Result<Self> {
-        let mut dispatcher =
-            EngineDispatcher::new(world.engine.clone(), metrics.clone(), Arc::new(signer()));
-        if let Some(runs) = runs {
-            dispatcher = dispatcher.with_runs(runs);
-        }
-        let state = AppState {
-            dispatcher: Arc::new(dispatcher),
+        let gate = Gate {
             auth,
             people: Arc::new(dispatch_server::http::viewer::NoPeople),
-            metrics: metrics.clone(),
+        };
+        let options = Options {
+            runs,
+            ..Options::default()
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let router = api_http::router(state);
+        let router = router_over(
+            world.engine.clone(),
+            metrics.clone(),
+            Arc::new(signer()),
+            options,
+            gate,
+        );
         let router = match budgets {
             Some(b) => Budgets::new(&b, metrics).around(router),
             None => router,
@@ -320,28 +323,23 @@ impl ServedScene {
             Some(files.revoked.clone()),
             RELOAD_EVERY,
         )?;
-        let state = AppState {
-            dispatcher: Arc::new(EngineDispatcher::new(
-                world.engine.clone(),
-                metrics.clone(),
-                Arc::new(signer()),
-            )),
-            auth: Arc::new(jwt),
-            people: Arc::new(dispatch_server::http::viewer::NoPeople),
+        let router = router_over(
+            world.engine.clone(),
             metrics,
-        };
+            Arc::new(signer()),
+            Options::default(),
+            Gate {
+                auth: Arc::new(jwt),
+                people: Arc::new(dispatch_server::http::viewer::NoPeople),
+            },
+        );
         let tls = listener::reloading_tls_config(&files.tls_cert, &files.tls_key, RELOAD_EVERY)?;
         let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = tcp.local_addr()?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(listener::serve(
-            tcp,
-            api_http::router(state),
-            Some(tls),
-            async move {
-                let _ = stopped.await;
-            },
-        ));
+        tokio::spawn(listener::serve(tcp, router, Some(tls), async move {
+            let _ = stopped.await;
+        }));
         Ok(Self {
             world,
             addr,
@@ -380,20 +378,23 @@ impl Scene {
         people: Arc<dyn dispatch_server::http::viewer::People>,
     ) -> Result<Self> {
         let metrics = Arc::new(Metrics::new());
-        let dispatcher =
-            EngineDispatcher::new(world.engine.clone(), metrics.clone(), Arc::new(signer()));
-        let state = AppState {
-            dispatcher: Arc::new(dispatcher),
+        let gate = Gate {
             auth: Arc::new(JwtAuthenticator::new(
                 &[KEY.to_vec()],
                 [REVOKED_JTI.to_string()],
             )),
             people,
-            metrics,
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let app = api_http::router(state).into_make_service_with_connect_info::<SocketAddr>();
+        let app = router_over(
+            world.engine.clone(),
+            metrics,
+            Arc::new(signer()),
+            Options::default(),
+            gate,
+        )
+        .into_make_service_with_connect_info::<SocketAddr>();
         let server = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });

@@ -292,8 +292,9 @@ async fn a_hostile_run_message_is_escaped_under_a_strict_policy() -> Result<()> 
 /// fake control plane's AnalysisRuns, people of [`crate::logs::control_plane`] (alice, group
 /// team-a, may get analysisruns in team-a only; bob in none). Returns the world and the address.
 async fn serve_people(world: World) -> Result<(World, std::net::SocketAddr)> {
+    use dispatch_server::app::{router_over, Options};
     use dispatch_server::config::PeopleConfig;
-    use dispatch_server::http::{auth::JwtAuthenticator, people::ControlPlanePeople, AppState};
+    use dispatch_server::http::{auth::JwtAuthenticator, people::ControlPlanePeople, Gate};
     use dispatch_server::runtime::metrics::Metrics;
     use std::sync::Arc;
     let yaml = world.clusters.config("", TENANTS_POLICY);
@@ -310,21 +311,17 @@ async fn serve_people(world: World) -> Result<(World, std::net::SocketAddr)> {
     );
     let metrics = Arc::new(Metrics::new());
     let signer = Arc::new(crate::scene::signer());
-    let dispatcher = dispatch_server::dispatch::EngineDispatcher::new(
-        world.engine.clone(),
-        metrics.clone(),
-        signer,
-    )
-    .with_runs(runs);
-    let state = AppState {
-        dispatcher: Arc::new(dispatcher),
+    let gate = Gate {
         auth: Arc::new(JwtAuthenticator::new(&[crate::scene::KEY.to_vec()], [])),
         people: Arc::new(people),
-        metrics,
+    };
+    let options = Options {
+        runs: Some(runs),
+        ..Options::default()
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let app = dispatch_server::http::router(state)
+    let app = router_over(world.engine.clone(), metrics, signer, options, gate)
         .into_make_service_with_connect_info::<std::net::SocketAddr>();
     tokio::spawn(async move { axum::serve(listener, app).await });
     Ok((world, addr))

@@ -1,5 +1,5 @@
 //! Logs of Jobs on agent destinations, end to end in process: the reader asks
-//! (`EngineDispatcher::agent_job_log`), the agent's open poll answers at once with the request,
+//! (`RunLogs::agent_job_log`), the agent's open poll answers at once with the request,
 //! the real agent code (`agent::logs::LogServer`) reads the Job's pods on its cluster (fake
 //! cluster `a`), redacts, and streams NDJSON to the real upload route, which relays it to the
 //! reader — whole, in order, without buffering the log.
@@ -71,7 +71,8 @@ pub(crate) async fn read_through_agent(
     let asked = tokio::time::Instant::now();
     let events = tokio::time::timeout(
         WAIT * 3,
-        rig.dispatcher
+        rig.features
+            .logs
             .agent_job_log("edge", request(false))
             .collect(),
     )
@@ -110,7 +111,8 @@ async fn an_agent_not_connected_is_a_note_at_once() -> Result<()> {
     let rig = Rig::start().await?;
     let events: Vec<LogEvent> = tokio::time::timeout(
         Duration::from_secs(2),
-        rig.dispatcher
+        rig.features
+            .logs
             .agent_job_log("edge", request(false))
             .collect(),
     )
@@ -136,7 +138,7 @@ async fn a_reader_that_hangs_up_stops_the_upload() -> Result<()> {
         )
         .await?;
     let path = agent_api::path(agent_api::WORK, "edge");
-    let mut log = rig.dispatcher.agent_job_log("edge", request(false));
+    let mut log = rig.features.logs.agent_job_log("edge", request(false));
     // The reader is waiting; the poll hands out the request.
     let reader = tokio::spawn(async move {
         let first = log.next().await;

@@ -16,10 +16,10 @@ use base64::Engine as _;
 use dispatch_api::agent::{DispatchJobSpec, WorkItem, WorkReply, WorkRequest};
 use dispatch_api::client::{ClientConfig, ServerClient};
 use dispatch_api::logs::LogRequest;
-use dispatch_server::dispatch::log_peers::PeerTransport;
-use dispatch_server::dispatch::EngineDispatcher;
+use dispatch_server::app::{self, Features, Options, PeerOptions};
 use dispatch_server::http::auth::JwtAuthenticator;
-use dispatch_server::http::{self as api_http, AppState};
+use dispatch_server::http::Gate;
+use dispatch_server::logs::peers::PeerTransport;
 use dispatch_server::runtime::metrics::Metrics;
 use dispatch_server::store::log_board::LogBoard;
 use serde_json::json;
@@ -34,18 +34,18 @@ pub(crate) const KEY: &[u8] = b"agent-logs-test-key-0123456789abcdef0123";
 pub(crate) const JOB: &str = "verify-smoke-1";
 pub(crate) const PASSWORD: &str = "pa55-w0rd-of-the-agent-cluster";
 
-/// The dispatcher of `w` behind the real `/v1` router on a loopback port.
+/// The features of `w` behind the real `/v1` router on a loopback port.
 pub(crate) struct Rig {
     pub(crate) w: World,
-    pub(crate) dispatcher: Arc<EngineDispatcher>,
+    pub(crate) features: Arc<Features>,
     pub(crate) addr: SocketAddr,
     /// serves the router (stopped when dropped)
     _replica: Replica,
 }
 
-/// Another replica of a rig's engine: its dispatcher behind the real router.
+/// Another replica of a rig's engine: its features behind the real router.
 pub(crate) struct Replica {
-    pub(crate) dispatcher: Arc<EngineDispatcher>,
+    pub(crate) features: Arc<Features>,
     pub(crate) addr: SocketAddr,
     server: tokio::task::JoinHandle<()>,
 }
@@ -60,7 +60,7 @@ impl Drop for Replica {
 pub(crate) const BOARD_NAMESPACE: &str = "rollouts-dispatch";
 
 impl Replica {
-    /// A dispatcher of `w`'s engine behind the real router on a loopback port; with `board`,
+    /// The features of `w`'s engine behind the real router on a loopback port; with `board`,
     /// its log requests are published there and uploads forwarded in plain HTTP.
     pub(crate) async fn start(w: &World, board: Option<Arc<LogBoard>>) -> Result<Self> {
         Self::start_with(w, board, PeerTransport::Plain).await
@@ -76,24 +76,30 @@ impl Replica {
         let metrics = Arc::new(Metrics::new());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let mut dispatcher =
-            EngineDispatcher::new(w.engine.clone(), metrics.clone(), Arc::new(signer));
-        if let Some(board) = board {
-            dispatcher = dispatcher.with_log_peers(board, addr, transport);
-        }
-        let dispatcher = Arc::new(dispatcher);
-        let state = AppState {
-            dispatcher: dispatcher.clone(),
+        let options = Options {
+            log_peers: board.map(|board| PeerOptions {
+                board,
+                me: addr,
+                transport,
+            }),
+            ..Options::default()
+        };
+        let features = Arc::new(Features::new(
+            w.engine.clone(),
+            metrics.clone(),
+            Arc::new(signer),
+            options,
+        ));
+        let gate = Gate {
             auth: Arc::new(JwtAuthenticator::new(&[KEY.to_vec()], [])),
             people: Arc::new(dispatch_server::http::viewer::NoPeople),
-            metrics,
         };
-        let router = api_http::router(state);
+        let router = app::router(&features, gate, metrics);
         let server = tokio::spawn(async move {
             let _ = axum::serve(listener, router).await;
         });
         Ok(Self {
-            dispatcher,
+            features,
             addr,
             server,
         })
@@ -129,7 +135,7 @@ impl Rig {
     fn of(w: World, replica: Replica) -> Self {
         Self {
             w,
-            dispatcher: replica.dispatcher.clone(),
+            features: replica.features.clone(),
             addr: replica.addr,
             _replica: replica,
         }

@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use dispatch_api::observe::SyncRequest;
-use dispatch_server::dispatch::EngineDispatcher;
-use dispatch_server::http::{AppRef, DispatchError, Dispatcher, Principal};
+use dispatch_server::app::{Features, Options};
+use dispatch_server::applications::AppRef;
+use dispatch_server::http::{DispatchError, Principal};
 use dispatch_server::runtime::metrics::Metrics;
 use dispatch_server::signing::Signer;
 use serde_json::{json, Value};
@@ -38,11 +39,12 @@ pub(crate) fn application(name: &str, revision: &str) -> Value {
     })
 }
 
-pub(crate) fn dispatcher(w: &World) -> Result<EngineDispatcher> {
-    Ok(EngineDispatcher::new(
+pub(crate) fn dispatcher(w: &World) -> Result<Features> {
+    Ok(Features::new(
         w.engine.clone(),
         Arc::new(Metrics::new()),
         Arc::new(Signer::new(&[MARK_KEY.to_vec()])?),
+        Options::default(),
     ))
 }
 
@@ -66,11 +68,11 @@ fn sync_to(revision: &str) -> SyncRequest {
 #[tokio::test]
 async fn get_reads_the_state_and_a_sync_is_requested_once() -> Result<()> {
     let w = World::start(APP_POLICY).await?;
-    let d = dispatcher(&w)?;
-    let caller = Principal::plugin("kargo");
+    let features = dispatcher(&w)?;
+    let d = &features.applications;
     w.clusters.a.put(&applications(), application("web", "old"));
 
-    let state = d.application(&caller, app("a", "web")).await?;
+    let state = d.read(app("a", "web")).await?;
     assert_eq!(
         (state.sync.status.as_str(), state.sync.revision.as_str()),
         ("Synced", "old")
@@ -86,9 +88,7 @@ async fn get_reads_the_state_and_a_sync_is_requested_once() -> Result<()> {
         "GET only reads"
     );
 
-    let state = d
-        .sync_application(&caller, app("a", "web"), sync_to("new"))
-        .await?;
+    let state = d.sync(app("a", "web"), sync_to("new")).await?;
     assert!(state.sync_requested, "{state:?}");
     assert!(
         state.operation.is_none(),
@@ -119,10 +119,7 @@ async fn get_reads_the_state_and_a_sync_is_requested_once() -> Result<()> {
     );
 
     // Requested and not yet picked up by Argo CD: a second sync is refused.
-    let again = d
-        .sync_application(&caller, app("a", "web"), sync_to("newer"))
-        .await
-        .unwrap_err();
+    let again = d.sync(app("a", "web"), sync_to("newer")).await.unwrap_err();
     assert!(
         matches!(&again, DispatchError::Conflict(m) if m.message().contains("already requested")),
         "{again:?}"
@@ -132,10 +129,7 @@ async fn get_reads_the_state_and_a_sync_is_requested_once() -> Result<()> {
         o.as_object_mut().map(|m| m.remove("operation"));
         o["status"]["operationState"] = json!({"phase": "Running", "message": "syncing"});
     });
-    let running = d
-        .sync_application(&caller, app("a", "web"), sync_to("newer"))
-        .await
-        .unwrap_err();
+    let running = d.sync(app("a", "web"), sync_to("newer")).await.unwrap_err();
     assert!(
         matches!(&running, DispatchError::Conflict(m) if m.message().contains("running")),
         "{running:?}"
@@ -145,7 +139,7 @@ async fn get_reads_the_state_and_a_sync_is_requested_once() -> Result<()> {
         1,
         "exactly one sync"
     );
-    let state = d.application(&caller, app("a", "web")).await?;
+    let state = d.read(app("a", "web")).await?;
     assert_eq!(state.operation.map(|o| o.phase), Some("Running".into()));
     Ok(())
 }
@@ -153,15 +147,12 @@ async fn get_reads_the_state_and_a_sync_is_requested_once() -> Result<()> {
 #[tokio::test]
 async fn sync_needs_the_policy_and_application_sync() -> Result<()> {
     let w = World::start(APP_POLICY).await?;
-    let d = dispatcher(&w)?;
-    let caller = Principal::plugin("kargo");
+    let features = dispatcher(&w)?;
+    let d = &features.applications;
     w.clusters.b.put(&applications(), application("web", "old"));
     // `b` is in the policy (reads work) but not in applicationSync.destinations.
-    d.application(&caller, app("b", "web")).await?;
-    let e = d
-        .sync_application(&caller, app("b", "web"), sync_to("new"))
-        .await
-        .unwrap_err();
+    d.read(app("b", "web")).await?;
+    let e = d.sync(app("b", "web"), sync_to("new")).await.unwrap_err();
     assert!(
         matches!(&e, DispatchError::Forbidden(m) if m.message().contains("applicationSync.destinations")),
         "{e:?}"
@@ -169,20 +160,17 @@ async fn sync_needs_the_policy_and_application_sync() -> Result<()> {
     // Another project, or another namespace: the policy denies both, reads included.
     let mut other = app("a", "web");
     other.project = "team-b".into();
-    let e = d.application(&caller, other).await.unwrap_err();
+    let e = d.read(other).await.unwrap_err();
     assert!(
         matches!(&e, DispatchError::Forbidden(m) if m.message().contains("policy.rules")),
         "{e:?}"
     );
     let mut kube_system = app("a", "web");
     kube_system.namespace = "kube-system".into();
-    let e = d
-        .sync_application(&caller, kube_system, sync_to("new"))
-        .await
-        .unwrap_err();
+    let e = d.sync(kube_system, sync_to("new")).await.unwrap_err();
     assert!(matches!(&e, DispatchError::Forbidden(_)), "{e:?}");
     // A missing Application is 404, not a sync.
-    let e = d.application(&caller, app("a", "nope")).await.unwrap_err();
+    let e = d.read(app("a", "nope")).await.unwrap_err();
     assert!(
         matches!(&e, DispatchError::NotFound(m) if m.message().contains("argocd/nope")),
         "{e:?}"
@@ -225,7 +213,7 @@ mod through_an_agent {
     }
 
     /// One pass of `worker` over edge's records, reported to the server as the agent does.
-    async fn pass(d: &EngineDispatcher, w: &World, worker: &mut Worker) -> Result<usize> {
+    async fn pass(features: &Features, w: &World, worker: &mut Worker) -> Result<usize> {
         let reports = worker.pass(&work(w)?).await;
         let n = reports.len();
         let me = Principal {
@@ -233,8 +221,9 @@ mod through_an_agent {
             destination: Some("edge".into()),
             projects: Projects::All,
         };
-        let reply = d
-            .agent_report(
+        let reply = features
+            .agents
+            .report(
                 &me,
                 "edge".into(),
                 ReportRequest {
@@ -249,17 +238,14 @@ mod through_an_agent {
     #[tokio::test]
     async fn the_agent_syncs_once_per_order_across_restarts() -> Result<()> {
         let w = World::start(&format!("{APP_POLICY}\n{AGENTS}")).await?;
-        let d = dispatcher(&w)?;
-        let caller = Principal::plugin("kargo");
+        let features = dispatcher(&w)?;
+        let d = &features.applications;
         let a = &w.clusters.a;
         a.put(&applications(), application("web", "old"));
         let patches = || a.calls("PATCH", "/namespaces/argocd/applications/web");
 
         // No agent has reported yet: the first GET waits for it, then asks to retry (503).
-        let e = d
-            .application(&caller, app("edge", "web"))
-            .await
-            .unwrap_err();
+        let e = d.read(app("edge", "web")).await.unwrap_err();
         assert!(
             matches!(&e, DispatchError::Unavailable(m) if m.message().contains("has not reported")),
             "{e:?}"
@@ -267,14 +253,12 @@ mod through_an_agent {
         assert_eq!(work(&w)?.len(), 1, "the GET wrote the agent's record");
         assert!(work(&w)?[0].spec.sync.is_none(), "a read orders no sync");
 
-        let placed = d
-            .sync_application(&caller, app("edge", "web"), sync_to("new"))
-            .await?;
+        let placed = d.sync(app("edge", "web"), sync_to("new")).await?;
         assert!(placed.sync_requested, "{placed:?}");
         assert_eq!(patches(), 0, "the server never reaches an agent's cluster");
 
         let mut worker = agent(&w, true)?;
-        assert_eq!(pass(&d, &w, &mut worker).await?, 1);
+        assert_eq!(pass(&features, &w, &mut worker).await?, 1);
         assert_eq!(patches(), 1);
         let stored = a.get(&applications(), "argocd", "web").context("web")?;
         assert_eq!(stored["operation"]["sync"]["revision"], "new");
@@ -282,14 +266,14 @@ mod through_an_agent {
             stored["metadata"]["annotations"]["argocd.argoproj.io/refresh"],
             "hard"
         );
-        let state = d.application(&caller, app("edge", "web")).await?;
+        let state = d.read(app("edge", "web")).await?;
         assert!(state.sync_requested, "{state:?}");
         assert_eq!(state.destination, "edge");
 
         // More passes, and a restarted agent (a new Worker with no memory): no second sync.
-        pass(&d, &w, &mut worker).await?;
+        pass(&features, &w, &mut worker).await?;
         let mut restarted = agent(&w, true)?;
-        pass(&d, &w, &mut restarted).await?;
+        pass(&features, &w, &mut restarted).await?;
         assert_eq!(patches(), 1, "an order is carried out once");
 
         // Argo CD syncs; the agent reports the new state on its next pass.
@@ -299,21 +283,17 @@ mod through_an_agent {
             o["status"]["operationState"] =
                 json!({"phase": "Succeeded", "syncResult": {"revision": "new"}});
         });
-        assert_eq!(pass(&d, &w, &mut restarted).await?, 1);
-        let state = d.application(&caller, app("edge", "web")).await?;
+        assert_eq!(pass(&features, &w, &mut restarted).await?, 1);
+        let state = d.read(app("edge", "web")).await?;
         assert_eq!(state.sync.revision, "new");
         assert_eq!(state.operation.map(|o| o.phase), Some("Succeeded".into()));
         assert!(!state.sync_requested);
 
         // A new order to an agent started without --argocd-sync: refused, named, not patched.
-        d.sync_application(&caller, app("edge", "web"), sync_to("newer"))
-            .await?;
+        d.sync(app("edge", "web"), sync_to("newer")).await?;
         let mut no_flag = agent(&w, false)?;
-        pass(&d, &w, &mut no_flag).await?;
-        let e = d
-            .application(&caller, app("edge", "web"))
-            .await
-            .unwrap_err();
+        pass(&features, &w, &mut no_flag).await?;
+        let e = d.read(app("edge", "web")).await.unwrap_err();
         assert!(
             matches!(&e, DispatchError::Refused(m) if m.message().contains("--argocd-sync")),
             "{e:?}"

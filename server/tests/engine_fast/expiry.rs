@@ -7,10 +7,8 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use dispatch_server::dispatch::EngineDispatcher;
 use dispatch_server::engine::{Expected, JobRef, SweepReason};
-use dispatch_server::http::auth::Principal;
-use dispatch_server::http::Dispatcher;
+use dispatch_server::measure::Measurements;
 use dispatch_server::runtime::metrics::Metrics;
 use dispatch_server::signing::Signer;
 use dispatch_server::store::{self, DispatchJobStatus, Store};
@@ -104,10 +102,9 @@ async fn a_replayed_status_never_writes_an_expired_record_again() -> Result<()> 
     let signer = Arc::new(Signer::new(&[
         b"expiry-test-key-0123456789abcdef0123".to_vec()
     ])?);
-    let d = EngineDispatcher::new(w.engine.clone(), Arc::new(Metrics::new()), signer.clone());
-    let controller = Principal::plugin("controller");
+    let d = Measurements::new(w.engine.clone(), Arc::new(Metrics::new()), signer.clone());
     let mut m = measurement("0000aaaa-aaaa-4bbb-8ccc-0000000000e1", "edge");
-    let ensured = d.ensure(&controller, m.clone()).await?;
+    let ensured = d.ensure(m.clone()).await?;
     let record = store::record_name(&ensured.job_name, "edge");
     reported(&store, &record, DestState::Succeeded, 25).await?;
     assert_eq!(w.engine.expire_records().await.deleted.len(), 1);
@@ -130,7 +127,7 @@ async fn a_replayed_status_never_writes_an_expired_record_again() -> Result<()> 
     for metadata in [overdue(&job).signed(&signer).metadata(), Default::default()] {
         store.remove(&record).await?;
         m.metadata = metadata;
-        d.status(&controller, m.clone()).await?;
+        d.status(m.clone()).await?;
         let after = store.get(&record);
         assert!(
             after.as_ref().is_none_or(|r| r.spec.job.is_none()),
@@ -142,7 +139,7 @@ async fn a_replayed_status_never_writes_an_expired_record_again() -> Result<()> 
     // restarted in-memory store): the deadline is what tells the two apart.
     store.remove(&record).await?;
     m.metadata = ensured.metadata.clone();
-    d.status(&controller, m).await?;
+    d.status(m).await?;
     assert!(store.get(&record).is_some_and(|r| r.spec.job.is_some()));
     Ok(())
 }

@@ -47,7 +47,7 @@ async fn the_whole_log_crosses_replicas_in_order_and_its_request_is_deleted() ->
 #[tokio::test]
 async fn a_reader_that_hangs_up_withdraws_its_published_request() -> Result<()> {
     let (rig, two) = Rig::start_replicated().await?;
-    let mut log = rig.dispatcher.agent_job_log("edge", request(false));
+    let mut log = rig.features.logs.agent_job_log("edge", request(false));
     // The reader waits: its request is published meanwhile (no agent answers).
     let waited = tokio::time::timeout(Duration::from_millis(300), log.next()).await;
     ensure!(waited.is_err(), "an event without an agent: {waited:?}");

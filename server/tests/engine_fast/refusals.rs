@@ -9,9 +9,8 @@ use std::sync::Arc;
 
 use anyhow::{bail, Result};
 use dispatch_api::v1::{GcRequest, MeasurementRef, RunRef};
-use dispatch_server::dispatch::EngineDispatcher;
-use dispatch_server::http::auth::Principal;
-use dispatch_server::http::{DispatchError, Dispatcher};
+use dispatch_server::http::DispatchError;
+use dispatch_server::measure::Measurements;
 use dispatch_server::runtime::metrics::Metrics;
 use dispatch_server::signing::Signer;
 use serde_json::json;
@@ -23,9 +22,9 @@ use crate::world::{eventually, World, PROJECT};
 const DENIED: &str = "jobs.batch \"x\" is forbidden: ValidatingAdmissionPolicy 'no-latest' with \
                       binding 'no-latest' denied request: images must be pinned";
 
-fn dispatcher(w: &World) -> Result<EngineDispatcher> {
+fn dispatcher(w: &World) -> Result<Measurements> {
     let signer = Signer::new(&[b"refusals-test-key-0123456789abcdef0123".to_vec()])?;
-    Ok(EngineDispatcher::new(
+    Ok(Measurements::new(
         w.engine.clone(),
         Arc::new(Metrics::new()),
         Arc::new(signer),
@@ -55,9 +54,7 @@ async fn an_admission_denial_ends_the_measurement_at_once_with_its_reason() -> R
     let d = dispatcher(&w)?;
     w.api("a").refuse_with("POST", "/jobs", 403, DENIED);
     let uid = "0000aaaa-aaaa-4bbb-8ccc-000000000001";
-    let refused = d
-        .ensure(&Principal::plugin("controller"), measurement(uid, "a,b"))
-        .await;
+    let refused = d.ensure(measurement(uid, "a,b")).await;
     let Err(DispatchError::Refused(message)) = &refused else {
         bail!("expected a refusal, got {refused:?}");
     };
@@ -85,16 +82,12 @@ async fn a_transient_refusal_is_retried_not_a_verdict() -> Result<()> {
     let d = dispatcher(&w)?;
     w.api("a").fail("POST", "/jobs", 500, 1);
     let uid = "0000aaaa-aaaa-4bbb-8ccc-000000000002";
-    let first = d
-        .ensure(&Principal::plugin("controller"), measurement(uid, "a"))
-        .await;
+    let first = d.ensure(measurement(uid, "a")).await;
     assert!(
         matches!(first, Err(DispatchError::Unavailable(_))),
         "{first:?}"
     );
-    let second = d
-        .ensure(&Principal::plugin("controller"), measurement(uid, "a"))
-        .await?;
+    let second = d.ensure(measurement(uid, "a")).await?;
     assert_eq!(second.destinations, vec!["a".to_string()]);
     assert_eq!(job_names(w.api("a")).len(), 1);
     Ok(())
@@ -105,12 +98,11 @@ async fn garbage_collection_is_best_effort_on_an_unreachable_destination() -> Re
     let w = World::start("").await?;
     let metrics = Arc::new(Metrics::new());
     let signer = Signer::new(&[b"refusals-test-key-0123456789abcdef0123".to_vec()])?;
-    let d = EngineDispatcher::new(w.engine.clone(), metrics.clone(), Arc::new(signer));
+    let d = Measurements::new(w.engine.clone(), metrics.clone(), Arc::new(signer));
     let mut m = measurement("0000aaaa-aaaa-4bbb-8ccc-000000000003", "a");
-    let controller = Principal::plugin("controller");
     for index in [1, 2] {
         m.index = index;
-        let ensured = d.ensure(&controller, m.clone()).await?;
+        let ensured = d.ensure(m.clone()).await?;
         w.cached("a", &ensured.job_name, true).await?;
     }
     // Keeping 1 deletes the older Job, and `a` answers the delete with a 500.
@@ -121,7 +113,7 @@ async fn garbage_collection_is_best_effort_on_an_unreachable_destination() -> Re
         limit: 1,
         block: m.block.clone(),
     };
-    let deleted = d.gc(&controller, gc).await;
+    let deleted = d.gc(gc).await;
     assert!(matches!(deleted, Ok(0)), "not an RPC error: {deleted:?}");
     let text = metrics.encode();
     assert!(
@@ -139,9 +131,8 @@ async fn a_lost_agent_record_is_written_again_with_its_spec_from_the_request() -
     )
     .await?;
     let d = dispatcher(&w)?;
-    let controller = Principal::plugin("controller");
     let mut m = measurement("0000aaaa-aaaa-4bbb-8ccc-000000000004", "edge");
-    let ensured = d.ensure(&controller, m.clone()).await?;
+    let ensured = d.ensure(m.clone()).await?;
     m.metadata = ensured.metadata;
     let store = w.engine.store().expect("an agent store").clone();
     let record = dispatch_server::store::record_name(&ensured.job_name, "edge");
@@ -151,7 +142,7 @@ async fn a_lost_agent_record_is_written_again_with_its_spec_from_the_request() -
         .expect("the spec");
     // What a restart of a server with the in-memory store loses.
     store.remove(&record).await?;
-    let verdict = d.status(&controller, m).await?;
+    let verdict = d.status(m).await?;
     assert_eq!(verdict.phase, "Running", "{verdict:?}");
     let again = store.get(&record).expect("the record is written again");
     assert_eq!(
@@ -169,20 +160,16 @@ async fn with_ui_external_url_every_message_ends_with_the_run_page() -> Result<(
     let d = dispatcher(&w)?.with_external_url(Some("https://dispatch.example.com".into()));
     let link =
         format!(" — logs: https://dispatch.example.com/ui/runs/{PROJECT}/uat.verify.refused");
-    let caller = Principal::plugin("controller");
     // A running measurement's status message.
     let mut m = measurement("0000aaaa-aaaa-4bbb-8ccc-000000000011", "a");
-    let ensured = d.ensure(&caller, m.clone()).await?;
+    let ensured = d.ensure(m.clone()).await?;
     m.metadata = ensured.metadata;
-    let v = d.status(&caller, m).await?;
+    let v = d.status(m).await?;
     assert!(v.message.ends_with(&link), "{v:?}");
     // A refusal at ensure, which the plugin turns into the measurement's Error message.
     w.api("b").refuse_with("POST", "/jobs", 403, DENIED);
     let refused = d
-        .ensure(
-            &caller,
-            measurement("0000aaaa-aaaa-4bbb-8ccc-000000000012", "b"),
-        )
+        .ensure(measurement("0000aaaa-aaaa-4bbb-8ccc-000000000012", "b"))
         .await;
     let Err(DispatchError::Refused(message)) = &refused else {
         bail!("expected a refusal, got {refused:?}");

@@ -1,4 +1,4 @@
-//! The log API's dispatcher (`EngineDispatcher::run_logs`) on a fake destination: a run named
+//! The log API (`RunLogs::of_run`) on a fake destination: a run named
 //! without its uid is found in the watch of AnalysisRuns, its Job in the destination's watch
 //! cache, and its whole log arrives in order, labelled, with the values of the Secrets its
 //! containers read redacted — or withheld when such a Secret cannot be read.
@@ -8,10 +8,8 @@ use std::sync::Arc;
 use anyhow::{bail, Result};
 use base64::Engine as _;
 use dispatch_api::logs::{LogEvent, LogsQuery};
-use dispatch_server::dispatch::EngineDispatcher;
-use dispatch_server::http::auth::Principal;
-use dispatch_server::http::viewer::Viewer;
-use dispatch_server::http::{DispatchError, Dispatcher, RunName};
+use dispatch_server::app::{Features, Options};
+use dispatch_server::http::{DispatchError, RunName};
 use dispatch_server::runs::Runs;
 use dispatch_server::runtime::metrics::Metrics;
 use dispatch_server::signing::Signer;
@@ -40,26 +38,26 @@ fn runs_with(n: u32) -> Result<Runs> {
     Ok(runs)
 }
 
-fn dispatcher(w: &World, runs: Option<Runs>) -> Result<EngineDispatcher> {
+fn dispatcher(w: &World, runs: Option<Runs>) -> Result<Features> {
     let signer = Signer::new(&[b"run-logs-test-key-0123456789abcdef0123".to_vec()])?;
-    let d = EngineDispatcher::new(w.engine.clone(), Arc::new(Metrics::new()), Arc::new(signer));
-    Ok(match runs {
-        Some(r) => d.with_runs(r),
-        None => d,
-    })
+    let options = Options {
+        runs,
+        ..Options::default()
+    };
+    Ok(Features::new(
+        w.engine.clone(),
+        Arc::new(Metrics::new()),
+        Arc::new(signer),
+        options,
+    ))
 }
 
-async fn read(
-    d: &EngineDispatcher,
-    n: u32,
-    query: LogsQuery,
-) -> Result<Vec<LogEvent>, DispatchError> {
-    let viewer = Viewer::Service(Principal::plugin("reader"));
+async fn read(d: &Features, n: u32, query: LogsQuery) -> Result<Vec<LogEvent>, DispatchError> {
     let run = RunName {
         namespace: PROJECT.into(),
         name: run(n).name,
     };
-    Ok(d.run_logs(&viewer, run, query).await?.collect().await)
+    Ok(d.logs.of_run(run, query).await?.collect().await)
 }
 
 /// Run `n`'s Job on `a`, whose container `check` reads Secret `db` and whose pod printed

@@ -18,15 +18,14 @@ use std::time::Duration;
 use dispatch_api::agent::SyncOrder;
 use dispatch_api::observe::ApplicationState;
 
+use super::{AppRef, Applications};
 use crate::engine::applications::api_record;
-use crate::http::{AppRef, DispatchError, Reason};
+use crate::http::{DispatchError, Reason};
 use crate::store::{Created, DispatchJob, Store, StoreError};
-
-use super::EngineDispatcher;
 
 /// How long a GET waits for the agent's first report on a new record (an agent answers a
 /// change of its work within one long poll and one pass).
-pub(super) const FIRST_REPORT_WAIT: Duration = Duration::from_secs(5);
+const FIRST_REPORT_WAIT: Duration = Duration::from_secs(5);
 
 fn unavailable(e: StoreError) -> DispatchError {
     DispatchError::Unavailable(Reason::caused_by(
@@ -35,7 +34,7 @@ fn unavailable(e: StoreError) -> DispatchError {
     ))
 }
 
-impl EngineDispatcher {
+impl Applications {
     /// The Application's state as the agent of `app.destination` reports it; with `order`,
     /// the agent is first asked to carry out that sync.
     pub(super) async fn agent_application(

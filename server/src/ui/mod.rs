@@ -3,10 +3,10 @@
 //! front-end build; the run page's small inline script streams the log API
 //! (`/v1/runs/{ns}/{name}/logs?follow=true`), which the session cookie authenticates.
 //!
-//! Who is looking is decided as for the log API ([`super::viewer::identify`]): a person a
+//! Who is looking is decided as for the log API ([`crate::http::viewer::identify`]): a person a
 //! trusted proxy names, else the token in the session cookie [`SESSION_COOKIE`] (a service
 //! token of ours — never an agent's — or a person's Kubernetes token). Without either, every
-//! page redirects to `/ui/login`. What a viewer sees is [`super::viewer::may_see`] per
+//! page redirects to `/ui/login`. What a viewer sees is [`crate::http::viewer::may_see`] per
 //! namespace (a SubjectAccessReview for a person), asked once per namespace per request.
 //!
 //! Every page carries a strict Content-Security-Policy (only our own style and script, by
@@ -27,8 +27,39 @@ use dispatch_api::names::is_dns_subdomain;
 use dispatch_api::v1::DestinationInfo;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::viewer::{self, Viewer, SESSION_COOKIE};
-use super::{ApiFailure, AppState};
+use crate::engine::Engine;
+use crate::http::viewer::{self, Viewer, SESSION_COOKIE};
+use crate::http::{ApiFailure, Gate};
+use crate::runs::{RunSummary, Runs};
+
+mod load;
+
+/// What the pages read: who is looking (`gate`), the runs of the control plane's watch, the
+/// destinations of the engine.
+#[derive(Clone)]
+pub struct Pages {
+    gate: Gate,
+    runs: Option<Runs>,
+    engine: Engine,
+}
+
+impl Pages {
+    /// The pages of `engine`'s destinations and `runs`' runs, for the viewers `gate` identifies.
+    pub fn new(gate: Gate, runs: Option<Runs>, engine: Engine) -> Self {
+        Self { gate, runs, engine }
+    }
+
+    /// The recent runs (newest first, at most `limit`, every project: the pages filter by
+    /// viewer); `None` when this server does not watch the control plane's runs.
+    fn recent_runs(&self, limit: usize) -> Option<Vec<RunSummary>> {
+        self.runs.as_ref().map(|runs| runs.recent(limit))
+    }
+
+    /// The summary of one run, if the watch of the control plane's runs holds it.
+    fn run_summary(&self, namespace: &str, name: &str) -> Option<RunSummary> {
+        self.runs.as_ref()?.summary(namespace, name)
+    }
+}
 use render::ListFilter;
 
 /// The most runs the list looks at (newest first) before filtering by what the viewer may see.
@@ -48,7 +79,7 @@ pub struct DestinationLoad {
 }
 
 /// The `/ui` routes (no bearer layer: they authenticate with the session cookie themselves).
-pub fn router() -> Router<AppState> {
+pub fn router(pages: Pages) -> Router {
     Router::new()
         .route("/ui", get(list))
         .route("/ui/", get(|| async { Redirect::to("/ui") }))
@@ -58,6 +89,7 @@ pub fn router() -> Router<AppState> {
         .route("/ui/runs/{namespace}/{name}", get(run))
         .layer(middleware::map_response(protect))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_TOKEN + 1024))
+        .with_state(pages)
 }
 
 /// Headers of every page: the policy, no sniffing, no framing, no caching, no referrer.
@@ -106,16 +138,16 @@ fn refusal(failure: ApiFailure) -> Response {
 /// refused with [`refusal`] (the login page for 401).
 struct PageViewer(Viewer);
 
-impl FromRequestParts<AppState> for PageViewer {
+impl FromRequestParts<Pages> for PageViewer {
     type Rejection = Response;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Response> {
+    async fn from_request_parts(parts: &mut Parts, state: &Pages) -> Result<Self, Response> {
         let peer = parts
             .extensions
             .get::<ConnectInfo<SocketAddr>>()
             .map(|ConnectInfo(addr)| *addr);
         let token = viewer::request_token(&parts.headers);
-        viewer::identify(state, &parts.headers, peer, token)
+        viewer::identify(&state.gate, &parts.headers, peer, token)
             .await
             .map(PageViewer)
             .map_err(refusal)
@@ -124,7 +156,7 @@ impl FromRequestParts<AppState> for PageViewer {
 
 /// `may_see`, asked once per namespace for one request.
 struct Sight<'a> {
-    state: &'a AppState,
+    state: &'a Pages,
     viewer: &'a Viewer,
     seen: HashMap<String, bool>,
 }
@@ -134,7 +166,7 @@ impl Sight<'_> {
         if let Some(&answer) = self.seen.get(namespace) {
             return Ok(answer);
         }
-        let answer = viewer::may_see(self.state, self.viewer, namespace).await?;
+        let answer = viewer::may_see(&self.state.gate, self.viewer, namespace).await?;
         self.seen.insert(namespace.to_string(), answer);
         Ok(answer)
     }
@@ -145,11 +177,11 @@ fn now() -> Time {
 }
 
 async fn list(
-    State(state): State<AppState>,
+    State(state): State<Pages>,
     PageViewer(viewer): PageViewer,
     Query(filter): Query<ListFilter>,
 ) -> Response {
-    let watched = state.dispatcher.recent_runs(LIST_SCAN);
+    let watched = state.recent_runs(LIST_SCAN);
     let runs_watched = watched.is_some();
     let mut sight = Sight {
         state: &state,
@@ -181,16 +213,16 @@ async fn list(
     .into_response()
 }
 
-async fn destinations(State(state): State<AppState>, PageViewer(viewer): PageViewer) -> Response {
+async fn destinations(State(state): State<Pages>, PageViewer(viewer): PageViewer) -> Response {
     Html(render::destinations(
         viewer.name(),
-        &state.dispatcher.destination_load(),
+        &state.destination_load(),
     ))
     .into_response()
 }
 
 async fn run(
-    State(state): State<AppState>,
+    State(state): State<Pages>,
     PageViewer(viewer): PageViewer,
     Path((namespace, name)): Path<(String, String)>,
 ) -> Response {
@@ -209,7 +241,7 @@ async fn run(
             .into_response();
     }
     // The viewer's right first: a run they may not see is not even said to exist.
-    match viewer::may_see(&state, &viewer, &namespace).await {
+    match viewer::may_see(&state.gate, &viewer, &namespace).await {
         Ok(true) => {}
         Ok(false) => {
             tracing::info!(viewer = viewer.name(), %namespace, %name, "run page refused");
@@ -234,8 +266,8 @@ async fn run(
         }
         Err(e) => return refusal(e),
     }
-    let Some(summary) = state.dispatcher.run_summary(&namespace, &name) else {
-        let why = if state.dispatcher.recent_runs(0).is_none() {
+    let Some(summary) = state.run_summary(&namespace, &name) else {
+        let why = if state.recent_runs(0).is_none() {
             "this server has no control plane (controlPlane in its config), so it shows no runs"
                 .to_string()
         } else {
@@ -319,7 +351,7 @@ fn cookie(value: &str, max_age: Option<u64>, secure: bool) -> HeaderValue {
 }
 
 async fn login(
-    State(state): State<AppState>,
+    State(state): State<Pages>,
     headers: HeaderMap,
     peer: Peer,
     Form(form): Form<LoginForm>,
@@ -343,7 +375,7 @@ async fn login(
         )
             .into_response();
     }
-    match viewer::identify(&state, &HeaderMap::new(), peer_of(peer), Some(token)).await {
+    match viewer::identify(&state.gate, &HeaderMap::new(), peer_of(peer), Some(token)).await {
         Ok(viewer) => {
             tracing::info!(viewer = viewer.name(), "logged in to the pages");
             let mut response = Redirect::to("/ui").into_response();

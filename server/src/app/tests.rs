@@ -1,5 +1,6 @@
-//! API tests over the real router (tower `oneshot`) and a real TLS listener, with a scripted
-//! dispatcher standing in for the engine (the engine has its own real-cluster tests).
+//! API tests over the real router (tower `oneshot`) and a real TLS listener, with scripted
+//! measurements standing in for the engine's (the engine has its own real-cluster tests); the
+//! other features run over an engine with no destination.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -10,104 +11,63 @@ use axum::http::{header, Request, StatusCode};
 use dispatch_api::v1::{ApiError, Ensured, GcRequest, MeasurementRef, Verdict};
 use tower::ServiceExt;
 
-use super::auth::{issue, Chain, Claims, JwtAuthenticator};
-use super::*;
+use axum::Router;
+use dispatch_api::agent as agent_api;
+use dispatch_api::v1::{self as api, DestinationInfo};
+
+use super::Features;
+use crate::http::auth::{self, issue, Chain, Claims, JwtAuthenticator};
+use crate::http::{Authenticator, DispatchError, Gate, MAX_BODY};
+use crate::measure::Measure;
 use crate::runtime::admin::{self, Readiness};
 use crate::runtime::listener::{serve, tls_config, HEADER_READ_TIMEOUT};
-use dispatch_api::agent::{ReportReply, ReportRequest, WorkReply, WorkRequest};
-use futures::future::BoxFuture;
+use crate::runtime::metrics::Metrics;
 use tokio::net::TcpListener;
 
 struct Scripted {
-    calls: Mutex<Vec<(String, Principal, String)>>,
+    calls: Mutex<Vec<(String, String)>>,
 }
 
-impl Dispatcher for Scripted {
-    fn ensure<'a>(
-        &'a self,
-        caller: &'a Principal,
-        req: MeasurementRef,
-    ) -> BoxFuture<'a, Result<Ensured, DispatchError>> {
+impl Measure for Scripted {
+    async fn ensure(&self, req: MeasurementRef) -> Result<Ensured, DispatchError> {
         self.calls
             .lock()
             .unwrap()
-            .push(("ensure".into(), caller.clone(), req.metric.clone()));
-        let dest = req.block["destination"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        Box::pin(async move {
-            match dest.as_str() {
-                "a" => Ok(Ensured {
-                    job_name: format!("{}.{}.{}", req.run.uid, req.metric, req.index),
-                    namespace: "v".into(),
-                    destinations: vec!["a".into()],
-                    metadata: BTreeMap::new(),
-                }),
-                "boom" => Err(DispatchError::Internal(
-                    "kube client panicked at secret-detail".into(),
-                )),
-                other => Err(DispatchError::UnknownDestination(
-                    format!("unknown destination {other:?}; known destinations: a, b").into(),
-                )),
-            }
-        })
-    }
-    fn status<'a>(
-        &'a self,
-        _: &'a Principal,
-        _: MeasurementRef,
-    ) -> BoxFuture<'a, Result<Verdict, DispatchError>> {
-        Box::pin(async {
-            Ok(Verdict {
-                phase: "Successful".into(),
-                message: "a: Complete".into(),
+            .push(("ensure".into(), req.metric.clone()));
+        let dest = req.block["destination"].as_str().unwrap_or_default();
+        match dest {
+            "a" => Ok(Ensured {
+                job_name: format!("{}.{}.{}", req.run.uid, req.metric, req.index),
+                namespace: "v".into(),
+                destinations: vec!["a".into()],
                 metadata: BTreeMap::new(),
-            })
+            }),
+            "boom" => Err(DispatchError::Internal(
+                "kube client panicked at secret-detail".into(),
+            )),
+            other => Err(DispatchError::UnknownDestination(
+                format!("unknown destination {other:?}; known destinations: a, b").into(),
+            )),
+        }
+    }
+    async fn status(&self, req: MeasurementRef) -> Result<Verdict, DispatchError> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(("status".into(), req.metric.clone()));
+        Ok(Verdict {
+            phase: "Successful".into(),
+            message: "a: Complete".into(),
+            metadata: BTreeMap::new(),
         })
     }
-    fn terminate<'a>(
-        &'a self,
-        _: &'a Principal,
-        _: MeasurementRef,
-    ) -> BoxFuture<'a, Result<Verdict, DispatchError>> {
-        Box::pin(async {
-            Err(DispatchError::Forbidden(
-                "project p may not use destination b (policy.rules)".into(),
-            ))
-        })
+    async fn terminate(&self, _: MeasurementRef) -> Result<Verdict, DispatchError> {
+        Err(DispatchError::Forbidden(
+            "project p may not use destination b (policy.rules)".into(),
+        ))
     }
-    fn gc<'a>(
-        &'a self,
-        _: &'a Principal,
-        req: GcRequest,
-    ) -> BoxFuture<'a, Result<u32, DispatchError>> {
-        Box::pin(async move { Ok(req.limit) })
-    }
-    fn agent_work<'a>(
-        &'a self,
-        _: &'a Principal,
-        _: String,
-        _: WorkRequest,
-    ) -> BoxFuture<'a, Result<WorkReply, DispatchError>> {
-        Box::pin(async { Ok(WorkReply::default()) })
-    }
-    fn agent_report<'a>(
-        &'a self,
-        _: &'a Principal,
-        _: String,
-        _: ReportRequest,
-    ) -> BoxFuture<'a, Result<ReportReply, DispatchError>> {
-        Box::pin(async { Ok(ReportReply::default()) })
-    }
-    fn agent_log_upload<'a>(
-        &'a self,
-        _: &'a Principal,
-        _: String,
-        _: String,
-        _: crate::http::LogUpload,
-    ) -> BoxFuture<'a, Result<agent_api::LogUploadReply, DispatchError>> {
-        Box::pin(async { Ok(agent_api::LogUploadReply::default()) })
+    async fn gc(&self, req: GcRequest) -> Result<u32, DispatchError> {
+        Ok(req.limit)
     }
     fn destinations(&self) -> Vec<DestinationInfo> {
         vec![DestinationInfo {
@@ -150,24 +110,56 @@ fn valid() -> String {
     token(KEY, now() + 600, auth::AUDIENCE, "t1")
 }
 
-fn state() -> (AppState, Arc<Scripted>) {
-    let d = Arc::new(Scripted {
-        calls: Mutex::new(Vec::new()),
-    });
+/// The router's parts: the features (measurements scripted, the rest over an engine with no
+/// destination), who may call, the metrics.
+struct Scene<M = Scripted> {
+    features: Features<M>,
+    gate: Gate,
+    metrics: Arc<Metrics>,
+}
+
+/// An engine with no destination and no control plane.
+async fn empty_engine() -> crate::Engine {
+    let mut config = crate::config::ServerConfig::parse("", "config file t.yaml").unwrap();
+    config.kubeconfig_contexts = None;
+    crate::Engine::start(config).await.unwrap()
+}
+
+/// The features of `engine` with its measurements, as `serve` builds them.
+fn features_of(engine: crate::Engine, metrics: Arc<Metrics>) -> Features {
+    let signer = crate::signing::Signer::new(&[KEY.to_vec()]).unwrap();
+    Features::new(engine, metrics, Arc::new(signer), super::Options::default())
+}
+
+fn gate() -> Gate {
     let jwt: Arc<dyn Authenticator> = Arc::new(JwtAuthenticator::new(
         &[KEY.to_vec(), OLD_KEY.to_vec()],
         ["revoked-id".to_string()],
     ));
-    let auth = Arc::new(Chain(vec![jwt]));
+    Gate {
+        auth: Arc::new(Chain(vec![jwt])),
+        people: Arc::new(crate::http::viewer::NoPeople),
+    }
+}
+
+async fn state() -> (Scene, Arc<Scripted>) {
+    let d = Arc::new(Scripted {
+        calls: Mutex::new(Vec::new()),
+    });
+    let metrics = Arc::new(Metrics::new());
+    let features = features_of(empty_engine().await, metrics.clone()).with_measure(d.clone());
     (
-        AppState {
-            dispatcher: d.clone(),
-            auth,
-            people: Arc::new(super::viewer::NoPeople),
-            metrics: Arc::new(Metrics::new()),
+        Scene {
+            features,
+            gate: gate(),
+            metrics,
         },
         d,
     )
+}
+
+fn router<M: Measure>(s: Scene<M>) -> Router {
+    super::router(&s.features, s.gate, s.metrics)
 }
 
 fn measurement(dest: &str) -> serde_json::Value {
@@ -212,7 +204,7 @@ fn api_error(body: &[u8]) -> ApiError {
 
 #[tokio::test]
 async fn every_endpoint_needs_a_valid_token() {
-    let (s, d) = state();
+    let (s, d) = state().await;
     let app = router(s);
     let body = serde_json::to_vec(&measurement("a")).unwrap();
     let expired = token(KEY, now() - 3600, auth::AUDIENCE, "t2");
@@ -260,7 +252,7 @@ async fn every_endpoint_needs_a_valid_token() {
 
 #[tokio::test]
 async fn a_valid_token_reaches_the_engine_with_its_principal() {
-    let (s, d) = state();
+    let (s, d) = state().await;
     let app = router(s);
     let (status, body, _) = call(
         &app,
@@ -276,7 +268,10 @@ async fn a_valid_token_reaches_the_engine_with_its_principal() {
         (e.job_name.as_str(), e.destinations),
         ("u.m.1", vec!["a".to_string()])
     );
-    assert_eq!(d.calls.lock().unwrap()[0].1.subject, "plugin");
+    assert_eq!(
+        d.calls.lock().unwrap()[0],
+        ("ensure".to_string(), "m".to_string())
+    );
     // A token signed with the previous key is still accepted during rotation.
     let old = token(OLD_KEY, now() + 600, auth::AUDIENCE, "t5");
     let (status, _, _) = call(
@@ -292,7 +287,7 @@ async fn a_valid_token_reaches_the_engine_with_its_principal() {
 
 #[tokio::test]
 async fn engine_errors_are_stable_json_without_internals() {
-    let (s, _) = state();
+    let (s, _) = state().await;
     let app = router(s);
     let t = valid();
     let (status, body, _) = call(
@@ -341,7 +336,7 @@ async fn engine_errors_are_stable_json_without_internals() {
 
 #[tokio::test]
 async fn bad_requests_get_json_errors() {
-    let (s, _) = state();
+    let (s, _) = state().await;
     let app = router(s);
     let t = valid();
     let (status, body, _) = call(
@@ -383,7 +378,7 @@ async fn bad_requests_get_json_errors() {
 
 #[tokio::test]
 async fn the_openapi_document_lists_exactly_the_routes() {
-    let (s, _) = state();
+    let (s, _) = state().await;
     let app = router(s);
     let (status, body, _) = call(&app, "GET", "/v1/openapi.json", Some(&valid()), None).await;
     assert_eq!(status, StatusCode::OK);
@@ -427,7 +422,7 @@ async fn the_openapi_document_lists_exactly_the_routes() {
 
 #[tokio::test]
 async fn admin_readiness_and_metrics() {
-    let (s, _) = state();
+    let (s, _) = state().await;
     let metrics = s.metrics.clone();
     let api_app = router(s);
     let readiness = Readiness::new("destinations not synced yet");
@@ -474,7 +469,7 @@ async fn serves_tls_and_drains_on_shutdown() {
     let tls = tls_config(&cert_file, &key_file).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    let (s, _) = state();
+    let (s, _) = state().await;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(serve(listener, router(s), Some(tls), async move {
         let _ = stop_rx.await;
@@ -513,7 +508,7 @@ async fn a_client_trickling_its_headers_is_cut_off() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let (s, _) = state();
+    let (s, _) = state().await;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(serve(listener, router(s), None, async move {
         let _ = stop_rx.await;
@@ -537,8 +532,8 @@ async fn a_client_trickling_its_headers_is_cut_off() {
 }
 
 #[tokio::test]
-async fn agents_and_callers_of_other_projects_never_reach_the_dispatcher() {
-    let (state, scripted) = state();
+async fn agents_and_callers_of_other_projects_never_reach_the_measurements() {
+    let (state, scripted) = state().await;
     let app = router(state);
     let jwt = |sub: &str, destination: Option<&str>, projects: Option<Vec<String>>| {
         let claims = Claims {

@@ -1,6 +1,6 @@
-//! The Application routes of the dispatcher: read an Argo CD Application, and request its sync,
-//! on a direct destination with the server's own client (`engine::applications`), on an agent
-//! destination through its agent (`dispatch/app_records.rs`).
+//! Argo CD Applications, the feature: read an Application, and request its sync, on a direct
+//! destination with the server's own client (`engine::applications`), on an agent destination
+//! through its agent (`records`); the routes Kargo's `http` step calls (`routes`).
 //!
 //! Every call first applies the policy to (project, destination, the Application's namespace),
 //! deny by default like Jobs: the Application a tenant may read or sync is one in a namespace
@@ -10,22 +10,32 @@
 use dispatch_api::agent::SyncOrder;
 use dispatch_api::observe::{ApplicationState, SyncRequest};
 
-use crate::destinations::{Destination, Entry};
-use crate::engine::applications::{new_sync_id, AppError, AppTarget};
-use crate::http::{AppRef, DispatchError, Reason};
-use crate::observe::application::state_of;
+mod records;
+pub mod routes;
 
-use super::EngineDispatcher;
+pub use routes::AppRef;
+
+use crate::destinations::{Destination, Entry};
+use crate::engine::applications::{AppError, AppTarget};
+use crate::engine::Engine;
+use crate::http::{DispatchError, Reason};
+use crate::observe::application::state_of;
+use crate::store::random_id;
+
+/// The Applications of every destination, as the policy lets each project see and sync them.
+pub struct Applications {
+    engine: Engine,
+}
 
 /// The destination of an Application route, once the policy allows it.
-pub(super) enum Place {
+enum Place {
     /// the server reads and patches the Application itself
     Direct(std::sync::Arc<Destination>),
     /// its agent does
     Agent,
 }
 
-pub(super) fn app_error(e: AppError) -> DispatchError {
+fn app_error(e: AppError) -> DispatchError {
     match &e {
         AppError::NotFound { .. } => DispatchError::NotFound(Reason::of(e)),
         AppError::Busy { .. } => DispatchError::Conflict(Reason::of(e)),
@@ -53,14 +63,15 @@ fn target<'a>(d: &'a Destination, app: &'a AppRef) -> AppTarget<'a> {
     }
 }
 
-impl EngineDispatcher {
+impl Applications {
+    /// The Applications of `engine`'s destinations, under its policy and `applicationSync`.
+    pub fn new(engine: Engine) -> Self {
+        Self { engine }
+    }
+
     /// Where `app` lives, if the policy lets `app.project` use it (and, with `sync`,
     /// `applicationSync` allows syncing there).
-    pub(super) fn application_place(
-        &self,
-        app: &AppRef,
-        sync: bool,
-    ) -> Result<Place, DispatchError> {
+    fn place(&self, app: &AppRef, sync: bool) -> Result<Place, DispatchError> {
         let refused = |why: Reason| {
             tracing::warn!(application = %app.object(), project = %app.project, sync,
                            reason = %why, "refused: application route");
@@ -104,11 +115,8 @@ impl EngineDispatcher {
     }
 
     /// `GET …/applications/{ns}/{name}`.
-    pub(super) async fn read_application(
-        &self,
-        app: AppRef,
-    ) -> Result<ApplicationState, DispatchError> {
-        match self.application_place(&app, false)? {
+    pub async fn read(&self, app: AppRef) -> Result<ApplicationState, DispatchError> {
+        match self.place(&app, false)? {
             Place::Direct(d) => {
                 let target = target(&d, &app);
                 let found = target.read().await.map_err(app_error)?;
@@ -119,14 +127,14 @@ impl EngineDispatcher {
     }
 
     /// `POST …/applications/{ns}/{name}:sync`.
-    pub(super) async fn request_sync(
+    pub async fn sync(
         &self,
         app: AppRef,
         req: SyncRequest,
     ) -> Result<ApplicationState, DispatchError> {
-        let place = self.application_place(&app, true)?;
+        let place = self.place(&app, true)?;
         let order = SyncOrder {
-            id: new_sync_id(),
+            id: random_id(),
             refresh: req.refresh().to_string(),
             revision: req.revision,
         };

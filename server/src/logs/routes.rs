@@ -1,27 +1,81 @@
-//! `GET /v1/runs/{namespace}/{name}/logs`: the whole log of a run's Jobs, for people and tools.
+//! The log routes: `GET /v1/runs/{namespace}/{name}/logs`, the whole log of a run's Jobs for
+//! people and tools, and `POST /v1/agents/{destination}/logs/{id}`, an agent's upload of a log
+//! it was asked for.
 //!
 //! Outside the `require_bearer` layer, because people are not service tokens: the viewer is
 //! identified here (`viewer::identify`: a trusted proxy's person, else the bearer token — from
 //! `Authorization`, else the session cookie — as a service token, agent tokens refused, else as
 //! a person's Kubernetes token), then the path and query are checked (`400`: no `..`, no `/`, no
 //! unknown field), then whether the viewer may see the run's namespace (`403` naming what is
-//! missing) — all before the dispatcher, so a refused request costs no destination call. The
-//! reply streams [`LogEvent`]s as newline-delimited JSON while the dispatcher reads them.
+//! missing) — all before [`RunLogs`], so a refused request costs no destination call. The
+//! reply streams [`LogEvent`]s as newline-delimited JSON while they are read.
+//!
+//! An upload is read as a stream, never buffered (so the body limit does not apply: each line is
+//! bounded by the relay instead); only the agent token of its destination is served.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 
 use axum::body::Body;
-use axum::extract::{ConnectInfo, Path, Query, State};
+use std::sync::Arc;
+
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Extension;
-use dispatch_api::logs::{LogEvent, LogsQuery, CONTENT_TYPE};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use dispatch_api::agent::LogUploadReply;
+use dispatch_api::logs::{self as logs_api, LogEvent, LogsQuery, CONTENT_TYPE};
 use dispatch_api::names::{is_dns_label, is_dns_labels};
 use futures::StreamExt;
 
-use super::viewer::{self, Viewer};
-use super::{ApiFailure, AppState, RunName};
+use super::run::RunLogs;
+use crate::http::viewer::{self, Viewer};
+use crate::http::FORWARDED_BY;
+use crate::http::{auth, ApiFailure, BearerToken, Gate, LogUpload, Principal, RunName};
+
+/// The state of the log read route: the logs, and who may read them.
+#[derive(Clone)]
+struct Readers {
+    logs: Arc<RunLogs>,
+    gate: Gate,
+}
+
+/// The route people and tools read logs by (outside the bearer layer: it identifies people
+/// as well as services through `gate`).
+pub fn read_routes(logs: Arc<RunLogs>, gate: Gate) -> Router {
+    Router::new()
+        .route(logs_api::RUN_LOGS, get(run_logs))
+        .with_state(Readers { logs, gate })
+}
+
+/// The route agents upload logs by (behind the bearer layer).
+pub fn upload_routes(logs: Arc<RunLogs>) -> Router {
+    Router::new()
+        .route(
+            logs_api::AGENT_LOGS,
+            post(agent_log_upload).layer(DefaultBodyLimit::disable()),
+        )
+        .with_state(logs)
+}
+
+async fn agent_log_upload(
+    State(logs): State<Arc<RunLogs>>,
+    Extension(caller): Extension<Principal>,
+    Path((destination, id)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Result<Json<LogUploadReply>, ApiFailure> {
+    let upload = LogUpload {
+        body: body.into_data_stream().boxed(),
+        bearer: auth::bearer_token(&headers).map(|t| BearerToken(t.to_string())),
+        forwarded_by: headers
+            .get(FORWARDED_BY)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| v.chars().take(64).collect()),
+    };
+    Ok(Json(logs.upload(&caller, destination, id, upload).await?))
+}
 
 /// The query as sent: unknown fields refused (a typo must not widen what is shown).
 #[derive(Debug, Default, serde::Deserialize)]
@@ -92,8 +146,8 @@ fn not_allowed(viewer: &Viewer, namespace: &str) -> ApiFailure {
 }
 
 /// The handler of [`dispatch_api::logs::RUN_LOGS`].
-pub(super) async fn run_logs(
-    State(s): State<AppState>,
+async fn run_logs(
+    State(s): State<Readers>,
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     headers: HeaderMap,
     Path((namespace, name)): Path<(String, String)>,
@@ -101,7 +155,7 @@ pub(super) async fn run_logs(
 ) -> Result<Response, ApiFailure> {
     let peer = peer.map(|Extension(ConnectInfo(p))| p);
     let token = viewer::request_token(&headers);
-    let who = match viewer::identify(&s, &headers, peer, token).await {
+    let who = match viewer::identify(&s.gate, &headers, peer, token).await {
         Ok(who) => who,
         Err(refusal) => {
             tracing::warn!(reason = %refusal.body.message, "log request refused");
@@ -123,7 +177,7 @@ pub(super) async fn run_logs(
     if let Some(m) = &query.metric {
         span.record("metric", m.as_str());
     }
-    if !viewer::may_see(&s, &who, &run.namespace).await? {
+    if !viewer::may_see(&s.gate, &who, &run.namespace).await? {
         tracing::warn!(viewer = who.name(), namespace = %run.namespace, "log request forbidden");
         return Err(not_allowed(&who, &run.namespace));
     }
@@ -132,7 +186,7 @@ pub(super) async fn run_logs(
         follow = query.follow,
         "streaming run logs"
     );
-    let events = s.dispatcher.run_logs(&who, run, query).await?;
+    let events = s.logs.of_run(run, query).await?;
     let body = events.map(|event: LogEvent| {
         let mut line = serde_json::to_string(&event).unwrap_or_default();
         line.push('\n');

@@ -2,8 +2,9 @@
 //! the server never reaches an agent destination itself.
 
 use super::*;
-use crate::dispatch::EngineDispatcher;
+use crate::measure::Measurements;
 use crate::verdict::DestState;
+use dispatch_api::agent::{self as agent_api, ReportReply, ReportRequest, WorkReply};
 use dispatch_api::agent::{Report, WorkItem};
 
 fn agent_token(destination: &str) -> String {
@@ -22,7 +23,7 @@ fn agent_token(destination: &str) -> String {
     .unwrap()
 }
 
-async fn engine_app() -> (Router, Arc<EngineDispatcher>) {
+async fn engine_app() -> (Router, Arc<Measurements>) {
     let mut config = crate::config::ServerConfig::parse(
         "agents: {destinations: [{name: cluster-b, namespace: verify}, {name: cluster-c}]}\n\
          policy: {rules: [{projects: ['*'], destinations: [cluster-b, cluster-c]}]}",
@@ -32,16 +33,14 @@ async fn engine_app() -> (Router, Arc<EngineDispatcher>) {
     config.kubeconfig_contexts = None;
     let engine = crate::Engine::start(config).await.unwrap();
     let metrics = Arc::new(Metrics::new());
-    let signer = crate::signing::Signer::new(&[KEY.to_vec()]).unwrap();
-    let dispatcher = Arc::new(EngineDispatcher::new(
-        engine,
-        metrics.clone(),
-        Arc::new(signer),
-    ));
-    let (mut s, _) = state();
-    s.dispatcher = dispatcher.clone();
-    s.metrics = metrics;
-    (router(s), dispatcher)
+    let features = features_of(engine, metrics.clone());
+    let measure = features.measure.clone();
+    let scene = Scene {
+        features,
+        gate: gate(),
+        metrics,
+    };
+    (router(scene), measure)
 }
 
 fn block(dest: &str) -> serde_json::Value {
@@ -207,7 +206,7 @@ async fn an_agent_picks_up_reports_and_deletes_its_destinations_jobs() {
 
 #[tokio::test]
 async fn agents_see_only_their_own_destination() {
-    let (app, dispatcher) = engine_app().await;
+    let (app, measure) = engine_app().await;
     let b = agent_token("cluster-b");
     let (status, body) = work(&app, "cluster-c", &b, serde_json::json!({})).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
@@ -274,7 +273,7 @@ async fn agents_see_only_their_own_destination() {
     .await;
     assert_eq!(status, StatusCode::FORBIDDEN);
     // Who polled shows up in /v1/destinations.
-    let rows = dispatcher.destinations();
+    let rows = measure.destinations();
     let row = |n: &str| rows.iter().find(|r| r.name == n).unwrap().clone();
     assert_eq!(row("cluster-b").source, "agent");
     assert!(row("cluster-b").connected && row("cluster-b").last_contact.is_some());

@@ -2,17 +2,16 @@
 //! on each destination now, counted from what the server already holds — the watch cache of a
 //! direct destination's Jobs, the store's records of an agent destination — without an API call.
 
-use dispatch_api::v1::DestinationInfo;
-
-use super::{job_phase, EngineDispatcher};
+use super::{DestinationLoad, Pages};
 use crate::destinations::Entry;
-use crate::http::ui::DestinationLoad;
+use crate::measure::{destination_rows, job_phase};
 
-impl EngineDispatcher {
-    /// `rows` with the Jobs running on each now (`None` where the count is not known: a broken
-    /// destination, a cache not synced, an agent destination without a store).
-    pub(super) fn load_of(&self, rows: Vec<DestinationInfo>) -> Vec<DestinationLoad> {
-        rows.into_iter()
+impl Pages {
+    /// Every destination with the Jobs running on it now (`None` where the count is not known:
+    /// a broken destination, a cache not synced, an agent destination without a store).
+    pub(super) fn destination_load(&self) -> Vec<DestinationLoad> {
+        destination_rows(&self.engine)
+            .into_iter()
             .map(|info| {
                 let running = match self.engine.registry().get(&info.name) {
                     Some(Entry::Ready(d)) if d.cache_problem().is_none() => Some(

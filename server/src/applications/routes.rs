@@ -3,24 +3,35 @@
 //! `POST …/{name}:sync` (a [`SyncRequest`]: refresh and sync it; `202` with its state as it is
 //! now, the sync itself runs in Argo CD).
 //!
-//! Checked here, before the [`super::Dispatcher`] sees the request: the path names a valid
+//! Checked here, before [`super::Applications`] sees the request: the path names a valid
 //! namespace and Application (`400` otherwise: no `..`, no `/`), the body is valid, and the caller
-//! is a plugin token acting for one project (`authz::application_caller`). The dispatcher then
+//! is a plugin token acting for one project (`authz::application_caller`). [`super::Applications`] then
 //! applies the policy (project × destination × the Application's namespace) and, for a sync,
 //! `applicationSync.destinations`.
 //!
 //! Both routes share one axum route (`{name}` then ends in `:sync` for the POST): the router
 //! (matchit 0.8.4) has no parameter with a static suffix inside one path segment.
 
+use std::sync::Arc;
+
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::routing::get;
+use axum::{Extension, Json, Router};
 use dispatch_api::observe::{self, ApplicationState, SyncRequest};
 
-use super::{authz, ApiFailure, ApiJson, AppState, DispatchError, Principal};
+use super::Applications;
+use crate::http::{authz, ApiFailure, ApiJson, DispatchError, Principal};
 
-/// What the Application routes ask of the dispatcher: one Application, for one project.
+/// The Application routes over `applications` (behind the bearer layer).
+pub fn routes(applications: Arc<Applications>) -> Router {
+    Router::new()
+        .route(observe::APPLICATION, get(get_one).post(post))
+        .with_state(applications)
+}
+
+/// What the Application routes ask for: one Application, for one project.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AppRef {
     /// the destination it lives on
@@ -29,7 +40,7 @@ pub struct AppRef {
     pub namespace: String,
     /// its name
     pub name: String,
-    /// the Kargo project the caller acts for (checked against the policy by the dispatcher)
+    /// the Kargo project the caller acts for (checked against the policy by [`super::Applications`])
     pub project: String,
 }
 
@@ -58,7 +69,7 @@ fn bad_request(message: String) -> ApiFailure {
     ApiFailure::new(StatusCode::BAD_REQUEST, "invalid_request", message)
 }
 
-/// A dispatcher error as a reply; `503` carries `Retry-After`.
+/// An Application error as a reply; `503` carries `Retry-After`.
 fn failure(e: DispatchError) -> Response {
     let retry = matches!(e, DispatchError::Unavailable(_));
     let mut reply = ApiFailure::from(e).into_response();
@@ -90,8 +101,8 @@ fn app_ref(
 }
 
 /// `GET …/applications/{ns}/{name}`.
-pub(super) async fn get(
-    State(s): State<AppState>,
+async fn get_one(
+    State(applications): State<Arc<Applications>>,
     Extension(caller): Extension<Principal>,
     Path(path): Path<(String, String, String)>,
     query: Result<Query<ProjectQuery>, axum::extract::rejection::QueryRejection>,
@@ -104,15 +115,15 @@ pub(super) async fn get(
         Ok(app) => app,
         Err(refused) => return refused.into_response(),
     };
-    match s.dispatcher.application(&caller, app).await {
+    match applications.read(app).await {
         Ok(state) => Json::<ApplicationState>(state).into_response(),
         Err(e) => failure(e),
     }
 }
 
 /// `POST …/applications/{ns}/{name}:sync`.
-pub(super) async fn post(
-    State(s): State<AppState>,
+async fn post(
+    State(applications): State<Arc<Applications>>,
     Extension(caller): Extension<Principal>,
     Path((destination, namespace, name)): Path<(String, String, String)>,
     body: Result<ApiJson<SyncRequest>, ApiFailure>,
@@ -143,7 +154,7 @@ pub(super) async fn post(
         Ok(app) => app,
         Err(refused) => return refused.into_response(),
     };
-    match s.dispatcher.sync_application(&caller, app, req).await {
+    match applications.sync(app, req).await {
         Ok(state) => (StatusCode::ACCEPTED, Json(state)).into_response(),
         Err(e) => failure(e),
     }

@@ -8,7 +8,7 @@
 //! away when its upload starts (the upload then owns the sender), when the reader hangs up (its
 //! stream is dropped), or after [`ANSWER_WAIT`] without an upload (a note says so).
 //!
-//! With several replicas ([`LogRelay::with_peers`], `dispatch/log_peers.rs`) every request is
+//! With several replicas ([`LogRelay::with_peers`], `logs/peers.rs`) every request is
 //! also published on the store, so that the replica the agent polls hands it out, and an upload
 //! landing on another replica is forwarded here (see `docs/architecture.md`, "Logs on agent
 //! destinations"). The reader's end never leaves this replica.
@@ -23,10 +23,10 @@ use dispatch_api::logs::{LogEvent, LogRequest};
 use futures::stream::{self, BoxStream, StreamExt};
 use tokio::sync::{mpsc, watch};
 
-use super::log_peers::LogPeers;
-use super::EngineDispatcher;
+use super::peers::LogPeers;
+use super::run::RunLogs;
 use crate::destinations::Entry;
-use crate::http::{DispatchError, LogUpload, Principal, Reason};
+use crate::http::{authz, DispatchError, LogUpload, Principal, Reason};
 
 /// How long a request waits for its agent to start the upload before the reader gets a note.
 pub const ANSWER_WAIT: Duration = Duration::from_secs(30);
@@ -105,7 +105,7 @@ impl LogRelay {
         destination: &str,
         mut request: LogRequest,
     ) -> (String, mpsc::Receiver<LogEvent>) {
-        let id = crate::engine::applications::new_sync_id();
+        let id = crate::store::random_id();
         request.id = id.clone();
         let (tx, rx) = mpsc::channel(CHANNEL);
         self.lock().insert(
@@ -223,7 +223,7 @@ fn contact(time: Option<SystemTime>) -> String {
         .map_or_else(|| "never".to_string(), |t| t.to_string())
 }
 
-impl EngineDispatcher {
+impl RunLogs {
     /// The log `req` asks for, of a Job on agent destination `destination`: asked of its agent
     /// through its work, relayed from its upload. Never fails: an agent that is not connected,
     /// or does not start within [`ANSWER_WAIT`], is a note.
@@ -232,7 +232,7 @@ impl EngineDispatcher {
         destination: &str,
         req: LogRequest,
     ) -> BoxStream<'static, LogEvent> {
-        let agent = match self.engine.registry().get(destination) {
+        let agent = match self.registry.get(destination) {
             Some(Entry::Agent(a)) => a,
             _ => {
                 return stream::iter([note(
@@ -243,7 +243,7 @@ impl EngineDispatcher {
             }
         };
         // With peers the agent may be polling another replica: only the wait below tells.
-        if self.logs.peers().is_none() && !agent.connected(self.engine.agent_offline_after()) {
+        if self.relay.peers().is_none() && !agent.connected(self.offline_after) {
             return stream::iter([note(
                 destination,
                 format!(
@@ -256,11 +256,11 @@ impl EngineDispatcher {
             )])
             .boxed();
         }
-        let (id, mut rx) = self.logs.ask(destination, req.clone());
+        let (id, mut rx) = self.relay.ask(destination, req.clone());
         tracing::info!(destination, id = %id, namespace = %req.namespace, job = %req.job,
                        follow = req.follow, "log asked of the agent");
         let forget = Forget {
-            relay: self.logs.clone(),
+            relay: self.relay.clone(),
             id,
         };
         let destination = destination.to_string();
@@ -303,20 +303,26 @@ impl EngineDispatcher {
     /// one, waiting for it when it is slow. Events are relabelled with the route's destination
     /// (an agent speaks only for its own). A request another replica published and holds is
     /// forwarded there (once: a forwarded upload is never forwarded again).
-    pub(super) async fn upload_log(
+    pub async fn upload(
         &self,
         caller: &Principal,
         destination: String,
         id: String,
         upload: LogUpload,
     ) -> Result<LogUploadReply, DispatchError> {
-        let (agent, _store) = self.agent_for(caller, &destination)?;
+        authz::agent_caller(caller, &destination)?;
+        let Some(Entry::Agent(agent)) = self.registry.get(&destination) else {
+            tracing::warn!(subject = %caller.subject, destination, "refused: not an agent destination");
+            return Err(DispatchError::NotFound(
+                format!("{destination:?} is not an agent destination of this server").into(),
+            ));
+        };
         agent.contact(&caller.subject, 0);
-        let sender = match self.logs.start_upload(&destination, &id) {
+        let sender = match self.relay.start_upload(&destination, &id) {
             Ok(sender) => sender,
             Err(e) => {
                 let elsewhere = self
-                    .logs
+                    .relay
                     .peers()
                     .filter(|_| upload.forwarded_by.is_none())
                     .and_then(|p| Some((p, p.owner_of(&destination, &id)?)));

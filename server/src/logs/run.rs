@@ -24,15 +24,16 @@ use futures::stream::{self, BoxStream, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 
-use super::EngineDispatcher;
-use crate::destinations::{Destination, Entry};
-use crate::engine::applications::new_sync_id;
+use super::relay::LogRelay;
+use super::secrets;
+use super::stream::{job_log, JobLog};
+use super::Redactor;
+use crate::config::JobsSettings;
+use crate::destinations::{Destination, Entry, Registry};
 use crate::http::{DispatchError, RunName};
 use crate::job::{self, Ownership, ANN_MEASUREMENT, ANN_METRIC};
-use crate::logs::secrets;
-use crate::logs::stream::{job_log, JobLog};
-use crate::logs::Redactor;
 use crate::runs::Runs;
+use crate::store::{random_id, Store};
 
 /// How long reading one Secret (to redact its values) may take.
 const SECRET_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -42,31 +43,50 @@ const GONE: &str = "Jobs are kept for jobs.ttlAfterFinished after they finish (d
                     sweep deletes those of runs completed longer ago than jobs.retention), then \
                     deleted with their pods and logs";
 
-/// What ends a measurement message when `ui.externalURL` is set: ` — logs: <url>`.
-const LINK_PREFIX: &str = " — logs: ";
-
-/// `message` ending with the address of run `namespace/name`'s page under `external_url` (run
-/// names are DNS subdomains: no escaping needed).
-pub(super) fn with_logs_link(
-    message: String,
-    external_url: &str,
-    namespace: &str,
-    name: &str,
-) -> String {
-    format!("{message}{LINK_PREFIX}{external_url}/ui/runs/{namespace}/{name}")
+/// The log API of one replica: a run's Jobs found on the destinations of the registry, their
+/// logs read directly or relayed from agents.
+pub struct RunLogs {
+    pub(super) registry: Arc<Registry>,
+    /// the records of agent destinations (`None`: no `agents` in the config)
+    store: Option<Arc<dyn Store>>,
+    /// the control plane's AnalysisRuns: the uid of a run named by people
+    runs: Option<Runs>,
+    /// log requests waiting for, or streamed by, agents
+    pub(super) relay: Arc<LogRelay>,
+    /// an agent silent this long is not connected
+    pub(super) offline_after: Duration,
+    /// how long finished Jobs are kept, for the notes
+    jobs: JobsSettings,
 }
 
-impl EngineDispatcher {
-    /// `message` with the run page's link when `ui.externalURL` is configured.
-    pub(super) fn linked(&self, run: &dispatch_api::v1::RunRef, message: String) -> String {
-        match &self.external_url {
-            Some(url) => with_logs_link(message, url, &run.namespace, &run.name),
-            None => message,
+impl RunLogs {
+    /// The logs of the Jobs on `registry`'s destinations (agent destinations' records in
+    /// `store`), runs found in `runs`, agents' logs through `relay`.
+    pub fn new(
+        registry: Arc<Registry>,
+        store: Option<Arc<dyn Store>>,
+        runs: Option<Runs>,
+        relay: Arc<LogRelay>,
+        offline_after: Duration,
+        jobs: JobsSettings,
+    ) -> Self {
+        Self {
+            registry,
+            store,
+            runs,
+            relay,
+            offline_after,
+            jobs,
         }
     }
 
+    /// The relay of agents' logs (its log requests ride on the agents' work).
+    pub fn relay(&self) -> &Arc<LogRelay> {
+        &self.relay
+    }
+
     /// The log stream of run `run` as `query` narrows it (see the module).
-    pub(super) async fn logs_of_run(
+    pub async fn of_run(
         &self,
         run: RunName,
         query: LogsQuery,
@@ -74,16 +94,15 @@ impl EngineDispatcher {
         let uid = run_uid(self.runs.as_ref(), &run)?;
         let entries: Vec<Entry> = match &query.destination {
             Some(d) => vec![self
-                .engine
-                .registry()
+                .registry
                 .get(d)
                 .ok_or_else(|| DispatchError::UnknownDestination(d.clone().into()))?],
-            None => self.engine.registry().entries(),
+            None => self.registry.entries(),
         };
         let mut parts: Vec<BoxStream<'static, LogEvent>> = Vec::new();
         for entry in entries {
             let part = match entry {
-                Entry::Ready(d) => direct_logs(&d, &uid, &query, self.engine.jobs_settings()),
+                Entry::Ready(d) => direct_logs(&d, &uid, &query, self.jobs),
                 Entry::Agent(a) => self.agent_logs(&a.name, &uid, &query),
                 Entry::Broken(b) => (query.destination.is_some()).then(|| {
                     note(
@@ -122,7 +141,7 @@ impl EngineDispatcher {
         uid: &str,
         query: &LogsQuery,
     ) -> Option<BoxStream<'static, LogEvent>> {
-        let store = self.engine.store()?;
+        let store = self.store.as_ref()?;
         let mut records: Vec<_> = store
             .for_run(uid)
             .into_iter()
@@ -145,7 +164,7 @@ impl EngineDispatcher {
                 self.agent_job_log(
                     destination,
                     LogRequest {
-                        id: new_sync_id(),
+                        id: random_id(),
                         namespace: r.spec.namespace,
                         job: r.spec.job_name,
                         container: query.container.clone(),
@@ -199,7 +218,7 @@ fn direct_logs(
     d: &Arc<Destination>,
     uid: &str,
     query: &LogsQuery,
-    jobs: crate::config::JobsSettings,
+    jobs: JobsSettings,
 ) -> Option<BoxStream<'static, LogEvent>> {
     if !d.jobs().is_authoritative() {
         return Some(note(
@@ -369,22 +388,4 @@ fn note(destination: &str, pod: Option<String>, text: String) -> BoxStream<'stat
         text,
     }])
     .boxed()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_message_ends_with_the_run_page() {
-        assert_eq!(
-            with_logs_link(
-                "cluster-a: check: exit 1".into(),
-                "https://d.example.com/dispatch",
-                "team-a",
-                "uat.01j.abc"
-            ),
-            "cluster-a: check: exit 1 — logs: https://d.example.com/dispatch/ui/runs/team-a/uat.01j.abc"
-        );
-    }
 }

@@ -1,0 +1,135 @@
+//! The measurement routes of the plugin (`/v1/measurements:*`, `/v1/destinations`): each
+//! names its run and metric in the request span, refuses agent tokens and callers of other
+//! projects (`http::authz`) before the measurement is touched, and answers JSON.
+//!
+//! The routes are generic over [`Measure`], so that the router's own tests (`app/tests.rs`)
+//! can script the answers; the server runs them over [`super::Measurements`].
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use dispatch_api::v1::{self as api, DestinationInfo, Ensured, GcReply, GcRequest};
+use dispatch_api::v1::{MeasurementRef, Verdict};
+
+use super::Measurements;
+use crate::http::{authz, record_measurement, ApiFailure, ApiJson, DispatchError, Principal};
+use crate::runtime::metrics::Metrics;
+
+/// What the measurement routes need: [`Measurements`] in the server, a script in tests.
+pub trait Measure: Send + Sync + 'static {
+    /// Creates or adopts the Jobs of one measurement.
+    fn ensure(
+        &self,
+        req: MeasurementRef,
+    ) -> impl Future<Output = Result<Ensured, DispatchError>> + Send;
+    /// The verdict of one measurement so far.
+    fn status(
+        &self,
+        req: MeasurementRef,
+    ) -> impl Future<Output = Result<Verdict, DispatchError>> + Send;
+    /// Deletes the Jobs of one measurement (foreground) on every destination.
+    fn terminate(
+        &self,
+        req: MeasurementRef,
+    ) -> impl Future<Output = Result<Verdict, DispatchError>> + Send;
+    /// Deletes the oldest Jobs of a run beyond `limit`; returns how many were deleted.
+    fn gc(&self, req: GcRequest) -> impl Future<Output = Result<u32, DispatchError>> + Send;
+    /// Every known destination.
+    fn destinations(&self) -> Vec<DestinationInfo>;
+}
+
+impl Measure for Measurements {
+    async fn ensure(&self, req: MeasurementRef) -> Result<Ensured, DispatchError> {
+        Measurements::ensure(self, req).await
+    }
+    async fn status(&self, req: MeasurementRef) -> Result<Verdict, DispatchError> {
+        Measurements::status(self, req).await
+    }
+    async fn terminate(&self, req: MeasurementRef) -> Result<Verdict, DispatchError> {
+        Measurements::terminate(self, req).await
+    }
+    async fn gc(&self, req: GcRequest) -> Result<u32, DispatchError> {
+        Measurements::gc(self, req).await
+    }
+    fn destinations(&self) -> Vec<DestinationInfo> {
+        Measurements::destinations(self)
+    }
+}
+
+/// The state of the measurement routes.
+struct Routes<M> {
+    measure: Arc<M>,
+    metrics: Arc<Metrics>,
+}
+
+impl<M> Clone for Routes<M> {
+    fn clone(&self) -> Self {
+        Self {
+            measure: self.measure.clone(),
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+/// The measurement routes over `measure` (behind the bearer layer: they need the
+/// [`Principal`]); verdicts are counted in `metrics`.
+pub fn routes<M: Measure>(measure: Arc<M>, metrics: Arc<Metrics>) -> Router {
+    Router::new()
+        .route(api::ENSURE, post(ensure::<M>))
+        .route(api::STATUS, post(status::<M>))
+        .route(api::TERMINATE, post(terminate::<M>))
+        .route(api::GC, post(gc::<M>))
+        .route("/v1/destinations", get(destinations::<M>))
+        .with_state(Routes { measure, metrics })
+}
+
+async fn ensure<M: Measure>(
+    State(s): State<Routes<M>>,
+    Extension(caller): Extension<Principal>,
+    ApiJson(req): ApiJson<MeasurementRef>,
+) -> Result<Json<Ensured>, ApiFailure> {
+    record_measurement(&req.run, &req.metric);
+    authz::measurement_caller(&caller, &req.run)?;
+    Ok(Json(s.measure.ensure(req).await?))
+}
+
+async fn status<M: Measure>(
+    State(s): State<Routes<M>>,
+    Extension(caller): Extension<Principal>,
+    ApiJson(req): ApiJson<MeasurementRef>,
+) -> Result<Json<Verdict>, ApiFailure> {
+    record_measurement(&req.run, &req.metric);
+    authz::measurement_caller(&caller, &req.run)?;
+    let v = s.measure.status(req).await?;
+    s.metrics.observe_verdict(&v.phase);
+    Ok(Json(v))
+}
+
+async fn terminate<M: Measure>(
+    State(s): State<Routes<M>>,
+    Extension(caller): Extension<Principal>,
+    ApiJson(req): ApiJson<MeasurementRef>,
+) -> Result<Json<Verdict>, ApiFailure> {
+    record_measurement(&req.run, &req.metric);
+    authz::measurement_caller(&caller, &req.run)?;
+    Ok(Json(s.measure.terminate(req).await?))
+}
+
+async fn gc<M: Measure>(
+    State(s): State<Routes<M>>,
+    Extension(caller): Extension<Principal>,
+    ApiJson(req): ApiJson<GcRequest>,
+) -> Result<Json<GcReply>, ApiFailure> {
+    record_measurement(&req.run, &req.metric);
+    authz::measurement_caller(&caller, &req.run)?;
+    Ok(Json(GcReply {
+        deleted: s.measure.gc(req).await?,
+    }))
+}
+
+async fn destinations<M: Measure>(State(s): State<Routes<M>>) -> Json<Vec<DestinationInfo>> {
+    Json(s.measure.destinations())
+}
