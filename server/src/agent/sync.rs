@@ -1,6 +1,6 @@
 //! The agent's side of the Application routes: the records of `GET|POST
 //! /v1/destinations/{d}/applications/{ns}/{name}[:sync]` on its destination
-//! (`engine::applications::is_api_record`). On each pass it reads the Application in its own
+//! (`store::is_application_record`). On each pass it reads the Application in its own
 //! cluster and reports its state (`Report.application`, a `Running` record state that never
 //! settles, so the server always has the state of the last pass), and carries out a record's
 //! sync order.
@@ -22,7 +22,7 @@ use tracing::warn;
 
 use super::guard::Guard;
 use crate::destinations::Entry;
-use crate::engine::applications::{sync_id_of, AppError, AppTarget};
+use crate::applications::argocd::{sync_id_of, AppError, AppTarget};
 use crate::observe::application::state_of;
 use crate::verdict::DestState;
 

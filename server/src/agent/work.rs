@@ -143,7 +143,7 @@ impl Worker {
         }
         let mut reports = Vec::new();
         for item in work.iter() {
-            if crate::engine::applications::is_api_record(&item.spec) {
+            if crate::store::is_application_record(&item.spec) {
                 let (entry, dest) = (&self.entry, self.destination.as_str());
                 reports.extend(self.apps.pass(entry, dest, &self.guard, item).await);
                 continue;

@@ -1,5 +1,5 @@
 //! Argo CD Applications, the feature: read an Application, and request its sync, on a direct
-//! destination with the server's own client (`engine::applications`), on an agent destination
+//! destination with the server's own client (`argocd`), on an agent destination
 //! through its agent (`records`); the routes Kargo's `http` step calls (`routes`).
 //!
 //! Every call first applies the policy to (project, destination, the Application's namespace),
@@ -10,13 +10,19 @@
 use dispatch_api::agent::SyncOrder;
 use dispatch_api::observe::{ApplicationState, SyncRequest};
 
+pub mod argocd;
 mod records;
 pub mod routes;
 
+pub use records::{api_record, APP_RECORD_IDLE};
 pub use routes::AppRef;
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Instant;
+
 use crate::destinations::{Destination, Entry};
-use crate::engine::applications::{AppError, AppTarget};
+use argocd::{AppError, AppTarget};
 use crate::engine::Engine;
 use crate::http::{DispatchError, Reason};
 use crate::observe::application::state_of;
@@ -25,6 +31,8 @@ use crate::store::random_id;
 /// The Applications of every destination, as the policy lets each project see and sync them.
 pub struct Applications {
     engine: Engine,
+    /// when each record of an agent destination's Application was last asked for (`records`)
+    asked: Mutex<HashMap<String, Instant>>,
 }
 
 /// The destination of an Application route, once the policy allows it.
@@ -66,7 +74,10 @@ fn target<'a>(d: &'a Destination, app: &'a AppRef) -> AppTarget<'a> {
 impl Applications {
     /// The Applications of `engine`'s destinations, under its policy and `applicationSync`.
     pub fn new(engine: Engine) -> Self {
-        Self { engine }
+        Self {
+            engine,
+            asked: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Where `app` lives, if the policy lets `app.project` use it (and, with `sync`,

@@ -1,6 +1,6 @@
 //! The Application routes on an agent destination: the server cannot reach the Application, so
-//! it keeps a DispatchJob record for the agent (`engine::applications::api_record`:
-//! `observe: application`, and `sync` for a sync order) and answers from what the agent reports
+//! it keeps a DispatchJob record for the agent ([`api_record`]: `observe: application`, no Job,
+//! no run, and `sync` for a sync order) and answers from what the agent reports
 //! (`status.application`).
 //!
 //! * GET creates the record when there is none (a record carrying a sync order is kept as it
@@ -10,18 +10,64 @@
 //!   out once) and answers `202` at once with the last state known: a `503` would make Kargo's
 //!   `http` step send the sync again, and the order is already placed.
 //!
-//! Every call marks the record asked for; `Engine::expire_app_records` removes it after
-//! `APP_RECORD_IDLE` without one.
+//! Every call marks the record asked for; [`Applications::expire_idle`] (the sweep loop of
+//! `serve`) removes it after [`APP_RECORD_IDLE`] without one. The run sweep and the record
+//! retention leave these records alone (`store::is_application_record`).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dispatch_api::agent::SyncOrder;
-use dispatch_api::observe::ApplicationState;
+use dispatch_api::observe::{ApplicationCheck, ApplicationState, Observe};
 
 use super::{AppRef, Applications};
-use crate::engine::applications::api_record;
+use crate::engine::{SweepReason, SweepReport};
 use crate::http::{DispatchError, Reason};
-use crate::store::{Created, DispatchJob, Store, StoreError};
+use crate::store::{self, Created, DispatchJob, DispatchJobSpec, Store, StoreError};
+
+/// A record of the Application routes nobody asked for this long is removed (the Application
+/// itself is never touched).
+pub const APP_RECORD_IDLE: Duration = Duration::from_secs(15 * 60);
+
+/// The record of Application `namespace/name` on agent destination `destination`, with the
+/// sync order `sync`. Its name is stable per Application (`app.<ns>.<name>.<hash of the
+/// destination>`), hashed when that would pass the 253 characters of an object name.
+pub fn api_record(
+    destination: &str,
+    namespace: &str,
+    name: &str,
+    sync: Option<SyncOrder>,
+) -> DispatchJob {
+    let mut base = format!("app.{namespace}.{name}");
+    if base.len() > 200 {
+        base = format!(
+            "app.{namespace}.{:016x}",
+            crate::job::fnv1a(name.as_bytes())
+        );
+    }
+    DispatchJob {
+        name: store::record_name(&base, destination),
+        spec: DispatchJobSpec {
+            destination: destination.to_string(),
+            namespace: namespace.to_string(),
+            job_name: name.to_string(),
+            run_uid: String::new(),
+            run: String::new(),
+            metric: String::new(),
+            measurement: 0,
+            log_tail: 0,
+            job: None,
+            delete: false,
+            observe: Some(Observe::Application(ApplicationCheck {
+                name: name.to_string(),
+                namespace: namespace.to_string(),
+                revision: None,
+            })),
+            sync,
+        },
+        status: None,
+        resource_version: None,
+    }
+}
 
 /// How long a GET waits for the agent's first report on a new record (an agent answers a
 /// change of its work within one long poll and one pass).
@@ -47,7 +93,7 @@ impl Applications {
         })?;
         let sync = order.is_some();
         let record = api_record(&app.destination, &app.namespace, &app.name, order);
-        self.engine.app_record_asked(&record.name);
+        self.mark_asked(&record.name);
         let before = store.get(&record.name);
         if sync {
             if before.is_some() {
@@ -86,6 +132,64 @@ impl Applications {
                     .into(),
                 ))
             })
+    }
+}
+
+impl Applications {
+    /// Record `name` of the Application routes was asked for now.
+    fn mark_asked(&self, name: &str) {
+        let mut asked = self.asked.lock().unwrap_or_else(|e| e.into_inner());
+        asked.insert(name.to_string(), Instant::now());
+    }
+
+    /// Removes the records of the Application routes that nobody asked for in `idle` (a
+    /// record this process has not seen asked for counts from when it first saw it: another
+    /// replica's, or from before a restart).
+    pub async fn expire_idle(&self, idle: Duration) -> SweepReport {
+        let mut report = SweepReport::default();
+        let Some(store) = self.engine.store() else {
+            return report;
+        };
+        let now = Instant::now();
+        let idle_ones: Vec<DispatchJob> = {
+            let mut asked = self.asked.lock().unwrap_or_else(|e| e.into_inner());
+            let records: Vec<DispatchJob> = store
+                .all()
+                .into_iter()
+                .filter(|r| store::is_application_record(&r.spec))
+                .collect();
+            asked.retain(|name, _| records.iter().any(|r| &r.name == name));
+            records
+                .into_iter()
+                .filter(|r| {
+                    let at = *asked.entry(r.name.clone()).or_insert(now);
+                    now.duration_since(at) >= idle
+                })
+                .collect()
+        };
+        for r in idle_ones {
+            match store.remove(&r.name).await {
+                Ok(()) => {
+                    self.asked
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&r.name);
+                    report.deleted.push((
+                        r.spec.destination.clone(),
+                        format!("{}/{}", r.spec.namespace, r.spec.job_name),
+                        SweepReason::ApplicationIdle,
+                    ));
+                }
+                Err(e) => report
+                    .failed
+                    .push((r.spec.destination.clone(), e.to_string())),
+            }
+        }
+        if !report.deleted.is_empty() {
+            tracing::info!(removed = ?report.deleted, idle_s = idle.as_secs(),
+                           "records of the Application routes nobody asked for are removed");
+        }
+        report
     }
 }
 

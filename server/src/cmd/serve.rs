@@ -252,7 +252,14 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         sweep_orphans_every,
         engine.has_control_plane() || engine.store().is_some(),
     )
-    .map(|every| super::sweep::spawn(engine.clone(), metrics.clone(), every));
+    .map(|every| {
+        super::sweep::spawn(
+            engine.clone(),
+            features.applications.clone(),
+            metrics.clone(),
+            every,
+        )
+    });
     // Open long polls of agents answer at once on shutdown, so that the drain does not wait.
     tokio::spawn({
         let agents = features.agents.clone();

@@ -1,6 +1,6 @@
 //! The sweep loop of `serve`: every `--sweep-orphans-every` (default 5m whenever the control
-//! plane or `agents` is configured), `Engine::sweep_orphans` (with a control plane) and
-//! `Engine::expire_records` (with agents), each deletion counted in
+//! plane or `agents` is configured), `Engine::sweep_orphans` (with a control plane),
+//! `Engine::expire_records` and `Applications::expire_idle` (with agents), each deletion counted in
 //! `rollouts_dispatch_jobs_swept_total{destination, reason}`.
 
 use std::sync::Arc;
@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tracing::{info, info_span, warn, Instrument};
 
+use crate::applications::{Applications, APP_RECORD_IDLE};
 use crate::engine::{CleanupError, Engine};
 use crate::runtime::metrics::Metrics;
 
@@ -27,6 +28,7 @@ pub fn interval(flag: Option<Duration>, work: bool) -> Option<Duration> {
 /// Runs the sweep every `every` until the task is aborted.
 pub fn spawn(
     engine: Engine,
+    applications: Arc<Applications>,
     metrics: Arc<Metrics>,
     every: Duration,
 ) -> tokio::task::JoinHandle<()> {
@@ -41,8 +43,9 @@ pub fn spawn(
         async move {
             loop {
                 tokio::time::sleep(every).await;
+                let idle = applications.expire_idle(APP_RECORD_IDLE).await;
                 let expired = engine.expire_records().await;
-                for (destination, _, reason) in &expired.deleted {
+                for (destination, _, reason) in idle.deleted.iter().chain(&expired.deleted) {
                     metrics.count_swept(destination, reason.as_str());
                 }
                 if !engine.has_control_plane() {

@@ -34,7 +34,7 @@ impl Engine {
     /// [`SweepReason::RecordRetention`]. Without agents, nothing to do.
     #[tracing::instrument(name = "expire_records", skip_all)]
     pub async fn expire_records(&self) -> SweepReport {
-        let mut report = self.expire_app_records(applications::APP_RECORD_IDLE).await;
+        let mut report = SweepReport::default();
         let Some(store) = &self.inner.store else {
             return report;
         };
@@ -45,7 +45,7 @@ impl Engine {
             .unwrap_or(Timestamp::MIN);
         for r in store.all() {
             if r.spec.delete
-                || applications::is_api_record(&r.spec)
+                || store::is_application_record(&r.spec)
                 || !observed_final_before(&r, cutoff)
             {
                 continue;

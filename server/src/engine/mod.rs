@@ -48,7 +48,6 @@ use crate::store::{self, Created, DispatchJob, DispatchJobSpec, Store};
 use crate::verdict::{self, DestState, DestinationStatus, Observed, Verdict};
 
 mod agents;
-pub mod applications;
 mod cleanup;
 mod ensure;
 mod expiry;
@@ -67,11 +66,6 @@ pub use observing::Observation;
 pub use pending::PendingReport;
 pub use sweep::{SweepReason, SweepReport, RUNS_PAGE};
 
-/// `(destination, namespace, pod, container)`
-type LogKey = (String, String, String, String);
-
-/// Cached `pods/log` answers at most; the map is cleared when it grows beyond.
-const MAX_CACHED_LOGS: usize = 4096;
 /// Remembered `destination: stage` resolutions at most (cleared when it grows beyond).
 const MAX_REMEMBERED: usize = 4096;
 
@@ -324,10 +318,8 @@ struct Inner {
     /// the Argo CD instances `destination: stage` reads (one for the control plane without
     /// `argocd`; none on an agent)
     stage_instances: Vec<StageInstance>,
-    /// `pods/log` answers (or failures) per (destination, namespace, pod, container)
-    logs: Mutex<HashMap<LogKey, Result<String, Arc<logs::LogError>>>>,
-    /// rendered tails of containers that read Secrets, per `(container, logTail lines)`
-    secret_tails: Mutex<HashMap<(LogKey, u32), String>>,
+    /// the log tails of failed containers, and what is remembered of them
+    tails: logs::tails::Tails,
     /// `destination: stage` resolutions per run UID
     stages: Mutex<HashMap<String, Vec<String>>>,
     tasks: Vec<tokio::task::AbortHandle>,
@@ -350,8 +342,6 @@ struct Inner {
     control_plane_url: Option<String>,
     /// globs over the destinations whose Applications the API may sync (`applicationSync`)
     application_sync: Vec<String>,
-    /// when each record of the Application routes was last asked for (`applications.rs`)
-    app_records_asked: Mutex<HashMap<String, std::time::Instant>>,
 }
 
 impl std::fmt::Debug for Inner {

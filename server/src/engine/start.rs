@@ -129,8 +129,7 @@ impl Engine {
                 control_plane,
                 control_plane_access,
                 stage_instances,
-                logs: Mutex::new(HashMap::new()),
-                secret_tails: Mutex::new(HashMap::new()),
+                tails: logs::tails::Tails::new(settings.log_timeout),
                 stages: Mutex::new(HashMap::new()),
                 tasks,
                 deletions: store
@@ -143,7 +142,6 @@ impl Engine {
                 jobs,
                 control_plane_url,
                 application_sync,
-                app_records_asked: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -201,8 +199,7 @@ impl Engine {
                 control_plane: tokio::sync::OnceCell::new(),
                 control_plane_access: crate::config::Access::Infer,
                 stage_instances: Vec::new(),
-                logs: Mutex::new(HashMap::new()),
-                secret_tails: Mutex::new(HashMap::new()),
+                tails: logs::tails::Tails::new(settings.log_timeout),
                 stages: Mutex::new(HashMap::new()),
                 tasks: Vec::new(),
                 store: None,
@@ -215,7 +212,6 @@ impl Engine {
                 jobs: crate::config::JobsSettings::default(),
                 control_plane_url: None,
                 application_sync: Vec::new(),
-                app_records_asked: Mutex::new(HashMap::new()),
             }),
         })
     }

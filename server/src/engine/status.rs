@@ -208,7 +208,7 @@ impl Engine {
                     detail = format!("{detail}; {}", f.describe());
                 }
                 let log = match &failed {
-                    Some(f) => self.log_tail(&d, f, job.log_tail, secrets).await,
+                    Some(f) => self.inner.tails.tail(&d, f, job.log_tail, secrets).await,
                     None => None,
                 };
                 DestState::Failed {
@@ -275,128 +275,5 @@ impl Engine {
             Arc::new(obj),
             list.items.into_iter().map(Arc::new).collect(),
         )))
-    }
-
-    /// The failed container's log tail: its termination message (free), else `pods/log`
-    /// (cached per container, failures too, so a broken log API costs one timeout). A tail that
-    /// needed the container's Secrets is kept once rendered (redacted, or withheld): the agent
-    /// asks again every loop until its record goes, and must not read the Secrets each time.
-    pub(super) async fn log_tail(
-        &self,
-        d: &Destination,
-        failed: &FailedContainer,
-        lines: u32,
-        secrets: &Redactor,
-    ) -> Option<String> {
-        if lines == 0 {
-            return None;
-        }
-        if failed.secrets.is_empty() {
-            return self.render_tail(d, failed, lines, secrets).await;
-        }
-        let key = (
-            (
-                d.name.clone(),
-                failed.namespace.clone(),
-                failed.pod.clone(),
-                failed.container.clone(),
-            ),
-            lines,
-        );
-        let known = self
-            .inner
-            .secret_tails
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            .cloned();
-        if known.is_some() {
-            return known;
-        }
-        let tail = self.render_tail(d, failed, lines, secrets).await?;
-        let mut cache = self
-            .inner
-            .secret_tails
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if cache.len() >= MAX_CACHED_LOGS {
-            cache.clear();
-        }
-        cache.insert(key, tail.clone());
-        Some(tail)
-    }
-
-    /// [`Engine::log_tail`] without the cache of tails that needed Secrets.
-    async fn render_tail(
-        &self,
-        d: &Destination,
-        failed: &FailedContainer,
-        lines: u32,
-        secrets: &Redactor,
-    ) -> Option<String> {
-        // The Secrets the container could print: read them to redact their values, or withhold.
-        let with_values;
-        let secrets = if failed.secrets.is_empty() {
-            secrets
-        } else {
-            let timeout = self.inner.settings.log_timeout;
-            match logs::secrets::read(d.client(), &failed.namespace, &failed.secrets, timeout).await
-            {
-                Ok(values) => {
-                    with_values = secrets.with(values);
-                    &with_values
-                }
-                Err(e) => {
-                    tracing::warn!(destination = %d.name, pod = %failed.pod, error = %e,
-                                   "log tail withheld: a Secret the container reads cannot be read to redact it");
-                    return Some(logs::withheld(failed, &e));
-                }
-            }
-        };
-        if let Some(m) = &failed.message {
-            return Some(logs::render(
-                failed,
-                m,
-                "termination message",
-                lines,
-                secrets,
-            ));
-        }
-        let key = (
-            d.name.clone(),
-            failed.namespace.clone(),
-            failed.pod.clone(),
-            failed.container.clone(),
-        );
-        let known = self
-            .inner
-            .logs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            .cloned();
-        let raw = match known {
-            Some(r) => r,
-            None => {
-                let r = logs::fetch(d.client(), failed, lines, self.inner.settings.log_timeout)
-                    .await
-                    .map_err(Arc::new);
-                let mut cache = self.inner.logs.lock().unwrap_or_else(|e| e.into_inner());
-                if cache.len() >= MAX_CACHED_LOGS {
-                    cache.clear();
-                }
-                cache.insert(key, r.clone());
-                r
-            }
-        };
-        Some(match raw {
-            Ok(text) => logs::render(failed, &text, "pods/log", lines, secrets),
-            Err(e) => format!(
-                "no log of {} (pod {}): {}",
-                failed.describe(),
-                failed.pod,
-                secrets.redact(&e.to_string())
-            ),
-        })
     }
 }

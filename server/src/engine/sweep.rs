@@ -31,7 +31,7 @@ pub enum SweepReason {
     /// (`Engine::expire_records`, needs no control plane)
     RecordRetention,
     /// an agent record of the Application routes (read, sync) nobody asked for in
-    /// [`super::applications::APP_RECORD_IDLE`] (`Engine::expire_app_records`)
+    /// `applications::APP_RECORD_IDLE` (`Applications::expire_idle`)
     ApplicationIdle,
 }
 
@@ -158,8 +158,8 @@ impl Engine {
         }
         if let Some(store) = &self.inner.store {
             for r in records {
-                // The Application routes' records belong to no run (`expire_app_records`).
-                if r.spec.delete || applications::is_api_record(&r.spec) {
+                // The Application routes' records belong to no run (`Applications::expire_idle`).
+                if r.spec.delete || store::is_application_record(&r.spec) {
                     continue;
                 }
                 let active = r

@@ -27,6 +27,7 @@ pub mod routes;
 pub mod run;
 pub mod secrets;
 pub mod stream;
+pub mod tails;
 
 /// The most bytes of log text a message carries.
 pub const MAX_LOG_BYTES: usize = 4096;

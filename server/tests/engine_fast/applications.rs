@@ -300,13 +300,13 @@ mod through_an_agent {
         );
         assert_eq!(patches(), 1);
         // The records of the routes belong to no run: only idleness removes them.
-        assert!(w
-            .engine
-            .expire_app_records(std::time::Duration::from_secs(60))
+        assert!(d
+            .expire_idle(std::time::Duration::from_secs(60))
             .await
             .deleted
             .is_empty());
-        let gone = w.engine.expire_app_records(std::time::Duration::ZERO).await;
+        assert!(w.engine.expire_records().await.deleted.is_empty());
+        let gone = d.expire_idle(std::time::Duration::ZERO).await;
         assert_eq!(gone.deleted.len(), 1, "{gone:?}");
         assert!(
             a.get(&applications(), "argocd", "web").is_some(),

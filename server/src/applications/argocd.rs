@@ -15,140 +15,15 @@
 //! `RefreshTypeHard`, types.go:543-544) and our `rollouts-dispatch.io/sync-id`, which lets the
 //! agent carry out each order once.
 //!
-//! On an agent destination the routes keep one DispatchJob record per Application
-//! ([`api_record`]: `observe: application`, no Job, no run, `sync` for a sync order), which the
-//! agent serves (`agent/sync.rs`) and [`Engine::expire_app_records`] removes once nobody asked
-//! for it in [`APP_RECORD_IDLE`]; the run sweep and the record retention leave them alone.
-
-use std::time::{Duration, Instant};
+//! On an agent destination the routes keep a record per Application instead (`records`).
 
 use dispatch_api::agent::SyncOrder;
-use dispatch_api::observe::{ApplicationCheck, Observe};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{json, Value};
 
-use super::{Engine, SweepReason, SweepReport};
 use crate::destinations::client;
 use crate::observe::application_resource;
-use crate::store::{self, DispatchJob, DispatchJobSpec};
 
-/// A record of the Application routes nobody asked for this long is removed (the Application
-/// itself is never touched).
-pub const APP_RECORD_IDLE: Duration = Duration::from_secs(15 * 60);
-
-/// Whether `spec` is a record of the Application routes: it observes an Application and belongs
-/// to no AnalysisRun (an `application:` check's records carry their run's uid).
-pub fn is_api_record(spec: &DispatchJobSpec) -> bool {
-    spec.run_uid.is_empty() && matches!(spec.observe, Some(Observe::Application(_)))
-}
-
-/// The record of Application `namespace/name` on agent destination `destination`, with the
-/// sync order `sync`. Its name is stable per Application (`app.<ns>.<name>.<hash of the
-/// destination>`), hashed when that would pass the 253 characters of an object name.
-pub fn api_record(
-    destination: &str,
-    namespace: &str,
-    name: &str,
-    sync: Option<SyncOrder>,
-) -> DispatchJob {
-    let mut base = format!("app.{namespace}.{name}");
-    if base.len() > 200 {
-        base = format!(
-            "app.{namespace}.{:016x}",
-            crate::job::fnv1a(name.as_bytes())
-        );
-    }
-    DispatchJob {
-        name: store::record_name(&base, destination),
-        spec: DispatchJobSpec {
-            destination: destination.to_string(),
-            namespace: namespace.to_string(),
-            job_name: name.to_string(),
-            run_uid: String::new(),
-            run: String::new(),
-            metric: String::new(),
-            measurement: 0,
-            log_tail: 0,
-            job: None,
-            delete: false,
-            observe: Some(Observe::Application(ApplicationCheck {
-                name: name.to_string(),
-                namespace: namespace.to_string(),
-                revision: None,
-            })),
-            sync,
-        },
-        status: None,
-        resource_version: None,
-    }
-}
-
-impl Engine {
-    /// Record `name` of the Application routes was asked for now.
-    pub fn app_record_asked(&self, name: &str) {
-        let mut asked = self
-            .inner
-            .app_records_asked
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        asked.insert(name.to_string(), Instant::now());
-    }
-
-    /// Removes the records of the Application routes that nobody asked for in `idle` (a
-    /// record this process has not seen asked for counts from when it first saw it: another
-    /// replica's, or from before a restart).
-    pub async fn expire_app_records(&self, idle: Duration) -> SweepReport {
-        let mut report = SweepReport::default();
-        let Some(store) = &self.inner.store else {
-            return report;
-        };
-        let now = Instant::now();
-        let idle_ones: Vec<DispatchJob> = {
-            let mut asked = self
-                .inner
-                .app_records_asked
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            let records: Vec<DispatchJob> = store
-                .all()
-                .into_iter()
-                .filter(|r| is_api_record(&r.spec))
-                .collect();
-            asked.retain(|name, _| records.iter().any(|r| &r.name == name));
-            records
-                .into_iter()
-                .filter(|r| {
-                    let at = *asked.entry(r.name.clone()).or_insert(now);
-                    now.duration_since(at) >= idle
-                })
-                .collect()
-        };
-        for r in idle_ones {
-            match store.remove(&r.name).await {
-                Ok(()) => {
-                    self.inner
-                        .app_records_asked
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(&r.name);
-                    report.deleted.push((
-                        r.spec.destination.clone(),
-                        format!("{}/{}", r.spec.namespace, r.spec.job_name),
-                        SweepReason::ApplicationIdle,
-                    ));
-                }
-                Err(e) => report
-                    .failed
-                    .push((r.spec.destination.clone(), e.to_string())),
-            }
-        }
-        if !report.deleted.is_empty() {
-            tracing::info!(removed = ?report.deleted, idle_s = idle.as_secs(),
-                           "records of the Application routes nobody asked for are removed");
-        }
-        report
-    }
-}
 
 /// Our annotation on an Application: the id of the last sync we requested.
 pub const ANN_SYNC_ID: &str = "rollouts-dispatch.io/sync-id";
