@@ -21,8 +21,8 @@ use dispatch_api::agent::{Report, WorkItem};
 use tracing::warn;
 
 use super::guard::Guard;
-use crate::destinations::Entry;
 use crate::applications::argocd::{sync_id_of, AppError, AppTarget};
+use crate::destinations::Entry;
 use crate::observe::application::state_of;
 use crate::verdict::DestState;
 

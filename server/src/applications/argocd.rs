@@ -24,7 +24,6 @@ use serde_json::{json, Value};
 use crate::destinations::client;
 use crate::observe::application_resource;
 
-
 /// Our annotation on an Application: the id of the last sync we requested.
 pub const ANN_SYNC_ID: &str = "rollouts-dispatch.io/sync-id";
 /// Argo CD's refresh annotation (`AnnotationKeyRefresh`).

@@ -22,11 +22,11 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use crate::destinations::{Destination, Entry};
-use argocd::{AppError, AppTarget};
 use crate::engine::Engine;
 use crate::http::{DispatchError, Reason};
 use crate::observe::application::state_of;
 use crate::store::random_id;
+use argocd::{AppError, AppTarget};
 
 /// The Applications of every destination, as the policy lets each project see and sync them.
 pub struct Applications {

@@ -1,8 +1,15 @@
 //! Agent destinations: the engine writes a `DispatchJob` record per Job and reads the state the
 //! agent reported, instead of calling a cluster it cannot reach.
 
+use std::sync::Arc;
+
+use dispatch_api::observe::Observe;
+
 use super::cleanup::{measurement_of, CleanupError};
-use super::*;
+use super::{Engine, JobRef, MeasureRequest, Outcome, Placement};
+use crate::destinations::{AgentDestination, Entry};
+use crate::store::{self, Created, DispatchJob, DispatchJobSpec, Store};
+use crate::verdict::DestState;
 
 impl Engine {
     pub(super) fn agent_store(&self) -> Result<&Arc<dyn Store>, DestState> {

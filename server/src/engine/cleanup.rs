@@ -1,7 +1,22 @@
 //! Cleanup: `terminate` (foreground delete on every placement) and `gc` (keep the newest Jobs
 //! of a run on its placements); the sweep of what nobody else removes is in `sweep`.
 
-use super::*;
+use std::sync::Arc;
+
+use futures::future::join_all;
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{Api, DeleteParams, ListParams, Preconditions};
+
+use super::{
+    api_failure, no_answer, ControlPlaneError, Engine, GcReport, JobRef, Placement, TerminateReport,
+};
+use crate::destinations::{Destination, Entry};
+use crate::job::{
+    self, Ownership, ANN_MEASUREMENT, ANN_METRIC, LABEL_ARGO_RUN_UID, LABEL_RUN_UID,
+    MANAGED_SELECTOR,
+};
+use crate::store;
+use crate::verdict::{DestState, Verdict};
 
 /// Why Jobs (or agent records) could not be deleted.
 #[derive(Debug, thiserror::Error)]

@@ -2,7 +2,30 @@
 //! policy, apply the pod security profile of each placement (`podsecurity`), and create the Job
 //! on each of them, or adopt ours and refuse a foreign one.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dispatch_api::block::{JobConfig, Target};
+use dispatch_api::observe::Observe;
+use futures::future::join_all;
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+
+use super::{
+    api_failure, finish, no_answer, ControlPlaneError, Engine, EngineError, Ensured, JobRef,
+    MeasureRequest, Outcome, Placement, MAX_PLACEMENTS,
+};
+use crate::destinations::client::RequestCounter;
+use crate::destinations::{client, stage, Entry};
+use crate::job::{self, JobInput, RunContext};
+use crate::logs::Redactor;
+use crate::podsecurity;
+use crate::policy::Denied;
+use crate::verdict::{self, DestState, DestinationStatus};
+
+/// Remembered `destination: stage` resolutions at most (cleared when it grows beyond).
+const MAX_REMEMBERED: usize = 4096;
 
 impl Engine {
     /// Creates (or adopts) the measurement's Job on each destination.

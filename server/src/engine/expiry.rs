@@ -16,7 +16,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-use super::*;
+use super::{Engine, JobRef, SweepReason, SweepReport};
+use crate::store;
+use crate::store::DispatchJob;
+use crate::verdict::DestState;
 
 impl Engine {
     /// How long a record's final state is kept: `jobs.retention`, and never less than the
@@ -98,7 +101,10 @@ fn observed_final_before(r: &DispatchJob, cutoff: Timestamp) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{observed_final_before, Timestamp};
+    use crate::store::{DispatchJob, DispatchJobSpec};
+    use crate::verdict::DestState;
+
     use crate::store::DispatchJobStatus;
 
     fn record(state: Option<DestState>, observed_at: &str) -> DispatchJob {

@@ -284,7 +284,11 @@ impl JobRef {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{Expected, JobRef, Placement, RefRefused, Require, SignatureError, REF_KEY};
+    use crate::job;
+    use crate::signing::Signer;
+    use dispatch_api::observe::Observe;
+    use std::collections::BTreeMap;
 
     const KEY: &[u8] = b"job-ref-test-key-0123456789abcdef0123456789";
 

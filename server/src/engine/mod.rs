@@ -17,35 +17,23 @@
 //! Agent destinations have no reachable Jobs: their state is a [`DispatchJob`] record per Job in
 //! the [`Store`], written by the engine (spec) and by the agent (status).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dispatch_api::block::{JobConfig, Target, PLUGIN_NAME};
-use dispatch_api::observe::Observe;
-use futures::future::join_all;
+use dispatch_api::block::{JobConfig, PLUGIN_NAME};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, ListParams, PostParams, Preconditions,
-};
 
-use crate::config::{EngineSettings, JobsSettings, ServerConfig, StoreKind};
-use crate::destinations::client::{self, RequestCounter};
-use crate::destinations::{
-    self, argocd, stage, stage::StageInstance, AgentDestination, Destination, DestinationSpec,
-    Entry, Registry, Source,
-};
-use crate::job::{
-    self, JobInput, Ownership, RunContext, ANN_MEASUREMENT, ANN_METRIC, LABEL_ARGO_RUN_UID,
-    LABEL_RUN_UID, MANAGED_SELECTOR,
-};
-use crate::logs::{self, FailedContainer, Redactor};
-use crate::podsecurity;
+use crate::config::{EngineSettings, JobsSettings};
+use crate::destinations::client;
+use crate::destinations::stage::StageInstance;
+use crate::destinations::{Destination, Registry};
+use crate::job::{self, Ownership, RunContext};
+use crate::logs::{self, Redactor};
 use crate::policy::{Denied, Policy};
 use crate::signing::Signer;
-use crate::store::{self, Created, DispatchJob, DispatchJobSpec, Store};
-use crate::verdict::{self, DestState, DestinationStatus, Observed, Verdict};
+use crate::store::Store;
+use crate::verdict::{DestState, Verdict};
 
 mod agents;
 mod cleanup;
@@ -65,9 +53,6 @@ pub use job_ref::{
 pub use observing::Observation;
 pub use pending::PendingReport;
 pub use sweep::{SweepReason, SweepReport, RUNS_PAGE};
-
-/// Remembered `destination: stage` resolutions at most (cleared when it grows beyond).
-const MAX_REMEMBERED: usize = 4096;
 
 /// One measurement to take.
 #[derive(Debug, Clone)]
@@ -466,7 +451,16 @@ fn finish(job: &JobRef, mut v: Verdict, secrets: &Redactor) -> Verdict {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{
+        Engine, EngineError, GcReport, JobRef, MeasureRequest, Placement, JOB_NAMESPACE_KEY,
+        JOB_NAME_KEY, REF_KEY,
+    };
+    use crate::config::ServerConfig;
+    use crate::job::RunContext;
+    use crate::logs::Redactor;
+    use dispatch_api::block::JobConfig;
+    use std::collections::BTreeMap;
+
     use dispatch_api::Require;
 
     #[test]

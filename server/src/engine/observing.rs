@@ -4,12 +4,18 @@
 //! `list` only, never a write — and judges them by `observe::rollout` / `observe::application`.
 //! The agent reads its own cluster through [`Engine::observe_on`], so both judge alike.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 
+use dispatch_api::observe::Observe;
+use kube::api::{Api, DynamicObject, ListParams};
 use serde_json::Value;
 
-use super::*;
+use super::{api_failure, no_answer, Engine, JobRef, MeasureRequest, Outcome, Placement};
+use crate::destinations::{client, Destination, Entry};
 use crate::observe::{self, ApplicationState};
+use crate::store;
+use crate::verdict::DestState;
 
 /// What one placement of an observe check shows.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -12,8 +12,13 @@
 //! backstop after a restart). Agent destinations need nothing new: their records already carry
 //! the delete request until the agent confirms it.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
 use super::cleanup::measurement_of;
-use super::*;
+use super::{CleanupError, Engine, JobRef, Placement};
+use crate::destinations::Entry;
+use crate::store::{self, Created, DispatchJob, DispatchJobSpec, Store};
 
 /// What one pass of [`Engine::retry_pending_deletions`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

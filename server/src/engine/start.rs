@@ -1,7 +1,22 @@
 //! Starting an engine: the destination registry and its sources, the agent store, the
 //! control-plane client, and the accessors the server and the agent read.
 
-use super::*;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::{ControlPlaneError, Engine, EngineError, Inner, SyncDisabled};
+use crate::config::{EngineSettings, JobsSettings, ServerConfig, StoreKind};
+use crate::destinations::client::RequestCounter;
+use crate::destinations::stage::StageInstance;
+use crate::destinations::{
+    self, argocd, client, AgentDestination, DestinationSpec, Entry, Registry, Source,
+};
+use crate::logs;
+use crate::policy::Policy;
+use crate::signing::Signer;
+use crate::store;
+use crate::store::Store;
 
 impl Engine {
     /// Registers every destination of `config`, starts their watch caches and the Argo CD

@@ -1,8 +1,20 @@
 //! `status`: the verdict of a measurement from the watch caches (no API call at steady state),
 //! with the log tail of a failed container fetched once and redacted.
 
-use super::*;
-use crate::verdict::Phase;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::join_all;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+
+use super::{api_failure, finish, no_answer, with_cache_problem, Engine, JobRef, Placement};
+use crate::destinations::{Destination, Entry};
+use crate::logs;
+use crate::logs::Redactor;
+use crate::verdict::{self, DestState, DestinationStatus, Observed, Phase, Verdict};
 
 impl Engine {
     /// The verdict of a measurement, from the watch caches: at steady state no API call.

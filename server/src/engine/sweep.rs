@@ -10,11 +10,17 @@
 //! on our control plane, so without the mark its live Jobs would look like orphans.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, DynamicObject, ListParams};
 
-use super::*;
+use super::{CleanupError, Engine};
+use crate::destinations::{self, client, Destination, Entry};
+use crate::job;
+use crate::store;
 
 /// Why the sweep deleted a Job: the `reason` label of `rollouts_dispatch_jobs_swept_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

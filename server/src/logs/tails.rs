@@ -74,10 +74,7 @@ impl Tails {
             return known;
         }
         let tail = self.render(d, failed, lines, secrets).await?;
-        let mut cache = self
-            .secret_tails
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut cache = self.secret_tails.lock().unwrap_or_else(|e| e.into_inner());
         if cache.len() >= MAX_CACHED {
             cache.clear();
         }
@@ -99,7 +96,8 @@ impl Tails {
             secrets
         } else {
             let timeout = self.timeout;
-            match super::secrets::read(d.client(), &failed.namespace, &failed.secrets, timeout).await
+            match super::secrets::read(d.client(), &failed.namespace, &failed.secrets, timeout)
+                .await
             {
                 Ok(values) => {
                     with_values = secrets.with(values);
@@ -113,13 +111,7 @@ impl Tails {
             }
         };
         if let Some(m) = &failed.message {
-            return Some(render(
-                failed,
-                m,
-                "termination message",
-                lines,
-                secrets,
-            ));
+            return Some(render(failed, m, "termination message", lines, secrets));
         }
         let key = (
             d.name.clone(),

@@ -532,9 +532,12 @@ pub fn by_metric(jobs: Vec<DispatchJob>) -> BTreeMap<(String, String), Vec<Dispa
 /// Whether `spec` is a record of the Application routes: it observes an Application and belongs
 /// to no AnalysisRun (an `application:` check's records carry their run's uid).
 pub fn is_application_record(spec: &DispatchJobSpec) -> bool {
-    spec.run_uid.is_empty() && matches!(spec.observe, Some(dispatch_api::observe::Observe::Application(_)))
+    spec.run_uid.is_empty()
+        && matches!(
+            spec.observe,
+            Some(dispatch_api::observe::Observe::Application(_))
+        )
 }
-
 
 /// A fresh unguessable id (128 random bits, hex): of a sync order, of a log request.
 pub fn random_id() -> String {
