@@ -161,7 +161,7 @@ impl EngineDispatcher {
         &self,
         caller: &Principal,
         destination: &str,
-    ) -> Result<(Arc<AgentDestination>, Arc<dyn Store>), DispatchError> {
+    ) -> Result<(Arc<AgentDestination>, Arc<Store>), DispatchError> {
         match caller.destination.as_deref() {
             None => {
                 tracing::warn!(subject = %caller.subject, destination, "refused: not an agent token");

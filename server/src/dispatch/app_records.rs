@@ -75,7 +75,7 @@ impl EngineDispatcher {
                 Created::New | Created::Existing(_) => {}
             }
         }
-        wait_for_report(&*store, &record.name, &app.destination)
+        wait_for_report(&store, &record.name, &app.destination)
             .await
             .unwrap_or_else(|| {
                 Err(DispatchError::Unavailable(
@@ -112,7 +112,7 @@ fn reported(record: Option<&DispatchJob>) -> Option<Result<ApplicationState, Dis
 
 /// The first reported state of record `name`, within [`FIRST_REPORT_WAIT`].
 async fn wait_for_report(
-    store: &dyn Store,
+    store: &Store,
     name: &str,
     destination: &str,
 ) -> Option<Result<ApplicationState, DispatchError>> {
