@@ -446,24 +446,22 @@ async fn authenticators(
     revoked_file: Option<PathBuf>,
     token_review_allow: Vec<String>,
     (callers, origin): (Vec<CallerBinding>, &str),
-) -> anyhow::Result<Arc<dyn Authenticator>> {
-    let mut chain: Vec<Arc<dyn Authenticator>> = Vec::new();
+) -> anyhow::Result<Arc<Chain>> {
+    let mut chain: Vec<Authenticator> = Vec::new();
     if !token_review_allow.is_empty() {
         let client = kube::Client::try_default()
             .await
             .context("--token-review-allow needs a Kubernetes client for TokenReviews (in-cluster or $KUBECONFIG)")?;
-        chain.push(Arc::new(
+        chain.push(
             TokenReviewAuthenticator::new(client, Vec::new(), token_review_allow)
-                .with_callers(callers, origin),
-        ));
+                .with_callers(callers, origin)
+                .into(),
+        );
     }
     if !jwt_key_files.is_empty() {
-        chain.push(Arc::new(jwt_authenticator(
-            jwt_key_files,
-            revoked,
-            revoked_file,
-            reload::CHECK_EVERY,
-        )?));
+        chain.push(
+            jwt_authenticator(jwt_key_files, revoked, revoked_file, reload::CHECK_EVERY)?.into(),
+        );
     } else if revoked_file.is_some() {
         bail!("--revoked-tokens-file revokes JWTs, but no --jwt-key-file is given");
     }

@@ -194,8 +194,8 @@ pub trait Dispatcher: Send + Sync + 'static {
 pub struct AppState {
     /// the engine
     pub dispatcher: Arc<dyn Dispatcher>,
-    /// who may call
-    pub auth: Arc<dyn Authenticator>,
+    /// who may call: each authenticator tried in turn
+    pub auth: Arc<auth::Chain>,
     /// people of the control plane (logs, pages); [`viewer::NoPeople`] without one
     pub people: Arc<dyn viewer::People>,
     /// request and verdict metrics

@@ -154,7 +154,7 @@ fn state() -> (AppState, Arc<Scripted>) {
     let d = Arc::new(Scripted {
         calls: Mutex::new(Vec::new()),
     });
-    let jwt: Arc<dyn Authenticator> = Arc::new(JwtAuthenticator::new(
+    let jwt = Authenticator::Jwt(JwtAuthenticator::new(
         &[KEY.to_vec(), OLD_KEY.to_vec()],
         ["revoked-id".to_string()],
     ));

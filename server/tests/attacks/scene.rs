@@ -12,7 +12,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use dispatch_server::dispatch::EngineDispatcher;
 use dispatch_server::http::auth::{self, Claims, JwtAuthenticator};
-use dispatch_server::http::{self as api_http, AppState, Authenticator};
+use dispatch_server::http::{self as api_http, AppState};
 use dispatch_server::runtime::limits::{BudgetArgs, Budgets};
 use dispatch_server::runtime::metrics::Metrics;
 use serde_json::Value;
@@ -49,11 +49,11 @@ impl Scene {
     /// The default engine configuration plus `extra` top-level keys, behind the API.
     pub(crate) async fn start(extra: &str) -> Result<Self> {
         let jwt = JwtAuthenticator::new(&[KEY.to_vec()], [REVOKED_JTI.to_string()]);
-        Self::start_with_auth(extra, Arc::new(jwt)).await
+        Self::start_with_auth(extra, Arc::new(jwt.into())).await
     }
 
     /// [`Scene::start`] with the authenticator `auth` (e.g. TokenReview, then JWTs).
-    pub(crate) async fn start_with_auth(extra: &str, auth: Arc<dyn Authenticator>) -> Result<Self> {
+    pub(crate) async fn start_with_auth(extra: &str, auth: Arc<auth::Chain>) -> Result<Self> {
         Self::serve_with(World::start(extra).await?, auth, Arc::new(Metrics::new())).await
     }
 
@@ -61,7 +61,7 @@ impl Scene {
     /// (a case that reads them keeps a clone).
     pub(crate) async fn serve_with(
         world: World,
-        auth: Arc<dyn Authenticator>,
+        auth: Arc<auth::Chain>,
         metrics: Arc<Metrics>,
     ) -> Result<Self> {
         Self::serve_dispatcher(world, auth, metrics, None, None).await
@@ -73,7 +73,7 @@ impl Scene {
         let world = World::start(extra).await?;
         Self::serve_dispatcher(
             world,
-            Arc::new(jwt),
+            Arc::new(jwt.into()),
             Arc::new(Metrics::new()),
             None,
             Some(budgets),
@@ -91,14 +91,21 @@ impl Scene {
         let runs = dispatch_server::cmd::serve::confirming_runs(config.confirm_runs, &world.engine)
             .await?;
         let jwt = JwtAuthenticator::new(&[KEY.to_vec()], [REVOKED_JTI.to_string()]);
-        Self::serve_dispatcher(world, Arc::new(jwt), Arc::new(Metrics::new()), runs, None).await
+        Self::serve_dispatcher(
+            world,
+            Arc::new(jwt.into()),
+            Arc::new(Metrics::new()),
+            runs,
+            None,
+        )
+        .await
     }
 
     /// `world`'s engine behind the API, its requests confirmed by `runs` and held to `budgets`
     /// when given.
     async fn serve_dispatcher(
         world: World,
-        auth: Arc<dyn Authenticator>,
+        auth: Arc<auth::Chain>,
         metrics: Arc<Metrics>,
         runs: Option<dispatch_server::runs::Runs>,
         budgets: Option<BudgetArgs>,
@@ -326,7 +333,7 @@ impl ServedScene {
                 metrics.clone(),
                 Arc::new(signer()),
             )),
-            auth: Arc::new(jwt),
+            auth: Arc::new(jwt.into()),
             people: Arc::new(dispatch_server::http::viewer::NoPeople),
             metrics,
         };
@@ -367,7 +374,7 @@ impl Scene {
             .engine(more_destinations, extra, true)
             .await?;
         let jwt = JwtAuthenticator::new(&[KEY.to_vec()], [REVOKED_JTI.to_string()]);
-        Self::serve_with(world, Arc::new(jwt), Arc::new(Metrics::new())).await
+        Self::serve_with(world, Arc::new(jwt.into()), Arc::new(Metrics::new())).await
     }
 }
 
@@ -384,10 +391,9 @@ impl Scene {
             EngineDispatcher::new(world.engine.clone(), metrics.clone(), Arc::new(signer()));
         let state = AppState {
             dispatcher: Arc::new(dispatcher),
-            auth: Arc::new(JwtAuthenticator::new(
-                &[KEY.to_vec()],
-                [REVOKED_JTI.to_string()],
-            )),
+            auth: Arc::new(
+                JwtAuthenticator::new(&[KEY.to_vec()], [REVOKED_JTI.to_string()]).into(),
+            ),
             people,
             metrics,
         };

@@ -318,7 +318,7 @@ async fn serve_people(world: World) -> Result<(World, std::net::SocketAddr)> {
     .with_runs(runs);
     let state = AppState {
         dispatcher: Arc::new(dispatcher),
-        auth: Arc::new(JwtAuthenticator::new(&[crate::scene::KEY.to_vec()], [])),
+        auth: Arc::new(JwtAuthenticator::new(&[crate::scene::KEY.to_vec()], []).into()),
         people: Arc::new(people),
         metrics,
     };

@@ -84,7 +84,7 @@ impl Replica {
         let dispatcher = Arc::new(dispatcher);
         let state = AppState {
             dispatcher: dispatcher.clone(),
-            auth: Arc::new(JwtAuthenticator::new(&[KEY.to_vec()], [])),
+            auth: Arc::new(JwtAuthenticator::new(&[KEY.to_vec()], []).into()),
             people: Arc::new(dispatch_server::http::viewer::NoPeople),
             metrics,
         };
