@@ -334,15 +334,15 @@ pub async fn confirming_runs(
 }
 
 /// The people of the control plane who may read logs and pages (`ui.people`): their tokens
-/// reviewed and their access decided by its apiserver; [`http::viewer::NoPeople`] when the config
+/// reviewed and their access decided by its apiserver; [`http::viewer::People::Nobody`] when the config
 /// accepts none (no `controlPlane`, or `tokenReview: false` and no proxy).
 pub async fn people(
     config: &crate::config::PeopleConfig,
     engine: &Engine,
-) -> anyhow::Result<Arc<dyn http::viewer::People>> {
+) -> anyhow::Result<Arc<http::viewer::People>> {
     if !config.token_review && config.proxy.is_none() {
         info!("people are not recognised (ui.people): only service tokens read logs and pages");
-        return Ok(Arc::new(http::viewer::NoPeople));
+        return Ok(Arc::new(http::viewer::People::Nobody));
     }
     let client = engine.control_plane_client().await.context(
         "`ui.people` reviews people's tokens and access on the control plane: fix          `controlPlane`, or set `ui.people.tokenReview: false` and remove `ui.people.proxy`",
@@ -352,10 +352,9 @@ pub async fn people(
         proxy = config.proxy.is_some(),
         "people of the control plane may read the logs of the runs they may get"
     );
-    Ok(Arc::new(http::people::ControlPlanePeople::new(
-        client,
-        config.clone(),
-    )))
+    Ok(Arc::new(
+        http::people::ControlPlanePeople::new(client, config.clone()).into(),
+    ))
 }
 
 /// The signer of Job references: the `--signing-key-file` keys, else one derived from each JWT

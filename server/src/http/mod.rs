@@ -196,8 +196,8 @@ pub struct AppState {
     pub dispatcher: Arc<dyn Dispatcher>,
     /// who may call: each authenticator tried in turn
     pub auth: Arc<auth::Chain>,
-    /// people of the control plane (logs, pages); [`viewer::NoPeople`] without one
-    pub people: Arc<dyn viewer::People>,
+    /// people of the control plane (logs, pages); [`viewer::People::Nobody`] without one
+    pub people: Arc<viewer::People>,
     /// request and verdict metrics
     pub metrics: Arc<Metrics>,
 }

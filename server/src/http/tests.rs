@@ -163,7 +163,7 @@ fn state() -> (AppState, Arc<Scripted>) {
         AppState {
             dispatcher: d.clone(),
             auth,
-            people: Arc::new(super::viewer::NoPeople),
+            people: Arc::new(super::viewer::People::Nobody),
             metrics: Arc::new(Metrics::new()),
         },
         d,

@@ -118,7 +118,7 @@ impl Scene {
         let state = AppState {
             dispatcher: Arc::new(dispatcher),
             auth,
-            people: Arc::new(dispatch_server::http::viewer::NoPeople),
+            people: Arc::new(dispatch_server::http::viewer::People::Nobody),
             metrics: metrics.clone(),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -334,7 +334,7 @@ impl ServedScene {
                 Arc::new(signer()),
             )),
             auth: Arc::new(jwt.into()),
-            people: Arc::new(dispatch_server::http::viewer::NoPeople),
+            people: Arc::new(dispatch_server::http::viewer::People::Nobody),
             metrics,
         };
         let tls = listener::reloading_tls_config(&files.tls_cert, &files.tls_key, RELOAD_EVERY)?;
@@ -384,7 +384,7 @@ impl Scene {
     /// play a proxy from a trusted or an untrusted address.
     pub(crate) async fn serve_with_people(
         world: World,
-        people: Arc<dyn dispatch_server::http::viewer::People>,
+        people: Arc<dispatch_server::http::viewer::People>,
     ) -> Result<Self> {
         let metrics = Arc::new(Metrics::new());
         let dispatcher =

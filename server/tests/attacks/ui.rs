@@ -319,7 +319,7 @@ async fn serve_people(world: World) -> Result<(World, std::net::SocketAddr)> {
     let state = AppState {
         dispatcher: Arc::new(dispatcher),
         auth: Arc::new(JwtAuthenticator::new(&[crate::scene::KEY.to_vec()], []).into()),
-        people: Arc::new(people),
+        people: Arc::new(people.into()),
         metrics,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

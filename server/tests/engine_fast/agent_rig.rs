@@ -85,7 +85,7 @@ impl Replica {
         let state = AppState {
             dispatcher: dispatcher.clone(),
             auth: Arc::new(JwtAuthenticator::new(&[KEY.to_vec()], []).into()),
-            people: Arc::new(dispatch_server::http::viewer::NoPeople),
+            people: Arc::new(dispatch_server::http::viewer::People::Nobody),
             metrics,
         };
         let router = api_http::router(state);
