@@ -92,10 +92,10 @@ pub fn issue_token_for(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::auth::{Authenticator, JwtAuthenticator};
+    use crate::http::auth::JwtAuthenticator;
 
-    #[tokio::test]
-    async fn issued_agent_tokens_carry_their_destination_and_expire() {
+    #[test]
+    fn issued_agent_tokens_carry_their_destination_and_expire() {
         let key = b"0123456789abcdef0123456789abcdef".to_vec();
         let (token, claims) = issue_token(
             &key,
@@ -106,7 +106,7 @@ mod tests {
         .unwrap();
         assert_eq!(claims.exp - claims.iat, 3600);
         let auth = JwtAuthenticator::new(std::slice::from_ref(&key), []);
-        let p = auth.authenticate(&token).await.unwrap();
+        let p = auth.authenticate(&token).unwrap();
         assert_eq!(
             (p.subject.as_str(), p.destination.as_deref()),
             ("agent:edge-1", Some("edge-1"))
@@ -114,7 +114,6 @@ mod tests {
         let revoked = JwtAuthenticator::new(&[key], [claims.jti.clone()]);
         assert!(revoked
             .authenticate(&token)
-            .await
             .unwrap_err()
             .to_string()
             .contains("revoked"));
@@ -128,8 +127,8 @@ mod tests {
         assert_ne!(other.jti, claims.jti);
     }
 
-    #[tokio::test]
-    async fn project_tokens_carry_their_projects() {
+    #[test]
+    fn project_tokens_carry_their_projects() {
         let key = b"0123456789abcdef0123456789abcdef".to_vec();
         let projects = ["team-a".to_string(), "team-b-*".to_string()];
         let (token, claims) =
@@ -137,7 +136,6 @@ mod tests {
         assert_eq!(claims.projects.as_deref(), Some(&projects[..]));
         let p = JwtAuthenticator::new(std::slice::from_ref(&key), [])
             .authenticate(&token)
-            .await
             .unwrap();
         assert!(p.projects.allows("team-b-x") && !p.projects.allows("team-c"));
         let (_, all) = issue_token(&key, "plugin", None, Duration::from_secs(60)).unwrap();

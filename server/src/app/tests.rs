@@ -132,13 +132,13 @@ fn features_of(engine: crate::Engine, metrics: Arc<Metrics>) -> Features {
 }
 
 fn gate() -> Gate {
-    let jwt: Arc<dyn Authenticator> = Arc::new(JwtAuthenticator::new(
+    let jwt = Authenticator::Jwt(JwtAuthenticator::new(
         &[KEY.to_vec(), OLD_KEY.to_vec()],
         ["revoked-id".to_string()],
     ));
     Gate {
         auth: Arc::new(Chain(vec![jwt])),
-        people: Arc::new(crate::http::viewer::NoPeople),
+        people: Arc::new(crate::http::viewer::People::Nobody),
     }
 }
 

@@ -120,7 +120,7 @@ impl Applications {
                 Created::New | Created::Existing(_) => {}
             }
         }
-        wait_for_report(&*store, &record.name, &app.destination)
+        wait_for_report(&store, &record.name, &app.destination)
             .await
             .unwrap_or_else(|| {
                 Err(DispatchError::Unavailable(
@@ -215,7 +215,7 @@ fn reported(record: Option<&DispatchJob>) -> Option<Result<ApplicationState, Dis
 
 /// The first reported state of record `name`, within [`FIRST_REPORT_WAIT`].
 async fn wait_for_report(
-    store: &dyn Store,
+    store: &Store,
     name: &str,
     destination: &str,
 ) -> Option<Result<ApplicationState, DispatchError>> {

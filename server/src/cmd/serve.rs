@@ -343,15 +343,15 @@ pub async fn confirming_runs(
 }
 
 /// The people of the control plane who may read logs and pages (`ui.people`): their tokens
-/// reviewed and their access decided by its apiserver; [`http::viewer::NoPeople`] when the config
+/// reviewed and their access decided by its apiserver; [`http::viewer::People::Nobody`] when the config
 /// accepts none (no `controlPlane`, or `tokenReview: false` and no proxy).
 pub async fn people(
     config: &crate::config::PeopleConfig,
     engine: &Engine,
-) -> anyhow::Result<Arc<dyn http::viewer::People>> {
+) -> anyhow::Result<Arc<http::viewer::People>> {
     if !config.token_review && config.proxy.is_none() {
         info!("people are not recognised (ui.people): only service tokens read logs and pages");
-        return Ok(Arc::new(http::viewer::NoPeople));
+        return Ok(Arc::new(http::viewer::People::Nobody));
     }
     let client = engine.control_plane_client().await.context(
         "`ui.people` reviews people's tokens and access on the control plane: fix          `controlPlane`, or set `ui.people.tokenReview: false` and remove `ui.people.proxy`",
@@ -361,10 +361,9 @@ pub async fn people(
         proxy = config.proxy.is_some(),
         "people of the control plane may read the logs of the runs they may get"
     );
-    Ok(Arc::new(http::people::ControlPlanePeople::new(
-        client,
-        config.clone(),
-    )))
+    Ok(Arc::new(
+        http::people::ControlPlanePeople::new(client, config.clone()).into(),
+    ))
 }
 
 /// The signer of Job references: the `--signing-key-file` keys, else one derived from each JWT
@@ -455,24 +454,22 @@ async fn authenticators(
     revoked_file: Option<PathBuf>,
     token_review_allow: Vec<String>,
     (callers, origin): (Vec<CallerBinding>, &str),
-) -> anyhow::Result<Arc<dyn Authenticator>> {
-    let mut chain: Vec<Arc<dyn Authenticator>> = Vec::new();
+) -> anyhow::Result<Arc<Chain>> {
+    let mut chain: Vec<Authenticator> = Vec::new();
     if !token_review_allow.is_empty() {
         let client = kube::Client::try_default()
             .await
             .context("--token-review-allow needs a Kubernetes client for TokenReviews (in-cluster or $KUBECONFIG)")?;
-        chain.push(Arc::new(
+        chain.push(
             TokenReviewAuthenticator::new(client, Vec::new(), token_review_allow)
-                .with_callers(callers, origin),
-        ));
+                .with_callers(callers, origin)
+                .into(),
+        );
     }
     if !jwt_key_files.is_empty() {
-        chain.push(Arc::new(jwt_authenticator(
-            jwt_key_files,
-            revoked,
-            revoked_file,
-            reload::CHECK_EVERY,
-        )?));
+        chain.push(
+            jwt_authenticator(jwt_key_files, revoked, revoked_file, reload::CHECK_EVERY)?.into(),
+        );
     } else if revoked_file.is_some() {
         bail!("--revoked-tokens-file revokes JWTs, but no --jwt-key-file is given");
     }

@@ -12,7 +12,7 @@ use crate::store::{self, Created, DispatchJob, DispatchJobSpec, Store};
 use crate::verdict::DestState;
 
 impl Engine {
-    pub(super) fn agent_store(&self) -> Result<&Arc<dyn Store>, DestState> {
+    pub(super) fn agent_store(&self) -> Result<&Arc<Store>, DestState> {
         self.inner.store.as_ref().ok_or_else(|| {
             DestState::Error("agent destinations need `agents` in the server config".into())
         })

@@ -309,10 +309,10 @@ struct Inner {
     stages: Mutex<HashMap<String, Vec<String>>>,
     tasks: Vec<tokio::task::AbortHandle>,
     /// the records of agent destinations (`None`: no `agents` in the config)
-    store: Option<Arc<dyn Store>>,
+    store: Option<Arc<Store>>,
     /// the pending deletions of direct destinations (`engine/pending.rs`): `store` when there
     /// is one, else a store of this process's own
-    deletions: Arc<dyn Store>,
+    deletions: Arc<Store>,
     /// an agent silent this long is shown as not connected
     offline_after: Duration,
     /// the key of the adoption mark on our Jobs (`job::mark`); see [`Engine::mark_jobs_with`]

@@ -35,7 +35,7 @@ pub struct PendingReport {
 impl Engine {
     /// Where pending deletions of direct destinations are kept: the agent store when there is
     /// one, else this process's own.
-    pub(super) fn deletions(&self) -> &Arc<dyn Store> {
+    pub(super) fn deletions(&self) -> &Arc<Store> {
         &self.inner.deletions
     }
 

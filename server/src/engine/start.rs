@@ -92,12 +92,12 @@ impl Engine {
             tasks = started.tasks;
             started.stage
         };
-        let mut store: Option<Arc<dyn Store>> = None;
+        let mut store: Option<Arc<Store>> = None;
         let mut offline_after = Duration::from_secs(60);
         if let Some(agents) = &agents {
             offline_after = agents.offline_after;
             store = Some(match agents.store {
-                StoreKind::Memory => Arc::new(store::memory::MemoryStore::new()),
+                StoreKind::Memory => Arc::new(Store::memory()),
                 StoreKind::Kubernetes => {
                     let namespace = agents.namespace.clone().unwrap_or_else(|| {
                         std::env::var("POD_NAMESPACE")
@@ -112,11 +112,13 @@ impl Engine {
                         })?;
                     let cp = client::client(cp_config, &settings, &RequestCounter::default())
                         .map_err(|e| EngineError::cannot_start(format!("control plane: {e}"), e))?;
-                    Arc::new(store::kubernetes::KubeStore::start(
-                        cp,
-                        &namespace,
-                        settings.request_timeout,
-                    ))
+                    Arc::new(Store::Kubernetes(Box::new(
+                        store::kubernetes::KubeStore::start(
+                            cp,
+                            &namespace,
+                            settings.request_timeout,
+                        ),
+                    )))
                 }
             });
             for (i, a) in agents.destinations.iter().enumerate() {
@@ -147,9 +149,7 @@ impl Engine {
                 tails: logs::tails::Tails::new(settings.log_timeout),
                 stages: Mutex::new(HashMap::new()),
                 tasks,
-                deletions: store
-                    .clone()
-                    .unwrap_or_else(|| Arc::new(store::memory::MemoryStore::new())),
+                deletions: store.clone().unwrap_or_else(|| Arc::new(Store::memory())),
                 store,
                 offline_after,
                 marker: std::sync::OnceLock::new(),
@@ -218,7 +218,7 @@ impl Engine {
                 stages: Mutex::new(HashMap::new()),
                 tasks: Vec::new(),
                 store: None,
-                deletions: Arc::new(store::memory::MemoryStore::new()),
+                deletions: Arc::new(Store::memory()),
                 offline_after: Duration::from_secs(60),
                 marker: std::sync::OnceLock::new(),
                 marks_sent: true,
@@ -253,7 +253,7 @@ impl Engine {
     }
 
     /// The records of agent destinations (`None` without `agents` in the config).
-    pub fn store(&self) -> Option<&Arc<dyn Store>> {
+    pub fn store(&self) -> Option<&Arc<Store>> {
         self.inner.store.as_ref()
     }
 

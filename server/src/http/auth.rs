@@ -1,4 +1,4 @@
-//! Who may call the API: bearer tokens checked by an [`Authenticator`].
+//! Who may call the API: bearer tokens checked by a [`Chain`] of [`Authenticator`]s.
 //!
 //! * [`JwtAuthenticator`]: JWTs signed with a shared HS256 key (dev, tests, agents). Several keys
 //!   may be accepted at once so a key can be rotated with an overlap; revoked token ids (`jti`)
@@ -10,7 +10,6 @@
 //! Every failure is a 401 with a message that says what to fix, and a log line on the server.
 
 use std::collections::HashSet;
-use std::sync::Arc;
 
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
@@ -20,9 +19,9 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
+use super::tokenreview::TokenReviewAuthenticator;
 use super::{ApiFailure, Gate};
 use crate::runtime::reload::Reloading;
-use futures::future::BoxFuture;
 
 /// The audience every rollouts-dispatch token must carry.
 pub const AUDIENCE: &str = "rollouts-dispatch";
@@ -139,10 +138,34 @@ pub enum AuthError {
     Unavailable(String),
 }
 
-/// Checks bearer tokens.
-pub trait Authenticator: Send + Sync + 'static {
+/// Checks bearer tokens: one way of checking them. A server tries several in a [`Chain`].
+pub enum Authenticator {
+    /// our own HS256 JWTs
+    Jwt(JwtAuthenticator),
+    /// Kubernetes tokens, reviewed by the apiserver
+    TokenReview(TokenReviewAuthenticator),
+}
+
+impl Authenticator {
     /// Returns the caller a token belongs to.
-    fn authenticate<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Principal, AuthError>>;
+    pub async fn authenticate(&self, token: &str) -> Result<Principal, AuthError> {
+        match self {
+            Authenticator::Jwt(a) => a.authenticate(token),
+            Authenticator::TokenReview(a) => a.authenticate(token).await,
+        }
+    }
+}
+
+impl From<JwtAuthenticator> for Authenticator {
+    fn from(a: JwtAuthenticator) -> Self {
+        Authenticator::Jwt(a)
+    }
+}
+
+impl From<TokenReviewAuthenticator> for Authenticator {
+    fn from(a: TokenReviewAuthenticator) -> Self {
+        Authenticator::TokenReview(a)
+    }
 }
 
 /// The claims of a rollouts-dispatch JWT.
@@ -253,7 +276,9 @@ impl JwtAuthenticator {
                 .is_some_and(|f| f.get().contains(jti))
     }
 
-    fn check(&self, token: &str) -> Result<Principal, AuthError> {
+    /// Returns the caller `token` belongs to. Synchronous: the keys and revocations are in
+    /// memory ([`Authenticator::authenticate`] is the async face).
+    pub fn authenticate(&self, token: &str) -> Result<Principal, AuthError> {
         use jsonwebtoken::errors::ErrorKind;
         // Say plainly why `alg: none`, HS512 or RS256 tokens are refused (jsonwebtoken would
         // refuse them too, with less telling errors).
@@ -329,31 +354,30 @@ pub(crate) fn header_alg(token: &str) -> Option<String> {
     Some(value.get("alg")?.as_str()?.to_string())
 }
 
-impl Authenticator for JwtAuthenticator {
-    fn authenticate<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Principal, AuthError>> {
-        Box::pin(std::future::ready(self.check(token)))
+/// Tries each authenticator in turn; the first that accepts wins.
+pub struct Chain(pub Vec<Authenticator>);
+
+impl Chain {
+    /// Returns the caller a token belongs to: the first authenticator's that accepts it; else
+    /// the most telling refusal.
+    pub async fn authenticate(&self, token: &str) -> Result<Principal, AuthError> {
+        let mut best = AuthError::Invalid("no authenticator is configured".into());
+        for a in &self.0 {
+            match a.authenticate(token).await {
+                Ok(p) => return Ok(p),
+                // A specific reason (expired, revoked …) beats a generic "not ours".
+                Err(e @ AuthError::Invalid(_)) if !matches!(best, AuthError::Invalid(_)) => drop(e),
+                Err(e) => best = e,
+            }
+        }
+        Err(best)
     }
 }
 
-/// Tries each authenticator in turn; the first that accepts wins.
-pub struct Chain(pub Vec<Arc<dyn Authenticator>>);
-
-impl Authenticator for Chain {
-    fn authenticate<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Principal, AuthError>> {
-        Box::pin(async move {
-            let mut best = AuthError::Invalid("no authenticator is configured".into());
-            for a in &self.0 {
-                match a.authenticate(token).await {
-                    Ok(p) => return Ok(p),
-                    // A specific reason (expired, revoked …) beats a generic "not ours".
-                    Err(e @ AuthError::Invalid(_)) if !matches!(best, AuthError::Invalid(_)) => {
-                        drop(e)
-                    }
-                    Err(e) => best = e,
-                }
-            }
-            Err(best)
-        })
+/// A chain of one: it accepts and refuses exactly as its one authenticator.
+impl<A: Into<Authenticator>> From<A> for Chain {
+    fn from(a: A) -> Self {
+        Chain(vec![a.into()])
     }
 }
 
@@ -459,12 +483,14 @@ mod tests {
     }
 
     fn refused(token: &str) -> AuthError {
-        auth().check(token).expect_err("the token must be refused")
+        auth()
+            .authenticate(token)
+            .expect_err("the token must be refused")
     }
 
     #[test]
     fn a_well_formed_token_is_accepted() {
-        let p = auth().check(&hs256(&claims())).unwrap();
+        let p = auth().authenticate(&hs256(&claims())).unwrap();
         assert_eq!(p.subject, "plugin");
         assert_eq!(p.destination, None);
         assert_eq!(p.projects, Projects::All);
@@ -473,7 +499,7 @@ mod tests {
     #[test]
     fn the_projects_claim_binds_the_token() {
         let p = auth()
-            .check(&hs256(&with("projects", json!(["team-a", "shared-*"]))))
+            .authenticate(&hs256(&with("projects", json!(["team-a", "shared-*"]))))
             .unwrap();
         assert!(p.projects.allows("team-a") && p.projects.allows("shared-x"));
         assert!(!p.projects.allows("team-b") && !p.projects.allows("team-a2"));
@@ -485,7 +511,9 @@ mod tests {
             }
         ));
         // An empty list binds the token to no project at all.
-        let none = auth().check(&hs256(&with("projects", json!([])))).unwrap();
+        let none = auth()
+            .authenticate(&hs256(&with("projects", json!([]))))
+            .unwrap();
         assert!(!none.projects.allows("team-a"));
         // A claim that is not a list of strings is not ignored.
         assert!(matches!(
@@ -534,7 +562,7 @@ mod tests {
             assert_eq!(e, AuthError::WrongAudience, "{aud:?}");
         }
         assert!(auth()
-            .check(&hs256(&with("aud", json!(["other"]))))
+            .authenticate(&hs256(&with("aud", json!(["other"]))))
             .is_err());
         // A list that includes ours is not a token for us alone: the claims do not parse.
         assert!(matches!(
@@ -552,7 +580,7 @@ mod tests {
         assert_eq!(refused(&day_old), AuthError::Expired);
         // Within the leeway: a clock a little behind the issuer's is tolerated.
         let just = hs256(&with("exp", json!(now() - CLOCK_LEEWAY_SECS + 10)));
-        assert!(auth().check(&just).is_ok());
+        assert!(auth().authenticate(&just).is_ok());
     }
 
     #[test]
@@ -564,9 +592,9 @@ mod tests {
         assert!(e.to_string().contains("check the clocks"), "{e}");
         // Within the leeway, and in the past: fine.
         let soon = hs256(&with("nbf", json!(now() + CLOCK_LEEWAY_SECS - 10)));
-        assert!(auth().check(&soon).is_ok());
+        assert!(auth().authenticate(&soon).is_ok());
         assert!(auth()
-            .check(&hs256(&with("nbf", json!(now() - 10))))
+            .authenticate(&hs256(&with("nbf", json!(now() - 10))))
             .is_ok());
         // An `nbf` that is not a number is not skipped.
         assert!(matches!(
@@ -594,7 +622,7 @@ mod tests {
         let ahead = hs256(&with("iat", json!(now() + CLOCK_LEEWAY_SECS + 30)));
         assert!(matches!(refused(&ahead), AuthError::NotYetValid(_)));
         let slightly = hs256(&with("iat", json!(now() + CLOCK_LEEWAY_SECS - 10)));
-        assert!(auth().check(&slightly).is_ok());
+        assert!(auth().authenticate(&slightly).is_ok());
     }
 
     #[test]
@@ -695,6 +723,26 @@ mod tests {
             ids,
             ["abc123", "def456"].map(String::from).into_iter().collect()
         );
+    }
+
+    /// Whichever comes first, a JWT's specific refusal beats TokenReview's "not a Kubernetes
+    /// token" (an HS256 token: refused without asking the apiserver, which is never reached).
+    #[tokio::test]
+    async fn a_chain_answers_with_the_most_telling_refusal() {
+        let unreachable = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let review = || {
+            TokenReviewAuthenticator::new(unreachable.clone().try_into().unwrap(), vec![], vec![])
+        };
+        let expired = hs256(&with("exp", json!(now() - 86_400)));
+        for chain in [
+            Chain(vec![review().into(), auth().into()]),
+            Chain(vec![auth().into(), review().into()]),
+        ] {
+            assert_eq!(chain.authenticate(&expired).await, Err(AuthError::Expired));
+            assert!(chain.authenticate(&hs256(&claims())).await.is_ok());
+        }
+        let none = Chain(Vec::new()).authenticate(&expired).await;
+        assert!(matches!(none, Err(AuthError::Invalid(m)) if m.contains("no authenticator")));
     }
 
     /// `let x = v.tap(|x| …)`: change a value in an expression.

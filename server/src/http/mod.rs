@@ -40,10 +40,10 @@ pub struct RunName {
 /// Who may call: what the bearer layer and the log and page routes identify callers with.
 #[derive(Clone)]
 pub struct Gate {
-    /// who may call the API (services: plugins, tools, agents)
-    pub auth: Arc<dyn Authenticator>,
-    /// people of the control plane (logs, pages); [`viewer::NoPeople`] without one
-    pub people: Arc<dyn viewer::People>,
+    /// who may call the API (services: plugins, tools, agents): each authenticator tried in turn
+    pub auth: Arc<auth::Chain>,
+    /// people of the control plane (logs, pages); [`viewer::People::Nobody`] without one
+    pub people: Arc<viewer::People>,
 }
 
 /// The largest request body accepted: a plugin block plus run metadata is a few KiB.

@@ -1,9 +1,9 @@
-//! People of the control plane ([`ControlPlanePeople`], the [`People`] of `serve` with a
-//! control plane): who they are, from their own Kubernetes bearer token (a TokenReview with no
-//! audiences: the apiserver's own, as `kubectl` tokens are) or from the headers of a trusted
-//! authenticating proxy (oauth2-proxy `--pass-user-headers`), and what they may see: a
-//! SubjectAccessReview of `get analysisruns.argoproj.io` in the run's namespace, the rule Kargo
-//! users already live under.
+//! People of the control plane ([`ControlPlanePeople`], the [`People`](super::viewer::People)
+//! of `serve` with a control plane): who they are, from their own Kubernetes bearer token (a
+//! TokenReview with no audiences: the apiserver's own, as `kubectl` tokens are) or from the
+//! headers of a trusted authenticating proxy (oauth2-proxy `--pass-user-headers`), and what they
+//! may see: a SubjectAccessReview of `get analysisruns.argoproj.io` in the run's namespace, the
+//! rule Kargo users already live under.
 //!
 //! Every answer of the apiserver is cached in bounded LRUs ([`Lru`], as in `tokenreview`): token
 //! reviews by token hash (accepted [`POSITIVE_TTL`], refused [`NEGATIVE_TTL`], each in its own
@@ -16,7 +16,6 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use axum::http::HeaderMap;
-use futures::future::BoxFuture;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
@@ -26,7 +25,7 @@ use kube::Api;
 
 use super::auth::AuthError;
 use super::tokenreview::{is_ours, Lru, NEGATIVE_MAX, NEGATIVE_TTL, POSITIVE_MAX, POSITIVE_TTL};
-use super::viewer::{People, Person, PersonSource};
+use super::viewer::{Person, PersonSource};
 use crate::config::{PeopleConfig, ProxyConfig};
 
 /// How long a SubjectAccessReview's answer is reused: bounds how long a removed RoleBinding
@@ -186,8 +185,9 @@ fn proxied_person(
     })
 }
 
-impl People for ControlPlanePeople {
-    fn by_proxy(
+impl ControlPlanePeople {
+    /// The person the configured proxy vouches for (see [`People::by_proxy`](super::viewer::People::by_proxy)).
+    pub fn by_proxy(
         &self,
         headers: &HeaderMap,
         peer: Option<SocketAddr>,
@@ -199,52 +199,48 @@ impl People for ControlPlanePeople {
             .and_then(|p| proxied_person(p, headers, peer)))
     }
 
-    fn by_token<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Option<Person>, AuthError>> {
-        Box::pin(async move {
-            // Our own JWTs are never Kubernetes tokens (see `tokenreview::is_ours`): no review.
-            if !self.config.token_review || is_ours(token) {
-                return Ok(None);
+    /// The person `token` belongs to, by a TokenReview (cached); `Ok(None)` when people's tokens
+    /// are not reviewed (`token_review: false`) or it is one of our own JWTs.
+    pub async fn by_token(&self, token: &str) -> Result<Option<Person>, AuthError> {
+        // Our own JWTs are never Kubernetes tokens (see `tokenreview::is_ours`): no review.
+        if !self.config.token_review || is_ours(token) {
+            return Ok(None);
+        }
+        let key = self.hasher.hash_one(token);
+        if let Some(p) = lock(&self.accepted).get(key) {
+            return Ok(Some(p));
+        }
+        if let Some(e) = lock(&self.refused).get(key) {
+            return Err(e);
+        }
+        match self.review(token).await {
+            Ok(p) => {
+                lock(&self.accepted).insert(key, p.clone());
+                Ok(Some(p))
             }
-            let key = self.hasher.hash_one(token);
-            if let Some(p) = lock(&self.accepted).get(key) {
-                return Ok(Some(p));
+            // An apiserver that cannot answer says nothing about the token: ask again.
+            Err(e @ AuthError::Unavailable(_)) => Err(e),
+            Err(e) => {
+                lock(&self.refused).insert(key, e.clone());
+                Err(e)
             }
-            if let Some(e) = lock(&self.refused).get(key) {
-                return Err(e);
-            }
-            match self.review(token).await {
-                Ok(p) => {
-                    lock(&self.accepted).insert(key, p.clone());
-                    Ok(Some(p))
-                }
-                // An apiserver that cannot answer says nothing about the token: ask again.
-                Err(e @ AuthError::Unavailable(_)) => Err(e),
-                Err(e) => {
-                    lock(&self.refused).insert(key, e.clone());
-                    Err(e)
-                }
-            }
-        })
+        }
     }
 
-    fn may_see<'a>(
-        &'a self,
-        person: &'a Person,
-        namespace: &'a str,
-    ) -> BoxFuture<'a, Result<bool, AuthError>> {
-        Box::pin(async move {
-            let key = self
-                .hasher
-                .hash_one((&person.user, &person.groups, namespace));
-            let cached = lock(&self.access).get(key);
-            if let Some(allowed) = cached {
-                return Ok(allowed);
-            }
-            let allowed = self.access_review(person, namespace).await?;
-            tracing::debug!(user = %person.user, namespace, allowed, "subject access review");
-            lock(&self.access).insert(key, allowed);
-            Ok(allowed)
-        })
+    /// Whether `person` may `get analysisruns.argoproj.io` in `namespace`: a
+    /// SubjectAccessReview, its answer cached for [`ACCESS_TTL`].
+    pub async fn may_see(&self, person: &Person, namespace: &str) -> Result<bool, AuthError> {
+        let key = self
+            .hasher
+            .hash_one((&person.user, &person.groups, namespace));
+        let cached = lock(&self.access).get(key);
+        if let Some(allowed) = cached {
+            return Ok(allowed);
+        }
+        let allowed = self.access_review(person, namespace).await?;
+        tracing::debug!(user = %person.user, namespace, allowed, "subject access review");
+        lock(&self.access).insert(key, allowed);
+        Ok(allowed)
     }
 }
 

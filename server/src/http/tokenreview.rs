@@ -18,9 +18,8 @@ use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use kube::api::PostParams;
 use kube::Api;
 
-use super::auth::{AuthError, Authenticator, Principal, Projects, ScopeSource, AUDIENCE};
+use super::auth::{AuthError, Principal, Projects, ScopeSource, AUDIENCE};
 use crate::config::CallerBinding;
-use futures::future::BoxFuture;
 
 /// How long an accepted token is trusted without asking again: bounds how long a token whose
 /// ServiceAccount (or pod, for a projected token) was deleted keeps working here.
@@ -246,39 +245,36 @@ impl TokenReviewAuthenticator {
             destination: None,
         })
     }
-}
 
-impl Authenticator for TokenReviewAuthenticator {
-    fn authenticate<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Principal, AuthError>> {
-        Box::pin(async move {
-            // A JWT from `token issue` is not a Kubernetes token: the JWT authenticator of the
-            // chain alone decides it, and no review is spent on it.
-            if is_ours(token) {
-                return Err(AuthError::Invalid(
-                    "an HS256 token is a rollouts-dispatch JWT, not a Kubernetes ServiceAccount \
-                     token; it is checked against --jwt-key-file only"
-                        .into(),
-                ));
-            }
-            let key = self.hasher.hash_one(token);
-            let cached = self
-                .cache
+    /// Returns the caller `token` belongs to: the apiserver's answer, cached.
+    pub async fn authenticate(&self, token: &str) -> Result<Principal, AuthError> {
+        // A JWT from `token issue` is not a Kubernetes token: the JWT authenticator of the
+        // chain alone decides it, and no review is spent on it.
+        if is_ours(token) {
+            return Err(AuthError::Invalid(
+                "an HS256 token is a rollouts-dispatch JWT, not a Kubernetes ServiceAccount \
+                 token; it is checked against --jwt-key-file only"
+                    .into(),
+            ));
+        }
+        let key = self.hasher.hash_one(token);
+        let cached = self
+            .cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key);
+        if let Some(result) = cached {
+            return result;
+        }
+        let result = self.review(token).await;
+        // An apiserver that cannot answer says nothing about the token: ask again next time.
+        if !matches!(result, Err(AuthError::Unavailable(_))) {
+            self.cache
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .get(key);
-            if let Some(result) = cached {
-                return result;
-            }
-            let result = self.review(token).await;
-            // An apiserver that cannot answer says nothing about the token: ask again next time.
-            if !matches!(result, Err(AuthError::Unavailable(_))) {
-                self.cache
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(key, &result);
-            }
-            result
-        })
+                .insert(key, &result);
+        }
+        result
     }
 }
 

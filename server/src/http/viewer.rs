@@ -6,14 +6,15 @@
 //! (trusted only from the configured proxy addresses). What a person may see is what Kubernetes
 //! says: a run is shown only if a SubjectAccessReview allows them `get analysisruns` in its
 //! namespace on the control plane — the rule Kargo users already live under.
-//! [`People`] is that contract; its implementation lives beside TokenReview.
+//! [`People`] is that contract; its implementation ([`ControlPlanePeople`]) lives beside
+//! TokenReview.
 
 use std::net::SocketAddr;
 
 use axum::http::{HeaderMap, StatusCode};
-use futures::future::BoxFuture;
 
 use super::auth::{AuthError, Principal};
+use super::people::ControlPlanePeople;
 use super::{ApiFailure, Gate};
 
 /// The browser session cookie: its value is the bearer token the login page was given
@@ -74,44 +75,51 @@ impl Viewer {
     }
 }
 
-/// Identifies people and says what they may see.
-pub trait People: Send + Sync + 'static {
+/// Identifies people and says what they may see: nobody, or the people of the control plane.
+pub enum People {
+    /// No people: only services may read (a server without a control plane).
+    Nobody,
+    /// the people of the control plane: TokenReview, a trusted proxy, SubjectAccessReviews;
+    /// boxed, as `Nobody` is nothing
+    ControlPlane(Box<ControlPlanePeople>),
+}
+
+impl People {
     /// The person a trusted authenticating proxy vouches for: `Some` only when `peer` is one of
     /// the configured proxy addresses and the user header is set; headers from anyone else are
     /// ignored.
-    fn by_proxy(
+    pub fn by_proxy(
         &self,
         headers: &HeaderMap,
         peer: Option<SocketAddr>,
-    ) -> Result<Option<Person>, AuthError>;
+    ) -> Result<Option<Person>, AuthError> {
+        match self {
+            People::Nobody => Ok(None),
+            People::ControlPlane(p) => p.by_proxy(headers, peer),
+        }
+    }
 
     /// The person a bearer token of the control plane belongs to (TokenReview); `Ok(None)` when
     /// people's tokens are not accepted here.
-    fn by_token<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Option<Person>, AuthError>>;
+    pub async fn by_token(&self, token: &str) -> Result<Option<Person>, AuthError> {
+        match self {
+            People::Nobody => Ok(None),
+            People::ControlPlane(p) => p.by_token(token).await,
+        }
+    }
 
     /// Whether `person` may `get analysisruns.argoproj.io` in `namespace` on the control plane.
-    fn may_see<'a>(
-        &'a self,
-        person: &'a Person,
-        namespace: &'a str,
-    ) -> BoxFuture<'a, Result<bool, AuthError>>;
+    pub async fn may_see(&self, person: &Person, namespace: &str) -> Result<bool, AuthError> {
+        match self {
+            People::Nobody => Ok(false),
+            People::ControlPlane(p) => p.may_see(person, namespace).await,
+        }
+    }
 }
 
-/// No people: only services may read (a server without a control plane).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoPeople;
-
-impl People for NoPeople {
-    fn by_proxy(&self, _: &HeaderMap, _: Option<SocketAddr>) -> Result<Option<Person>, AuthError> {
-        Ok(None)
-    }
-
-    fn by_token<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Option<Person>, AuthError>> {
-        Box::pin(std::future::ready(Ok(None)))
-    }
-
-    fn may_see<'a>(&'a self, _: &'a Person, _: &'a str) -> BoxFuture<'a, Result<bool, AuthError>> {
-        Box::pin(std::future::ready(Ok(false)))
+impl From<ControlPlanePeople> for People {
+    fn from(p: ControlPlanePeople) -> Self {
+        People::ControlPlane(Box::new(p))
     }
 }
 

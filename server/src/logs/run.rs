@@ -48,7 +48,7 @@ const GONE: &str = "Jobs are kept for jobs.ttlAfterFinished after they finish (d
 pub struct RunLogs {
     pub(super) registry: Arc<Registry>,
     /// the records of agent destinations (`None`: no `agents` in the config)
-    store: Option<Arc<dyn Store>>,
+    store: Option<Arc<Store>>,
     /// the control plane's AnalysisRuns: the uid of a run named by people
     runs: Option<Runs>,
     /// log requests waiting for, or streamed by, agents
@@ -64,7 +64,7 @@ impl RunLogs {
     /// `store`), runs found in `runs`, agents' logs through `relay`.
     pub fn new(
         registry: Arc<Registry>,
-        store: Option<Arc<dyn Store>>,
+        store: Option<Arc<Store>>,
         runs: Option<Runs>,
         relay: Arc<LogRelay>,
         offline_after: Duration,

@@ -68,7 +68,7 @@ impl AgentChannel {
         &self,
         caller: &Principal,
         destination: &str,
-    ) -> Result<(Arc<AgentDestination>, Arc<dyn Store>), DispatchError> {
+    ) -> Result<(Arc<AgentDestination>, Arc<Store>), DispatchError> {
         authz::agent_caller(caller, destination)?;
         let store = self.engine.store().cloned();
         match (self.engine.registry().get(destination), store) {

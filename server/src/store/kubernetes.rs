@@ -1,5 +1,6 @@
-//! The Kubernetes [`Store`]: `DispatchJob` resources in the server's namespace on the control
-//! plane, read through one informer (a `watcher` feeding the [`Index`]).
+//! The Kubernetes backend of [`Store`](super::Store): `DispatchJob` resources in the server's
+//! namespace on the control plane, read through one informer (a `watcher` feeding the
+//! [`Index`]).
 //!
 //! Kubernetes is the shared state of the replicas, so there is no consensus of our own: `create`
 //! is the API server's create (409 → the record is already there), status goes through the
@@ -18,16 +19,15 @@ use kube::runtime::WatchStreamExt;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-use super::{Created, DispatchJob, DispatchJobStatus, Index, Store, StoreError};
+use super::{Created, DispatchJob, DispatchJobStatus, Index, StoreError};
 use super::{GROUP, KIND, PLURAL, VERSION};
-use futures::future::BoxFuture;
 
 /// `DispatchJob` resources in one namespace.
 pub struct KubeStore {
     index: Arc<Index>,
     api: Api<DynamicObject>,
     client: kube::Client,
-    /// the published log requests, started on first use (`Store::log_board`)
+    /// the published log requests, started on first use ([`KubeStore::log_board`])
     board: std::sync::OnceLock<Arc<super::log_board::LogBoard>>,
     namespace: String,
     timeout: Duration,
@@ -227,80 +227,81 @@ async fn informer(
     }
 }
 
-impl Store for KubeStore {
-    fn index(&self) -> &Index {
+impl KubeStore {
+    /// The records, as the informer and this replica's own writes left them.
+    pub fn index(&self) -> &Index {
         &self.index
     }
 
-    fn create(&self, job: DispatchJob) -> BoxFuture<'_, Result<Created, StoreError>> {
-        Box::pin(async move {
-            let obj = to_object(&job)?;
-            let what = format!("create dispatchjob {}", job.name);
-            match tokio::time::timeout(self.timeout, self.api.create(&PostParams::default(), &obj))
-                .await
-            {
-                Ok(Ok(created)) => {
-                    self.applied(created);
-                    Ok(Created::New)
-                }
-                Ok(Err(kube::Error::Api(s))) if s.code == 409 => {
-                    let existing = self
-                        .call(
-                            format!("read dispatchjob {}", job.name),
-                            self.api.get(&job.name),
-                        )
-                        .await?;
-                    let existing = from_object(existing).ok_or_else(|| {
-                        StoreError::backend(format!("dispatchjob {} is malformed", job.name))
-                    })?;
-                    self.index.upsert(existing.clone());
-                    Ok(Created::Existing(Box::new(existing)))
-                }
-                Ok(Err(e)) => Err(self.failure(&what, Some(e))),
-                Err(_) => Err(self.failure(&what, None)),
+    /// Creates `job` unless a resource of that name exists (the API server's 409).
+    pub async fn create(&self, job: DispatchJob) -> Result<Created, StoreError> {
+        let obj = to_object(&job)?;
+        let what = format!("create dispatchjob {}", job.name);
+        match tokio::time::timeout(self.timeout, self.api.create(&PostParams::default(), &obj))
+            .await
+        {
+            Ok(Ok(created)) => {
+                self.applied(created);
+                Ok(Created::New)
             }
-        })
+            Ok(Err(kube::Error::Api(s))) if s.code == 409 => {
+                let existing = self
+                    .call(
+                        format!("read dispatchjob {}", job.name),
+                        self.api.get(&job.name),
+                    )
+                    .await?;
+                let existing = from_object(existing).ok_or_else(|| {
+                    StoreError::backend(format!("dispatchjob {} is malformed", job.name))
+                })?;
+                self.index.upsert(existing.clone());
+                Ok(Created::Existing(Box::new(existing)))
+            }
+            Ok(Err(e)) => Err(self.failure(&what, Some(e))),
+            Err(_) => Err(self.failure(&what, None)),
+        }
     }
 
-    fn set_status<'a>(
-        &'a self,
-        name: &'a str,
+    /// Replaces the status of record `name` (the status subresource).
+    pub async fn set_status(
+        &self,
+        name: &str,
         status: DispatchJobStatus,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            let mut value = serde_json::to_value(&status)
-                .map_err(|e| StoreError::backend_from(format!("encoding the status: {e}"), e))?;
-            // A merge patch keeps what it does not mention: say explicitly that a deleted Job
-            // has no state any more.
-            value["state"] = serde_json::to_value(&status.state).unwrap_or(Value::Null);
-            value["deleted"] = Value::Bool(status.deleted);
-            self.patch(name, json!({ "status": value }), true).await
-        })
+    ) -> Result<(), StoreError> {
+        let mut value = serde_json::to_value(&status)
+            .map_err(|e| StoreError::backend_from(format!("encoding the status: {e}"), e))?;
+        // A merge patch keeps what it does not mention: say explicitly that a deleted Job
+        // has no state any more.
+        value["state"] = serde_json::to_value(&status.state).unwrap_or(Value::Null);
+        value["deleted"] = Value::Bool(status.deleted);
+        self.patch(name, json!({ "status": value }), true).await
     }
 
-    fn request_delete<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.patch(name, json!({"spec": {"delete": true}}), false))
+    /// Asks the agent to delete the Job of record `name` (`spec.delete`).
+    pub async fn request_delete(&self, name: &str) -> Result<(), StoreError> {
+        self.patch(name, json!({"spec": {"delete": true}}), false)
+            .await
     }
 
-    fn remove<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            match self
-                .call(
-                    format!("delete dispatchjob {name}"),
-                    self.api.delete(name, &DeleteParams::default()),
-                )
-                .await
-            {
-                Ok(_) | Err(StoreError::NotFound(_)) => {
-                    self.index.remove(name);
-                    Ok(())
-                }
-                Err(e) => Err(e),
+    /// Deletes resource `name`; absent is fine.
+    pub async fn remove(&self, name: &str) -> Result<(), StoreError> {
+        match self
+            .call(
+                format!("delete dispatchjob {name}"),
+                self.api.delete(name, &DeleteParams::default()),
+            )
+            .await
+        {
+            Ok(_) | Err(StoreError::NotFound(_)) => {
+                self.index.remove(name);
+                Ok(())
             }
-        })
+            Err(e) => Err(e),
+        }
     }
 
-    fn log_board(&self) -> Option<Arc<super::log_board::LogBoard>> {
+    /// The log requests published to every replica, started on first use.
+    pub fn log_board(&self) -> Arc<super::log_board::LogBoard> {
         let board = self.board.get_or_init(|| {
             Arc::new(super::log_board::LogBoard::start(
                 self.client.clone(),
@@ -308,17 +309,14 @@ impl Store for KubeStore {
                 self.timeout,
             ))
         });
-        Some(board.clone())
+        board.clone()
     }
 
-    fn wait_synced(&self, timeout: Duration) -> BoxFuture<'_, bool> {
+    /// Waits up to `timeout` for the informer's first full list; returns whether it came.
+    pub async fn wait_synced(&self, timeout: Duration) -> bool {
         let mut rx = self.synced.clone();
-        Box::pin(async move {
-            matches!(
-                tokio::time::timeout(timeout, rx.wait_for(|s| *s)).await,
-                Ok(Ok(_))
-            )
-        })
+        let synced = tokio::time::timeout(timeout, rx.wait_for(|s| *s)).await;
+        matches!(synced, Ok(Ok(_)))
     }
 }
 

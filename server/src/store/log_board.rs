@@ -16,7 +16,6 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use dispatch_api::logs::LogRequest;
-use futures::future::BoxFuture;
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams};
@@ -253,31 +252,27 @@ impl LogBoard {
     }
 
     /// Publishes `log` for every replica.
-    pub fn publish(&self, log: PublishedLog) -> BoxFuture<'_, Result<(), StoreError>> {
-        Box::pin(async move {
-            let obj = to_object(&log)?;
-            let what = format!("create dispatchlogrequest {}", log.request.id);
-            self.call(&what, self.api.create(&PostParams::default(), &obj))
-                .await?;
-            upsert(&self.by_id, &self.changed, log);
-            Ok(())
-        })
+    pub async fn publish(&self, log: PublishedLog) -> Result<(), StoreError> {
+        let obj = to_object(&log)?;
+        let what = format!("create dispatchlogrequest {}", log.request.id);
+        self.call(&what, self.api.create(&PostParams::default(), &obj))
+            .await?;
+        upsert(&self.by_id, &self.changed, log);
+        Ok(())
     }
 
     /// Deletes request `id` (served, given up, or stale); absent is fine.
-    pub fn withdraw<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            remove(&self.by_id, &self.changed, id);
-            let name = object_name(id);
-            let what = format!("delete dispatchlogrequest {id}");
-            match self
-                .call(&what, self.api.delete(&name, &DeleteParams::default()))
-                .await
-            {
-                Ok(_) | Err(StoreError::NotFound(_)) => Ok(()),
-                Err(e) => Err(e),
-            }
-        })
+    pub async fn withdraw(&self, id: &str) -> Result<(), StoreError> {
+        remove(&self.by_id, &self.changed, id);
+        let name = object_name(id);
+        let what = format!("delete dispatchlogrequest {id}");
+        match self
+            .call(&what, self.api.delete(&name, &DeleteParams::default()))
+            .await
+        {
+            Ok(_) | Err(StoreError::NotFound(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// The ids of the requests created longer than `older_than` ago by the API server's clock

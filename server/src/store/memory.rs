@@ -1,11 +1,9 @@
-//! The in-memory [`Store`]: the embedded default for one server replica. A restart forgets the
-//! records; the engine then recreates adopt-only records from the measurements Argo still asks
-//! about, and the agents report the Jobs they still have, so no verdict is lost.
+//! The in-memory backend of [`Store`](super::Store): the embedded default for one server
+//! replica. A restart forgets the records; the engine then recreates adopt-only records from the
+//! measurements Argo still asks about, and the agents report the Jobs they still have, so no
+//! verdict is lost.
 
-use std::time::Duration;
-
-use super::{Created, DispatchJob, DispatchJobStatus, Index, Store, StoreError};
-use futures::future::BoxFuture;
+use super::{Created, DispatchJob, DispatchJobStatus, Index, StoreError};
 
 /// Records in this process only.
 #[derive(Default)]
@@ -19,6 +17,36 @@ impl MemoryStore {
         Self::default()
     }
 
+    /// The records.
+    pub fn index(&self) -> &Index {
+        &self.index
+    }
+
+    /// Creates `job` unless a record of that name exists. Synchronous: there is nothing to wait
+    /// for in memory ([`super::Store::create`] is the async face).
+    pub fn create(&self, job: DispatchJob) -> Result<Created, StoreError> {
+        // Check and insert under one lock: two concurrent creates must not both win.
+        Ok(match self.index.insert_new(job) {
+            Ok(()) => Created::New,
+            Err(existing) => Created::Existing(existing),
+        })
+    }
+
+    /// Replaces the status of record `name`.
+    pub fn set_status(&self, name: &str, status: DispatchJobStatus) -> Result<(), StoreError> {
+        self.modify(name, |j| j.status = Some(status))
+    }
+
+    /// Asks the agent to delete the Job of record `name`.
+    pub fn request_delete(&self, name: &str) -> Result<(), StoreError> {
+        self.modify(name, |j| j.spec.delete = true)
+    }
+
+    /// Removes record `name`; absent is fine.
+    pub fn remove(&self, name: &str) {
+        self.index.remove(name);
+    }
+
     fn modify(&self, name: &str, change: impl FnOnce(&mut DispatchJob)) -> Result<(), StoreError> {
         let mut job = self
             .index
@@ -30,55 +58,16 @@ impl MemoryStore {
     }
 }
 
-impl Store for MemoryStore {
-    fn index(&self) -> &Index {
-        &self.index
-    }
-
-    fn create(&self, job: DispatchJob) -> BoxFuture<'_, Result<Created, StoreError>> {
-        // Check and insert under one lock: two concurrent creates must not both win.
-        let result = match self.index.insert_new(job) {
-            Ok(()) => Created::New,
-            Err(existing) => Created::Existing(existing),
-        };
-        Box::pin(std::future::ready(Ok(result)))
-    }
-
-    fn set_status<'a>(
-        &'a self,
-        name: &'a str,
-        status: DispatchJobStatus,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(std::future::ready(
-            self.modify(name, |j| j.status = Some(status)),
-        ))
-    }
-
-    fn request_delete<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(std::future::ready(
-            self.modify(name, |j| j.spec.delete = true),
-        ))
-    }
-
-    fn remove<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.index.remove(name);
-        Box::pin(std::future::ready(Ok(())))
-    }
-
-    fn wait_synced(&self, _timeout: Duration) -> BoxFuture<'_, bool> {
-        Box::pin(std::future::ready(true))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::store::tests::job;
+    use crate::store::Store;
     use crate::verdict::DestState;
 
     #[tokio::test]
     async fn create_is_idempotent_and_updates_wake_the_destination() {
-        let store = MemoryStore::new();
+        let store = Store::memory();
         let mut rx = store.subscribe("a");
         assert!(matches!(
             store.create(job("j", "a", "r", 1)).await,

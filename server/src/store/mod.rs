@@ -3,7 +3,7 @@
 //! A direct destination's Job *is* its state. An agent destination cannot be reached, so the
 //! server writes a record instead (spec: the Job to create, or a request to delete it) and the
 //! agent writes the record's status (the [`DestState`] it observed in its cluster). Two
-//! backends behind one [`Store`] trait (`docs/architecture.md`):
+//! backends behind one [`Store`], an enum of them (`docs/architecture.md`):
 //!
 //! * [`memory::MemoryStore`]: the embedded default for one replica (laptop, tests);
 //! * [`kubernetes::KubeStore`]: `DispatchJob` resources (`rollouts-dispatch.io/v1alpha1`) in the
@@ -29,7 +29,6 @@ use tokio::sync::watch;
 
 use crate::verdict::DestState;
 use dispatch_api::observe::ApplicationState;
-use futures::future::BoxFuture;
 
 /// API group of the `DispatchJob` resource.
 pub const GROUP: &str = "rollouts-dispatch.io";
@@ -222,65 +221,115 @@ impl StoreError {
     }
 }
 
-/// Where the records live. Reads come from the backend's [`Index`]; writes go to the backend.
-pub trait Store: Send + Sync + 'static {
+/// Where the records live: one of the two backends. Reads come from the backend's [`Index`];
+/// writes go to the backend.
+pub enum Store {
+    /// records in this process only ([`memory::MemoryStore`])
+    Memory(memory::MemoryStore),
+    /// `DispatchJob` resources on the control plane ([`kubernetes::KubeStore`]); boxed, as it is
+    /// several times the size of the memory store
+    Kubernetes(Box<kubernetes::KubeStore>),
+}
+
+impl Store {
+    /// An empty store in this process only.
+    pub fn memory() -> Self {
+        Store::Memory(memory::MemoryStore::new())
+    }
     /// The in-memory view of the records.
-    fn index(&self) -> &Index;
+    pub fn index(&self) -> &Index {
+        match self {
+            Store::Memory(s) => s.index(),
+            Store::Kubernetes(s) => s.index(),
+        }
+    }
     /// The record called `name`.
-    fn get(&self, name: &str) -> Option<DispatchJob> {
+    pub fn get(&self, name: &str) -> Option<DispatchJob> {
         self.index().get(name)
     }
     /// Every record of `destination`, by name.
-    fn for_destination(&self, destination: &str) -> Vec<DispatchJob> {
+    pub fn for_destination(&self, destination: &str) -> Vec<DispatchJob> {
         self.index().for_destination(destination)
     }
     /// Every record of AnalysisRun `run_uid`.
-    fn for_run(&self, run_uid: &str) -> Vec<DispatchJob> {
+    pub fn for_run(&self, run_uid: &str) -> Vec<DispatchJob> {
         self.index().for_run(run_uid)
     }
     /// Every record.
-    fn all(&self) -> Vec<DispatchJob> {
+    pub fn all(&self) -> Vec<DispatchJob> {
         self.index().all()
     }
     /// Every record that asks for its Job's deletion, copying no other.
-    fn deleting(&self) -> Vec<DispatchJob> {
+    pub fn deleting(&self) -> Vec<DispatchJob> {
         self.index().deleting()
     }
     /// Number of records.
-    fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.index().len()
     }
     /// Whether there is no record.
-    fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
     /// [`work_fingerprint`] of `destination`'s records, without copying them.
-    fn fingerprint(&self, destination: &str) -> String {
+    pub fn fingerprint(&self, destination: &str) -> String {
         self.index().fingerprint(destination)
     }
     /// Changes whenever a record of `destination` changes.
-    fn subscribe(&self, destination: &str) -> watch::Receiver<u64> {
+    pub fn subscribe(&self, destination: &str) -> watch::Receiver<u64> {
         self.index().subscribe(destination)
     }
     /// Creates `job` unless a record of that name exists.
-    fn create(&self, job: DispatchJob) -> BoxFuture<'_, Result<Created, StoreError>>;
+    pub async fn create(&self, job: DispatchJob) -> Result<Created, StoreError> {
+        match self {
+            Store::Memory(s) => s.create(job),
+            Store::Kubernetes(s) => s.create(job).await,
+        }
+    }
     /// Replaces the status of record `name`.
-    fn set_status<'a>(
-        &'a self,
-        name: &'a str,
+    pub async fn set_status(
+        &self,
+        name: &str,
         status: DispatchJobStatus,
-    ) -> BoxFuture<'a, Result<(), StoreError>>;
+    ) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(s) => s.set_status(name, status),
+            Store::Kubernetes(s) => s.set_status(name, status).await,
+        }
+    }
     /// Asks the agent to delete the Job of record `name`.
-    fn request_delete<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
+    pub async fn request_delete(&self, name: &str) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(s) => s.request_delete(name),
+            Store::Kubernetes(s) => s.request_delete(name).await,
+        }
+    }
     /// Removes record `name` (after the agent reported the Job deleted); absent is fine.
-    fn remove<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
+    pub async fn remove(&self, name: &str) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(s) => {
+                s.remove(name);
+                Ok(())
+            }
+            Store::Kubernetes(s) => s.remove(name).await,
+        }
+    }
     /// The log requests published to every replica (`log_board`), for a backend shared by
-    /// several replicas; `None` (the default) when this replica is the only one.
-    fn log_board(&self) -> Option<std::sync::Arc<log_board::LogBoard>> {
-        None
+    /// several replicas; `None` when this replica is the only one (memory).
+    pub fn log_board(&self) -> Option<Arc<log_board::LogBoard>> {
+        match self {
+            Store::Memory(_) => None,
+            Store::Kubernetes(s) => Some(s.log_board()),
+        }
     }
     /// Waits up to `timeout` for the first full read of the backend; returns whether it happened.
-    fn wait_synced(&self, timeout: Duration) -> BoxFuture<'_, bool>;
+    pub async fn wait_synced(&self, timeout: Duration) -> bool {
+        match self {
+            // Memory is the backend: there is nothing to read first.
+            Store::Memory(_) => true,
+            Store::Kubernetes(s) => s.wait_synced(timeout).await,
+        }
+    }
 }
 
 /// The in-memory view both backends keep: records by name, indexed by destination and run, and

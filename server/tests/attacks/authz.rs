@@ -359,7 +359,7 @@ async fn tokenreview_identities_act_only_for_the_projects_policy_callers_gives_t
     let jwt = JwtAuthenticator::new(&[crate::scene::KEY.to_vec()], []);
     let scene = Scene::start_with_auth(
         CALLERS_POLICY,
-        Arc::new(Chain(vec![Arc::new(review), Arc::new(jwt)])),
+        Arc::new(Chain(vec![review.into(), jwt.into()])),
     )
     .await?;
 

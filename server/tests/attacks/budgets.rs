@@ -53,15 +53,15 @@ pub(crate) fn measurement(n: u32, routing: Value) -> Value {
 
 /// The chain `serve` builds with `--token-review-allow` and `--jwt-key-file`: TokenReview
 /// against the fake control plane first, then the JWT key.
-fn chain(world: &World) -> Result<Arc<dyn Authenticator>> {
+fn chain(world: &World) -> Result<Arc<Chain>> {
     let cp = kube::Client::try_from(kube::Config::new(world.clusters.cp.url().parse()?))?;
     Ok(Arc::new(Chain(vec![
-        Arc::new(TokenReviewAuthenticator::new(
+        Authenticator::TokenReview(TokenReviewAuthenticator::new(
             cp,
             Vec::new(),
             vec!["system:serviceaccount:argo-rollouts:argo-rollouts".into()],
         )),
-        Arc::new(JwtAuthenticator::new(
+        Authenticator::Jwt(JwtAuthenticator::new(
             &[KEY.to_vec()],
             [REVOKED_JTI.to_string()],
         )),
@@ -170,10 +170,8 @@ async fn the_token_review_cache_stays_within_its_cap() -> Result<()> {
 async fn random_methods_and_paths_add_no_metric_series() -> Result<()> {
     let metrics = Arc::new(Metrics::new());
     let world = World::start(POLICY).await?;
-    let auth: Arc<dyn Authenticator> = Arc::new(JwtAuthenticator::new(
-        &[KEY.to_vec()],
-        [REVOKED_JTI.to_string()],
-    ));
+    let auth: Arc<Chain> =
+        Arc::new(JwtAuthenticator::new(&[KEY.to_vec()], [REVOKED_JTI.to_string()]).into());
     let scene = Scene::serve_with(world, auth, metrics.clone()).await?;
     let plugin = token("plugin", |_| {});
     for i in 0..1000u32 {
@@ -256,10 +254,8 @@ async fn a_selector_matching_too_many_destinations_is_refused() -> Result<()> {
         })
         .collect();
     let world = clusters.engine(&fleet, POLICY, false).await?;
-    let auth: Arc<dyn Authenticator> = Arc::new(JwtAuthenticator::new(
-        &[KEY.to_vec()],
-        [REVOKED_JTI.to_string()],
-    ));
+    let auth: Arc<Chain> =
+        Arc::new(JwtAuthenticator::new(&[KEY.to_vec()], [REVOKED_JTI.to_string()]).into());
     let scene = Scene::serve_with(world, auth, Arc::new(Metrics::new())).await?;
     let reply = scene
         .call(

@@ -66,7 +66,7 @@ async fn scene(trusted: &str) -> Result<Scene> {
             }),
         },
     );
-    Scene::serve_with_people(World::start(TENANTS_POLICY).await?, Arc::new(people)).await
+    Scene::serve_with_people(World::start(TENANTS_POLICY).await?, Arc::new(people.into())).await
 }
 
 fn logs(namespace: &str) -> String {

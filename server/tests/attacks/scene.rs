@@ -12,7 +12,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use dispatch_server::app::{router_over, Options};
 use dispatch_server::http::auth::{self, Claims, JwtAuthenticator};
-use dispatch_server::http::{Authenticator, Gate};
+use dispatch_server::http::Gate;
 use dispatch_server::runtime::limits::{BudgetArgs, Budgets};
 use dispatch_server::runtime::metrics::Metrics;
 use serde_json::Value;
@@ -49,11 +49,11 @@ impl Scene {
     /// The default engine configuration plus `extra` top-level keys, behind the API.
     pub(crate) async fn start(extra: &str) -> Result<Self> {
         let jwt = JwtAuthenticator::new(&[KEY.to_vec()], [REVOKED_JTI.to_string()]);
-        Self::start_with_auth(extra, Arc::new(jwt)).await
+        Self::start_with_auth(extra, Arc::new(jwt.into())).await
     }
 
     /// [`Scene::start`] with the authenticator `auth` (e.g. TokenReview, then JWTs).
-    pub(crate) async fn start_with_auth(extra: &str, auth: Arc<dyn Authenticator>) -> Result<Self> {
+    pub(crate) async fn start_with_auth(extra: &str, auth: Arc<auth::Chain>) -> Result<Self> {
         Self::serve_with(World::start(extra).await?, auth, Arc::new(Metrics::new())).await
     }
 
@@ -61,7 +61,7 @@ impl Scene {
     /// (a case that reads them keeps a clone).
     pub(crate) async fn serve_with(
         world: World,
-        auth: Arc<dyn Authenticator>,
+        auth: Arc<auth::Chain>,
         metrics: Arc<Metrics>,
     ) -> Result<Self> {
         Self::serve_dispatcher(world, auth, metrics, None, None).await
@@ -73,7 +73,7 @@ impl Scene {
         let world = World::start(extra).await?;
         Self::serve_dispatcher(
             world,
-            Arc::new(jwt),
+            Arc::new(jwt.into()),
             Arc::new(Metrics::new()),
             None,
             Some(budgets),
@@ -91,21 +91,28 @@ impl Scene {
         let runs = dispatch_server::cmd::serve::confirming_runs(config.confirm_runs, &world.engine)
             .await?;
         let jwt = JwtAuthenticator::new(&[KEY.to_vec()], [REVOKED_JTI.to_string()]);
-        Self::serve_dispatcher(world, Arc::new(jwt), Arc::new(Metrics::new()), runs, None).await
+        Self::serve_dispatcher(
+            world,
+            Arc::new(jwt.into()),
+            Arc::new(Metrics::new()),
+            runs,
+            None,
+        )
+        .await
     }
 
     /// `world`'s engine behind the API, its requests confirmed by `runs` and held to `budgets`
     /// when given.
     async fn serve_dispatcher(
         world: World,
-        auth: Arc<dyn Authenticator>,
+        auth: Arc<auth::Chain>,
         metrics: Arc<Metrics>,
         runs: Option<dispatch_server::runs::Runs>,
         budgets: Option<BudgetArgs>,
     ) -> Result<Self> {
         let gate = Gate {
             auth,
-            people: Arc::new(dispatch_server::http::viewer::NoPeople),
+            people: Arc::new(dispatch_server::http::viewer::People::Nobody),
         };
         let options = Options {
             runs,
@@ -329,8 +336,8 @@ impl ServedScene {
             Arc::new(signer()),
             Options::default(),
             Gate {
-                auth: Arc::new(jwt),
-                people: Arc::new(dispatch_server::http::viewer::NoPeople),
+                auth: Arc::new(jwt.into()),
+                people: Arc::new(dispatch_server::http::viewer::People::Nobody),
             },
         );
         let tls = listener::reloading_tls_config(&files.tls_cert, &files.tls_key, RELOAD_EVERY)?;
@@ -365,7 +372,7 @@ impl Scene {
             .engine(more_destinations, extra, true)
             .await?;
         let jwt = JwtAuthenticator::new(&[KEY.to_vec()], [REVOKED_JTI.to_string()]);
-        Self::serve_with(world, Arc::new(jwt), Arc::new(Metrics::new())).await
+        Self::serve_with(world, Arc::new(jwt.into()), Arc::new(Metrics::new())).await
     }
 }
 
@@ -375,14 +382,13 @@ impl Scene {
     /// play a proxy from a trusted or an untrusted address.
     pub(crate) async fn serve_with_people(
         world: World,
-        people: Arc<dyn dispatch_server::http::viewer::People>,
+        people: Arc<dispatch_server::http::viewer::People>,
     ) -> Result<Self> {
         let metrics = Arc::new(Metrics::new());
         let gate = Gate {
-            auth: Arc::new(JwtAuthenticator::new(
-                &[KEY.to_vec()],
-                [REVOKED_JTI.to_string()],
-            )),
+            auth: Arc::new(
+                JwtAuthenticator::new(&[KEY.to_vec()], [REVOKED_JTI.to_string()]).into(),
+            ),
             people,
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

@@ -312,8 +312,8 @@ async fn serve_people(world: World) -> Result<(World, std::net::SocketAddr)> {
     let metrics = Arc::new(Metrics::new());
     let signer = Arc::new(crate::scene::signer());
     let gate = Gate {
-        auth: Arc::new(JwtAuthenticator::new(&[crate::scene::KEY.to_vec()], [])),
-        people: Arc::new(people),
+        auth: Arc::new(JwtAuthenticator::new(&[crate::scene::KEY.to_vec()], []).into()),
+        people: Arc::new(people.into()),
     };
     let options = Options {
         runs: Some(runs),

@@ -91,8 +91,8 @@ impl Replica {
             options,
         ));
         let gate = Gate {
-            auth: Arc::new(JwtAuthenticator::new(&[KEY.to_vec()], [])),
-            people: Arc::new(dispatch_server::http::viewer::NoPeople),
+            auth: Arc::new(JwtAuthenticator::new(&[KEY.to_vec()], []).into()),
+            people: Arc::new(dispatch_server::http::viewer::People::Nobody),
         };
         let router = app::router(&features, gate, metrics);
         let server = tokio::spawn(async move {

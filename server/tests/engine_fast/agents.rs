@@ -16,7 +16,7 @@ use crate::world::{block, request, run, World, NS};
 
 const AGENTS: &str = "agents: {store: memory, offlineAfter: 60s, destinations: [{name: edge, namespace: verify, labels: {env: edge}}]}";
 
-fn records(w: &World) -> Result<&Arc<dyn Store>> {
+fn records(w: &World) -> Result<&Arc<Store>> {
     w.engine.store().context("the engine has no agent store")
 }
 

@@ -24,7 +24,7 @@ const AGENTS: &str =
 
 /// `state` as the agent reported it `hours_ago`.
 async fn reported(
-    store: &Arc<dyn Store>,
+    store: &Arc<Store>,
     record: &str,
     state: DestState,
     hours_ago: i64,

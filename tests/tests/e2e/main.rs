@@ -385,7 +385,6 @@ fn the_admin_port_reports_jobs_per_destination_and_verdict_latency() -> Result<(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the Go-built cluster binaries: run `make e2e`"]
 async fn service_account_tokens_are_checked_by_token_review() -> Result<()> {
-    use dispatch_server::http::auth::Authenticator;
     use dispatch_server::http::tokenreview::TokenReviewAuthenticator;
     use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
     use k8s_openapi::api::core::v1::ServiceAccount;
