@@ -368,7 +368,7 @@ fn the_full_log_of_a_job_behind_the_agent_reaches_a_reader_on_either_replica() -
         // 100 000 lines (issue #17's size, about 10 MB, far beyond the server's 1 MiB HTTP/2
         // window; ~2 min for the whole scenario): one DATA frame per line made h2 close the
         // agent's connection after ~3 600 lines; the agent now joins the lines ready at once
-        // (`agent::logs::ndjson_chunks`).
+        // (`logs::agent::ndjson_chunks`).
         const LINES: usize = 100_000;
         let file = LogFile::create(w.b.dir().join("container-logs").join("relay-check.log"))?;
         file.append((1..=LINES).map(|i| format!("relay {i:06}")))?;

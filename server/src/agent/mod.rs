@@ -13,7 +13,7 @@
 //! [`logs`] (the cluster still needs no inbound path).
 
 mod guard;
-pub mod logs;
+
 mod sync;
 mod work;
 
@@ -338,8 +338,12 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     let Some(kube) = engine.client_of(&destination) else {
         return Err(AgentError::Unregistered { destination });
     };
-    let log_server =
-        logs::LogServer::new(client.clone(), kube, &destination, guard.namespaces.clone());
+    let log_server = crate::logs::agent::LogServer::new(
+        client.clone(),
+        kube,
+        &destination,
+        guard.namespaces.clone(),
+    );
     let poller = tokio::spawn(
         poll(
             client.clone(),
@@ -365,7 +369,7 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
 async fn poll(
     client: Reloading<ServerClient>,
     shared: Arc<Shared>,
-    log_server: Arc<logs::LogServer>,
+    log_server: Arc<crate::logs::agent::LogServer>,
     readiness: Readiness,
     wait: Duration,
 ) {

@@ -21,6 +21,7 @@ use axum::{middleware, Router};
 use crate::applications::{self, Applications};
 use crate::engine::Engine;
 use crate::http::{self, auth, Gate};
+use crate::logs::board::LogBoard;
 use crate::logs::peers::{LogPeers, PeerTransport};
 use crate::logs::relay::LogRelay;
 use crate::logs::routes as log_routes;
@@ -30,7 +31,6 @@ use crate::measure::{routes as measure_routes, Measure, Measurements};
 use crate::runs::Runs;
 use crate::runtime::metrics::{self, Metrics};
 use crate::signing::Signer;
-use crate::store::log_board::LogBoard;
 use crate::ui::{self, Pages};
 
 /// How the features are built beyond the engine.

@@ -15,6 +15,7 @@ use tracing::{info, info_span, warn, Instrument};
 use crate::app::{self, Features, Options, PeerOptions};
 use crate::config::{CallerBinding, ConfirmRuns};
 use crate::engine::Engine;
+use crate::logs::board::LogBoard;
 use crate::logs::peers::PeerTransport;
 use crate::runs::Runs;
 use crate::signing::{KeyFiles, Signer};
@@ -216,7 +217,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     );
     // The board's informer starts only here: without --pod-ip a replica publishes nothing.
     let log_peers = peers.and_then(|(me, transport)| {
-        let board = engine.store().and_then(|s| s.log_board())?;
+        let site = engine.store().and_then(|s| s.shared_site())?;
+        let board = Arc::new(LogBoard::start(site.client, &site.namespace, site.timeout));
         info!(%me, "log requests of agent destinations are shared with the other replicas");
         Some(PeerOptions {
             board,

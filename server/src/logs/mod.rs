@@ -1,6 +1,6 @@
 //! Logs, the feature: the tail of a failed container in a verdict (here), the whole log of a
 //! run for people and tools (`routes`, `run`), relayed from agents (`relay`) across replicas
-//! (`peers`), and read on the agent's side (`agent`).
+//! (`peers`) through the store's board (`board`), and read on the agent's side (`agent`).
 //!
 //! The log tail of a failed container is found, fetched, bounded and redacted here.
 //!
@@ -21,6 +21,8 @@ use kube::api::{Api, LogParams};
 
 pub use dispatch_api::redact::{Redactor, REDACTED};
 
+pub mod agent;
+pub mod board;
 pub mod peers;
 pub mod relay;
 pub mod routes;

@@ -21,10 +21,10 @@ use dispatch_api::logs::{LogRequest, CONTENT_TYPE};
 use tokio::sync::watch;
 use tracing::Instrument;
 
+use super::board::{LogBoard, PublishedLog};
 use crate::http::{DispatchError, LogUpload, Reason, FORWARDED_BY};
-use crate::store::log_board::{LogBoard, PublishedLog};
 
-/// How often a replica deletes published requests gone stale (`log_board::STALE_AFTER`).
+/// How often a replica deletes published requests gone stale (`board::STALE_AFTER`).
 const SWEEP_EVERY: Duration = Duration::from_secs(30);
 /// How long connecting to the owner may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

@@ -27,8 +27,6 @@ pub struct KubeStore {
     index: Arc<Index>,
     api: Api<DynamicObject>,
     client: kube::Client,
-    /// the published log requests, started on first use ([`KubeStore::log_board`])
-    board: std::sync::OnceLock<Arc<super::log_board::LogBoard>>,
     namespace: String,
     timeout: Duration,
     synced: watch::Receiver<bool>,
@@ -108,7 +106,6 @@ impl KubeStore {
             index,
             api,
             client,
-            board: std::sync::OnceLock::new(),
             namespace: namespace.to_string(),
             timeout,
             synced,
@@ -300,16 +297,13 @@ impl KubeStore {
         }
     }
 
-    /// The log requests published to every replica, started on first use.
-    pub fn log_board(&self) -> Arc<super::log_board::LogBoard> {
-        let board = self.board.get_or_init(|| {
-            Arc::new(super::log_board::LogBoard::start(
-                self.client.clone(),
-                &self.namespace,
-                self.timeout,
-            ))
-        });
-        board.clone()
+    /// Its cluster, namespace and request timeout, for the log board beside it.
+    pub fn shared_site(&self) -> super::SharedSite {
+        super::SharedSite {
+            client: self.client.clone(),
+            namespace: self.namespace.clone(),
+            timeout: self.timeout,
+        }
     }
 
     /// Waits up to `timeout` for the informer's first full list; returns whether it came.

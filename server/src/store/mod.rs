@@ -10,14 +10,14 @@
 //!   server's namespace, read through one informer, so that any replica serves any agent and a
 //!   restarted replica loses nothing.
 //!
-//! The Kubernetes backend also carries the log requests of every replica ([`log_board`]: one
-//! short-lived `DispatchLogRequest` each), so that any replica's long poll hands them out.
+//! Beside the Kubernetes backend's records, in its namespace ([`SharedSite`]), the log feature
+//! publishes the log requests of every replica (`logs::board`: one short-lived
+//! `DispatchLogRequest` each), so that any replica's long poll hands them out.
 //!
 //! Reads are synchronous hash-map lookups on the [`Index`] both backends keep; writes are async.
 //! Every change wakes the long polls of the destination it belongs to, and only those.
 
 pub mod kubernetes;
-pub mod log_board;
 pub mod memory;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -314,12 +314,13 @@ impl Store {
             Store::Kubernetes(s) => s.remove(name).await,
         }
     }
-    /// The log requests published to every replica (`log_board`), for a backend shared by
-    /// several replicas; `None` when this replica is the only one (memory).
-    pub fn log_board(&self) -> Option<Arc<log_board::LogBoard>> {
+    /// Where the log requests of every replica can be published beside the records (the log
+    /// board, `logs::board`), for a backend shared by several replicas; `None` when this
+    /// replica is the only one (memory).
+    pub fn shared_site(&self) -> Option<SharedSite> {
         match self {
             Store::Memory(_) => None,
-            Store::Kubernetes(s) => Some(s.log_board()),
+            Store::Kubernetes(s) => Some(s.shared_site()),
         }
     }
     /// Waits up to `timeout` for the first full read of the backend; returns whether it happened.
@@ -586,6 +587,18 @@ pub fn is_application_record(spec: &DispatchJobSpec) -> bool {
             spec.observe,
             Some(dispatch_api::observe::Observe::Application(_))
         )
+}
+
+/// Where a backend shared by replicas keeps its objects: the cluster, namespace and request
+/// timeout of the Kubernetes store.
+#[derive(Clone)]
+pub struct SharedSite {
+    /// the store's cluster
+    pub client: kube::Client,
+    /// the store's namespace
+    pub namespace: String,
+    /// how long one request may take
+    pub timeout: Duration,
 }
 
 /// A fresh unguessable id (128 random bits, hex): of a sync order, of a log request.

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use dispatch_api::logs::LogEvent;
+use dispatch_server::logs::board;
 use dispatch_server::logs::peers::PeerTransport;
-use dispatch_server::store::log_board;
 use futures::stream::BoxStream;
 use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::json;
@@ -129,11 +129,11 @@ async fn tls_owner(ca: &Ca, case: &str) -> Result<(SocketAddr, Arc<Mutex<Vec<u8>
 async fn publish_forged(rig: &Rig, id: &str, owner: SocketAddr) -> Result<()> {
     let client = rig.w.engine.client_of("a").context("cluster a")?;
     let api: Api<DynamicObject> =
-        Api::namespaced_with(client, BOARD_NAMESPACE, &log_board::api_resource());
+        Api::namespaced_with(client, BOARD_NAMESPACE, &board::api_resource());
     let obj: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "rollouts-dispatch.io/v1alpha1",
-        "kind": log_board::KIND,
-        "metadata": {"name": log_board::object_name(id), "namespace": BOARD_NAMESPACE},
+        "kind": board::KIND,
+        "metadata": {"name": board::object_name(id), "namespace": BOARD_NAMESPACE},
         "spec": {"destination": "edge", "id": id, "namespace": "verify", "job": "j",
                  "owner": owner.to_string()},
     }))?;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use dispatch_api::agent::{self as agent_api, WorkItem, WorkReply, WorkRequest};
 use dispatch_api::logs::{LogEvent, LogRequest, CONTENT_TYPE};
-use dispatch_server::agent::logs::LogServer;
+use dispatch_server::logs::agent::LogServer;
 use dispatch_server::runtime::reload::Reloading;
 use futures::StreamExt;
 

@@ -1,6 +1,6 @@
 //! Logs of Jobs on agent destinations, end to end in process: the reader asks
 //! (`RunLogs::agent_job_log`), the agent's open poll answers at once with the request,
-//! the real agent code (`agent::logs::LogServer`) reads the Job's pods on its cluster (fake
+//! the real agent code (`logs::agent::LogServer`) reads the Job's pods on its cluster (fake
 //! cluster `a`), redacts, and streams NDJSON to the real upload route, which relays it to the
 //! reader — whole, in order, without buffering the log.
 
@@ -11,7 +11,7 @@ use anyhow::{ensure, Context, Result};
 use dispatch_api::agent::{self as agent_api, WorkReply, WorkRequest};
 use dispatch_api::client::ServerClient;
 use dispatch_api::logs::LogEvent;
-use dispatch_server::agent::logs::LogServer;
+use dispatch_server::logs::agent::LogServer;
 use dispatch_server::runtime::reload::Reloading;
 use futures::StreamExt;
 

@@ -19,9 +19,9 @@ use dispatch_api::logs::LogRequest;
 use dispatch_server::app::{self, Features, Options, PeerOptions};
 use dispatch_server::http::auth::JwtAuthenticator;
 use dispatch_server::http::Gate;
+use dispatch_server::logs::board::LogBoard;
 use dispatch_server::logs::peers::PeerTransport;
 use dispatch_server::runtime::metrics::Metrics;
-use dispatch_server::store::log_board::LogBoard;
 use serde_json::json;
 
 use crate::cluster_side::pods;

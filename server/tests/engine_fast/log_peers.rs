@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use dispatch_server::store::log_board;
+use dispatch_server::logs::board;
 use futures::StreamExt;
 use kube::api::{Api, DynamicObject, ListParams};
 
@@ -19,7 +19,7 @@ use crate::world::{eventually, World};
 pub(crate) async fn published(w: &World) -> Result<Vec<DynamicObject>> {
     let client = w.engine.client_of("a").context("cluster a")?;
     let api: Api<DynamicObject> =
-        Api::namespaced_with(client, BOARD_NAMESPACE, &log_board::api_resource());
+        Api::namespaced_with(client, BOARD_NAMESPACE, &board::api_resource());
     Ok(api.list(&ListParams::default()).await?.items)
 }
 

@@ -233,7 +233,7 @@ impl World<Agents> {
         Api::namespaced_with(
             self.client.clone(),
             DJ_NAMESPACE,
-            &dispatch_server::store::log_board::api_resource(),
+            &dispatch_server::logs::board::api_resource(),
         )
     }
 
@@ -304,7 +304,7 @@ async fn install_dispatch_job_crd(client: &kube::Client) -> Result<()> {
         ),
         (
             "config/crds/dispatchlogrequests.yaml",
-            dispatch_server::store::log_board::api_resource(),
+            dispatch_server::logs::board::api_resource(),
         ),
     ] {
         let path = repo_path(file);

@@ -21,8 +21,8 @@ use kube::api::{Api, ListParams};
 use tokio::sync::Semaphore;
 use tracing::{info, info_span, warn, Instrument};
 
-use crate::logs::stream::{job_log, JobLog};
-use crate::logs::{secrets, Redactor};
+use super::stream::{job_log, JobLog};
+use super::{secrets, Redactor};
 use crate::policy::glob_match;
 use crate::runtime::reload::Reloading;
 

@@ -26,7 +26,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use super::{StoreError, GROUP, VERSION};
+use crate::store::{api_resource_of, StoreError, GROUP, VERSION};
 
 /// Kind of the resource.
 pub const KIND: &str = "DispatchLogRequest";
@@ -67,7 +67,7 @@ struct Spec {
 
 /// The `DispatchLogRequest` resource, for dynamic API calls.
 pub fn api_resource() -> ApiResource {
-    super::api_resource_of(KIND, PLURAL)
+    api_resource_of(KIND, PLURAL)
 }
 
 /// The resource name of request `id`.
