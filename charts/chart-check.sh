@@ -277,7 +277,7 @@ can no  deletecollection dispatchjobs.rollouts-dispatch.io kstore
 can no  create dispatchjobs.rollouts-dispatch.io "$NAMESPACE"
 can no  list dispatchjobs.rollouts-dispatch.io
 can no  patch dispatchjobs/status.rollouts-dispatch.io default
-# Published log requests of agent destinations (server/src/store/log_board.rs), no more.
+# Published log requests of agent destinations (server/src/logs/board.rs), no more.
 for verb in create list watch delete; do can yes "$verb" dispatchlogrequests.rollouts-dispatch.io kstore; done
 for verb in get update patch; do can no "$verb" dispatchlogrequests.rollouts-dispatch.io kstore; done
 can no  create dispatchlogrequests.rollouts-dispatch.io "$NAMESPACE"
