@@ -38,8 +38,8 @@ attacks: ## every attack on authorization, tenancy, pod security, TLS and budget
 	tally=$$(mktemp); trap 'rm -f "$$tally"' EXIT; \
 	ATTACKS_FILE=$$tally $(CARGO) test --locked -p dispatch-server --test attacks; \
 	if [ ! -s "$$tally" ]; then echo "attacks: FAILED (no attack recorded an outcome)"; exit 1; fi; \
-	awk -F'\t' '{ n++; r += $$2; cr += $$3; cd += $$4; sl += $$5 } \
-	  END { printf "attacks=%d refused=%d cross_tenant_reads=%d cross_tenant_deletes=%d secret_leaks=%d\n", n, r, cr, cd, sl }' "$$tally"
+	awk -F'\t' '{ n++; r += $$2; cr += $$3; cd += $$4; sl += $$5; sy += $$6; fm += $$7; ub += $$8; st += $$9 } \
+	  END { printf "attacks=%d refused=%d cross_tenant_reads=%d cross_tenant_deletes=%d secret_leaks=%d cross_tenant_syncs=%d foreign_mounts=%d unbound_callers=%d starved_calls=%d\n", n, r, cr, cd, sl, sy, fm, ub, st }' "$$tally"
 
 .PHONY: bench
 bench: bench-plugin bench-engine bench-verdict bench-agents ## every benchmark, side by side with its baseline (ratios printed)

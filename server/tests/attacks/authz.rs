@@ -104,6 +104,7 @@ async fn every_route_answers_each_caller_as_its_token_allows() -> Result<()> {
                     && not_for_team_a
                     && (*route == v1::TERMINATE || *route == v1::GC),
                 secret_leak: false,
+                ..Outcome::default()
             };
             tally::record(&case, &outcome);
             ensure!(
@@ -277,6 +278,7 @@ async fn no_request_reaches_a_placement_the_policy_denies() -> Result<()> {
                 cross_tenant_read: other_tenant && route == v1::STATUS,
                 cross_tenant_delete: other_tenant && route != v1::STATUS,
                 secret_leak: false,
+                ..Outcome::default()
             };
             tally::record(&case, &outcome);
             ensure!(
@@ -403,6 +405,7 @@ async fn tokenreview_identities_act_only_for_the_projects_policy_callers_gives_t
             cross_tenant_read: got_through && route == v1::STATUS,
             cross_tenant_delete: got_through && (route == v1::TERMINATE || route == v1::GC),
             secret_leak: false,
+            ..Outcome::default()
         };
         tally::record(&case, &outcome);
         ensure!(

@@ -5,7 +5,8 @@
 //! fake Kubernetes API servers in process ([`fake_api`], shared with `engine_fast`), so a case can
 //! also assert which destination API calls an attack caused (none, for a refused one). Each case
 //! records its outcome with [`tally::record`]; `make attacks` sums the records into its last line
-//! `attacks=N refused=N cross_tenant_reads=0 cross_tenant_deletes=0 secret_leaks=0`.
+//! `attacks=N refused=N cross_tenant_reads=0 cross_tenant_deletes=0 secret_leaks=0
+//! cross_tenant_syncs=0 foreign_mounts=0 unbound_callers=0 starved_calls=0`.
 //!
 //! Shared: [`scene`] (the engine behind the API, tokens), [`tally`] (the record every case
 //! writes). Groups, one module each:

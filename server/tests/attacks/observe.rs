@@ -68,6 +68,7 @@ fn forbidden(status: u16, calls: &[String]) -> Outcome {
         cross_tenant_read: status == 200,
         cross_tenant_delete: !calls.is_empty(),
         secret_leak: false,
+        ..Outcome::default()
     }
 }
 
@@ -91,6 +92,7 @@ async fn a_status_block_naming_another_rollout_still_observes_the_signed_one() -
         cross_tenant_read: v.message.contains("payments") || v.phase == "Successful",
         cross_tenant_delete: !calls.is_empty(),
         secret_leak: false,
+        ..Outcome::default()
     };
     tally::refused("observe: status block names another Rollout", outcome);
     Ok(())

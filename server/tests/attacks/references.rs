@@ -98,6 +98,7 @@ async fn refused_everywhere(
                     .any(|c| c.contains("DELETE") && c.contains(job))
             }),
             secret_leak: false,
+            ..Outcome::default()
         };
         tally::record(&case, &outcome);
         ensure!(calls.is_empty(), "{case}: destination calls {calls:?}");

@@ -19,6 +19,16 @@ pub(crate) struct Outcome {
     pub(crate) cross_tenant_delete: bool,
     /// a secret value reached a message, a log line, a metric or a reply
     pub(crate) secret_leak: bool,
+    /// it read or synced an Application its project's Stages are not authorized for
+    pub(crate) cross_tenant_sync: bool,
+    /// a Job pod of its got a volume, Secret, ConfigMap, claim or pull Secret its rule does not
+    /// allow (or a scheduling field, a resource beyond the cap, a label or annotation outside
+    /// the allowlist)
+    pub(crate) foreign_mount: bool,
+    /// a caller bound to no project acted for one
+    pub(crate) unbound_caller: bool,
+    /// a plugin call was refused because another tenant (or its log readers) held the slots
+    pub(crate) starved_call: bool,
 }
 
 impl Outcome {
@@ -31,20 +41,25 @@ impl Outcome {
     }
 }
 
-/// Appends `name` and its outcome to `$ATTACKS_FILE` as `name\trefused\tread\tdelete\tleak`
-/// (0 or 1 each); tests run in parallel, so each line is one `write` in append mode.
+/// Appends `name` and its outcome to `$ATTACKS_FILE` as
+/// `name\trefused\tread\tdelete\tleak\tsync\tmount\tunbound\tstarved` (0 or 1 each); tests run in
+/// parallel, so each line is one `write` in append mode.
 pub(crate) fn record(name: &str, outcome: &Outcome) {
     let Some(path) = std::env::var_os(ATTACKS_FILE_ENV) else {
         return;
     };
     let bit = |b: bool| u8::from(b);
     let line = format!(
-        "{}\t{}\t{}\t{}\t{}\n",
+        "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\n",
         name.replace(['\t', '\n'], " "),
         bit(outcome.refused),
         bit(outcome.cross_tenant_read),
         bit(outcome.cross_tenant_delete),
         bit(outcome.secret_leak),
+        bit(outcome.cross_tenant_sync),
+        bit(outcome.foreign_mount),
+        bit(outcome.unbound_caller),
+        bit(outcome.starved_call),
     );
     let written = std::fs::OpenOptions::new()
         .create(true)
