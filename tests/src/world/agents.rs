@@ -12,7 +12,7 @@ use anyhow::{ensure, Context, Result};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, ListParams};
 
-use super::{start_clusters, World};
+use super::{plugin_args, start_clusters, World};
 use crate::admin::wait_ready;
 use crate::artifacts::{repo_path, rollouts_dispatch_binary};
 use crate::cluster::argo;
@@ -193,16 +193,7 @@ impl World<Agents> {
         let agent_admin = agent.spawn(&mut b, &agent_token, "agent")?;
         wait_ready("the agent", agent_admin).await?;
 
-        let plugin_args = [
-            "--server",
-            url.as_str(),
-            "--token-file",
-            &plugin_token.display().to_string(),
-            "--ca-file",
-            &ca.display().to_string(),
-        ]
-        .map(String::from)
-        .to_vec();
+        let plugin_args = plugin_args(&url, &plugin_token, &ca);
         let agents = Agents {
             binary,
             dir,

@@ -44,7 +44,10 @@ static WORLD: Shared<RwLock<World<Direct>>> = Shared::new();
 /// The shared World, started by the first scenario that runs.
 fn world() -> Result<&'static RwLock<World<Direct>>> {
     WORLD.get_or_start(|| async {
-        let options = DirectOptions { argocd: true };
+        let options = DirectOptions {
+            argocd: true,
+            ..DirectOptions::default()
+        };
         Ok(RwLock::new(World::start_with(options).await?))
     })
 }
