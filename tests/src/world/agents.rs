@@ -60,6 +60,8 @@ pub struct Agents {
     pub plugin_token: PathBuf,
     /// cluster-b's agent token file.
     pub agent_token: PathBuf,
+    /// The servers' TLS ([`Self::ca`] is its CA).
+    pub(super) tls: ApiTls,
     /// Extra `serve` flags of every replica.
     serve_args: Vec<String>,
     /// What `start_with_agent_config` appended to the config.
@@ -203,6 +205,7 @@ impl World<Agents> {
             ca,
             plugin_token,
             agent_token,
+            tls,
             serve_args: extra,
             extra_yaml: extra_yaml.to_string(),
             agent_args,

@@ -28,7 +28,7 @@ pub struct Direct {
     pub dir: PathBuf,
     /// The API's CA, certificate and key.
     pub tls: ApiTls,
-    /// The plugin's token file (`--token-file`).
+    /// The plugin's token file (`--token-file`; [`World::swap_plugin_token`] rewrites it).
     pub plugin_token: PathBuf,
 }
 

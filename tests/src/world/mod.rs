@@ -17,13 +17,17 @@
 //!   the Kubernetes store behind a TCP front; `a` direct, `b` reachable only through its agent.
 //!
 //! Either way the API is TLS only ([`crate::tls`]): the plugin trusts the test CA through
-//! `--ca-file`, and nothing runs with `--insecure-plaintext`. A scene of its own (another
-//! server, more CRDs, a second controller) starts the clusters ([`start_clusters`]) and its
-//! server, then hands them to [`World::assemble`].
+//! `--ca-file`, and nothing runs with `--insecure-plaintext`. A scene reaches the signing key,
+//! the CA and the plugin's token through accessors ([`Credentials`], `credentials.rs`), never
+//! by a path into the World's directories. A scene of its own (another server, more CRDs, a
+//! second controller) starts the clusters ([`start_clusters`]) and its server, then hands them
+//! to [`World::assemble`].
 
 pub mod agents;
+mod credentials;
 mod direct;
 
+pub use credentials::{Credentials, PluginTokenSwap};
 pub use direct::{Direct, DirectOptions};
 
 use std::path::Path;

@@ -460,8 +460,8 @@ fn the_api_answers_nothing_in_plain_http() -> Result<()> {
             "the scene's API is {}",
             w.url
         );
-        let token = std::fs::read_to_string(w.dispatch.dir.join("plugin.token"))?;
-        dispatch_tests::tls::plain_http_is_refused(w.dispatch.server.port, token.trim()).await?;
+        let token = w.plugin_token()?;
+        dispatch_tests::tls::plain_http_is_refused(w.dispatch.server.port, &token).await?;
         println!("e2e: plain HTTP with a valid token to the API port: no answer");
         Ok(())
     })
