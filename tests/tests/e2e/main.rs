@@ -11,11 +11,12 @@
 //!
 //! The scene's server also has `argocd:` (`DirectOptions`), for `destination: stage`
 //! (`stage.rs`); `sharding.rs` starts a second controller with `--instance-id` beside the
-//! scene's own.
+//! scene's own; `long_stage.rs` verifies a Stage of the longest name with two metrics.
 //!
 //! `#[ignore]`d for plain `cargo test`; `make e2e` runs it (`cargo test … -- --ignored NAME`
 //! runs one scenario).
 
+mod long_stage;
 mod sharding;
 mod stage;
 
