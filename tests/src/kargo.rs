@@ -8,7 +8,9 @@
 //!   the suffix cut to 7, pkg/rollouts/options.go:18,99-105; joined with `.` and lowercased,
 //!   analysis_run_builder.go:107-121). The collection id is the hex SHA-1 of the collection's
 //!   Freight names, not a Freight name ([`FREIGHT_COLLECTION_ID`]);
-//! * labels `kargo.akuity.io/stage` (the Stage name, shortened past 63 characters) and
+//!   A Stage name past 218 characters is cut in the name, as Kargo cuts it ([`naming`]);
+//! * labels `kargo.akuity.io/stage` (the Stage name, shortened with a hash past 63 characters:
+//!   [`naming::label_value`]) and
 //!   `kargo.akuity.io/freight-collection` (the collection id), regular_stages.go:1496-1499, and
 //!   `argo-rollouts.argoproj.io/controller-instance-id` when Kargo's controller has
 //!   `ROLLOUTS_CONTROLLER_INSTANCE_ID` (analysis_run_builder.go:150-152,
@@ -17,11 +19,16 @@
 //!   verification of a freight collection and on a re-verification requested through Kargo's
 //!   API, none on a re-verification requested by annotating the Stage
 //!   (regular_stages.go:1540-1546, [`Verification::reverification`]); `kargo.akuity.io/stage`
-//!   only when the label had to be shortened (:1527-1531, which the fixture never needs: it
-//!   refuses Stage names over 63 characters);
+//!   (the whole Stage name) only when the label had to be shortened (:1489,1527-1531);
 //! * one owner reference per Freight of the collection, `blockOwnerDeletion: false`
 //!   (:1533-1539, analysis_run_builder.go:272-278);
-//! * the `destination` arg that a Stage's `verification.args` provides.
+//! * the `destination` arg that a Stage's `verification.args` provides;
+//! * the metrics of the Stage's templates, in order, each name once: metric `smoke` and those
+//!   of [`Verification::with_metric`] (Kargo copies the templates' metrics into the run and
+//!   refuses a name twice: `flattenMetrics`, pkg/rollouts/analysis_template.go:47-62, through
+//!   `buildSpec`, analysis_run_builder.go:164-186).
+
+pub mod naming;
 
 use anyhow::{ensure, Context, Result};
 use kube::api::{Api, ApiResource, DynamicObject};
@@ -60,9 +67,13 @@ const PROMOTION_ULID: &str = "01jq0p3n9m6x2w8r4t7v5s1kza";
 /// `LabelKeyControllerInstanceID`, pkg/apis/rollouts/v1alpha1/types.go:161).
 pub const CONTROLLER_INSTANCE_LABEL: &str = "argo-rollouts.argoproj.io/controller-instance-id";
 
-/// Kargo's longest label value; a longer Stage name is shortened in the label and written whole
-/// to an annotation (regular_stages.go:1492,1527-1531), which the fixture does not do.
-const MAX_LABEL_VALUE: usize = 63;
+/// Kargo's label with the (shortened) Stage name, and its annotation with the whole name when
+/// the label had to be shortened (akuity/kargo v1.11.2 api/v1alpha1/labels.go:35,
+/// annotations.go:59).
+const STAGE_KEY: &str = "kargo.akuity.io/stage";
+
+/// The name of the verification's own metric; [`Verification::with_metric`] adds others.
+pub const SMOKE_METRIC: &str = "smoke";
 
 /// The Freight that owns the verifications, as Kargo's owner reference needs it, and the
 /// freight collection (of that Freight alone) that a Stage verifies.
@@ -107,16 +118,12 @@ impl Freight {
 }
 
 /// The name of the Promotion that put Freight `freight` into Stage `stage`, as Kargo names it:
-/// `<stage>.<ulid>.<first 7 characters of the Freight's name>`, lowercased
-/// (`GeneratePromotionName`, akuity/kargo v1.11.2 pkg/api/promotion.go:91-120). Kargo copies it
+/// `<stage, cut to 218>.<ulid>.<first 7 characters of the Freight's name>`, lowercased
+/// (`GeneratePromotionName`, akuity/kargo v1.11.2 pkg/api/promotion.go:91-108). Kargo copies it
 /// into a verification's `kargo.akuity.io/promotion` annotation.
 pub fn promotion_name(stage: &str, freight: &str) -> String {
-    format!("{stage}.{PROMOTION_ULID}.{}", short(freight)).to_lowercase()
-}
-
-/// The first 7 characters: Kargo's short form of a Freight name or a freight collection id.
-fn short(id: &str) -> &str {
-    id.get(..7).unwrap_or(id)
+    let (stage, freight) = (naming::name_prefix(stage), naming::short_id(freight));
+    format!("{stage}.{PROMOTION_ULID}.{freight}").to_lowercase()
 }
 
 /// One Kargo-shaped verification: Stage `stage` verifying Freight on destination arg
@@ -134,6 +141,7 @@ pub struct Verification {
     promotion: bool,
     instance: Option<String>,
     observe: Option<Value>,
+    metrics: Vec<(String, Value)>,
 }
 
 impl Verification {
@@ -151,6 +159,7 @@ impl Verification {
             promotion: true,
             instance: None,
             observe: None,
+            metrics: Vec::new(),
         }
     }
 
@@ -211,6 +220,16 @@ impl Verification {
         self
     }
 
+    /// One more `rollouts-dispatch/job` metric `name` in the run, after [`SMOKE_METRIC`], with
+    /// plugin block `block` (e.g. another Verification's [`Self::block_json`], or a
+    /// [`Block`]'s JSON): a Stage whose templates have several metrics. Argo Rollouts measures
+    /// each and the run fails when any fails. A name twice (or `smoke`) is refused when the
+    /// run is built, as Kargo refuses it.
+    pub fn with_metric(mut self, name: &str, block: Value) -> Self {
+        self.metrics.push((name.into(), block));
+        self
+    }
+
     /// The block of the verification's metric as the plugin receives it: the routing fields and
     /// the observe check, else [`Self::block`]'s Job.
     pub fn block_json(&self) -> Value {
@@ -240,25 +259,42 @@ impl Verification {
         block
     }
 
-    /// The name Kargo gives the run of this verification of `freight`'s collection.
+    /// The name Kargo gives the run of this verification of `freight`'s collection (the Stage
+    /// name cut to 218 characters: [`naming::name_prefix`]).
     pub fn run_name(&self, freight: &Freight) -> String {
-        let Self { stage, ulid, .. } = self;
-        format!("{stage}.{ulid}.{}", short(&freight.collection_id)).to_lowercase()
+        let stage = naming::name_prefix(&self.stage);
+        let collection = naming::short_id(&freight.collection_id);
+        format!("{stage}.{}.{collection}", self.ulid).to_lowercase()
+    }
+
+    /// The run's metrics: [`SMOKE_METRIC`], then those of [`Self::with_metric`].
+    fn metrics_json(&self) -> Result<Value> {
+        let mut names = vec![SMOKE_METRIC];
+        let mut metrics = vec![plugin_metric(SMOKE_METRIC, self.block_json())];
+        for (name, block) in &self.metrics {
+            ensure!(
+                !names.contains(&name.as_str()),
+                "duplicate metric name: {name:?} (Kargo refuses it: flattenMetrics, \
+                 pkg/rollouts/analysis_template.go:53-55)"
+            );
+            names.push(name);
+            metrics.push(plugin_metric(name, block.clone()));
+        }
+        Ok(Value::Array(metrics))
     }
 
     /// The AnalysisRun Kargo would create in [`PROJECT`] for this verification of `freight`'s
     /// collection (the module docs say where each field comes from).
     pub fn analysis_run(&self, freight: &Freight) -> Result<DynamicObject> {
         let stage = &self.stage;
-        ensure!(
-            stage.len() <= MAX_LABEL_VALUE,
-            "Stage name {stage:?} is longer than {MAX_LABEL_VALUE} characters: Kargo would \
-             shorten its label and add the kargo.akuity.io/stage annotation, which this fixture \
-             does not"
-        );
         let name = self.run_name(freight);
+        let stage_label = naming::label_value(stage);
+        let mut annotations = serde_json::Map::new();
+        if stage_label != *stage {
+            annotations.insert(STAGE_KEY.into(), json!(stage));
+        }
         let mut labels = json!({
-            "kargo.akuity.io/stage": stage,
+            STAGE_KEY: stage_label,
             "kargo.akuity.io/freight-collection": freight.collection_id,
         });
         if let Some(instance) = &self.instance {
@@ -269,19 +305,29 @@ impl Verification {
             "ownerReferences": [{"apiVersion": "kargo.akuity.io/v1alpha1", "kind": "Freight", "name": freight.name, "uid": freight.uid, "blockOwnerDeletion": false}]
         });
         if self.promotion {
-            metadata["annotations"] =
-                json!({"kargo.akuity.io/promotion": freight.promotion(stage)});
+            annotations.insert(
+                "kargo.akuity.io/promotion".into(),
+                json!(freight.promotion(stage)),
+            );
+        }
+        if !annotations.is_empty() {
+            metadata["annotations"] = Value::Object(annotations);
         }
         serde_json::from_value(json!({
             "apiVersion": "argoproj.io/v1alpha1", "kind": "AnalysisRun",
             "metadata": metadata,
             "spec": {
                 "args": [{"name": "destination", "value": self.destination}],
-                "metrics": [{"name": "smoke", "provider": {"plugin": {PLUGIN_NAME: self.block_json()}}}]
+                "metrics": self.metrics_json()?
             }
         }))
         .with_context(|| format!("building AnalysisRun {name}"))
     }
+}
+
+/// A metric `name` of our plugin with block `block`.
+fn plugin_metric(name: &str, block: Value) -> Value {
+    json!({"name": name, "provider": {"plugin": {PLUGIN_NAME: block}}})
 }
 
 #[cfg(test)]
@@ -350,8 +396,52 @@ mod tests {
         let meta = serde_json::to_value(&run.metadata).unwrap();
         assert!(meta.get("annotations").is_none(), "{meta}");
         assert_eq!(meta["labels"][CONTROLLER_INSTANCE_LABEL], "shard-a");
-        let long = "s".repeat(64);
-        let refused = Verification::new(&long, "01j", "cluster-a").analysis_run(&freight());
-        assert!(refused.unwrap_err().to_string().contains("longer than 63"));
+    }
+
+    #[test]
+    fn a_long_stage_name_is_shortened_in_the_label_and_cut_in_the_names_as_kargo_does() {
+        const ULID: &str = "01jlong0000000000000000000";
+        // 60 fits a label as it is: nothing to shorten, no stage annotation.
+        let sixty = "s".repeat(60);
+        let run = Verification::new(&sixty, ULID, "cluster-a")
+            .analysis_run(&freight())
+            .unwrap();
+        let meta = serde_json::to_value(&run.metadata).unwrap();
+        assert_eq!(meta["labels"][STAGE_KEY], sixty.as_str());
+        assert!(meta["annotations"].get(STAGE_KEY).is_none(), "{meta}");
+        // 253, the longest Stage name: label 63 with a hash, the whole name in the annotation,
+        // the run and Promotion names exactly 253.
+        let longest = "l".repeat(253);
+        let run = Verification::new(&longest, ULID, "cluster-a")
+            .analysis_run(&freight())
+            .unwrap();
+        let meta = serde_json::to_value(&run.metadata).unwrap();
+        let label = meta["labels"][STAGE_KEY].as_str().unwrap();
+        assert_eq!(label, naming::label_value(&longest));
+        assert_eq!(label.len(), 63);
+        assert_eq!(meta["annotations"][STAGE_KEY], longest.as_str());
+        assert_eq!(meta["name"].as_str().unwrap().len(), 253);
+        let promotion = meta["annotations"]["kargo.akuity.io/promotion"].as_str();
+        assert_eq!(promotion.map(str::len), Some(253));
+    }
+
+    #[test]
+    fn several_metrics_are_in_the_run_in_order_and_a_name_twice_is_refused() {
+        let failing = Verification::new("uat", "01j", "cluster-a").exits(1);
+        let run = Verification::new("uat", "01jmetrics0000000000000000", "cluster-a")
+            .with_metric("second", failing.block_json())
+            .analysis_run(&freight())
+            .unwrap();
+        let metrics = &run.data["spec"]["metrics"];
+        assert_eq!(metrics[0]["name"], SMOKE_METRIC);
+        assert_eq!(metrics[1]["name"], "second");
+        assert_eq!(
+            metrics[1]["provider"]["plugin"][PLUGIN_NAME],
+            failing.block_json()
+        );
+        let twice = Verification::new("uat", "01j", "cluster-a")
+            .with_metric("smoke", json!({}))
+            .analysis_run(&freight());
+        assert!(twice.unwrap_err().to_string().contains("duplicate metric"));
     }
 }

@@ -22,6 +22,8 @@ const API_SANS: [&str; 3] = ["127.0.0.1", "::1", "localhost"];
 pub struct ApiTls {
     /// The CA that signed the certificate: `--ca-file` of the plugin, agents and CLI.
     pub ca: PathBuf,
+    /// The same CA in PEM, for a client built in the test (kept, not read back from [`Self::ca`]).
+    pub ca_pem: String,
     /// The serving certificate: `--tls-cert`.
     pub cert: PathBuf,
     /// Its key: `--tls-key`.
@@ -36,6 +38,7 @@ impl ApiTls {
         let (cert, key) = pki::serving(&issuer, &API_SANS, "rollouts-dispatch")?;
         let tls = Self {
             ca: dir.join("api-ca.crt"),
+            ca_pem: ca_pem.clone(),
             cert: dir.join("api.crt"),
             key: dir.join("api.key"),
         };

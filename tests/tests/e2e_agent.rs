@@ -324,7 +324,7 @@ fn the_api_answers_nothing_in_plain_http_on_the_front_or_a_replica() -> Result<(
     side_by_side(async |w| {
         // A downgraded client with a valid token: the TLS listener must not speak HTTP in clear,
         // neither through the front (what the plugin and the agent dial) nor on a replica.
-        let token = std::fs::read_to_string(&w.dispatch.plugin_token)?;
+        let token = w.plugin_token()?;
         let front = w
             .url
             .rsplit_once(':')
@@ -335,7 +335,7 @@ fn the_api_answers_nothing_in_plain_http_on_the_front_or_a_replica() -> Result<(
             "the scene's API is {}",
             w.url
         );
-        dispatch_tests::tls::plain_http_is_refused(front, token.trim()).await?;
+        dispatch_tests::tls::plain_http_is_refused(front, &token).await?;
         // Every replica still up (a scenario kills server-1 and leaves it down).
         let mut checked = 0;
         for replica in &w.dispatch.replicas {
@@ -343,7 +343,7 @@ fn the_api_answers_nothing_in_plain_http_on_the_front_or_a_replica() -> Result<(
                 .await
                 .is_ok()
             {
-                dispatch_tests::tls::plain_http_is_refused(replica.port, token.trim()).await?;
+                dispatch_tests::tls::plain_http_is_refused(replica.port, &token).await?;
                 checked += 1;
             }
         }

@@ -53,8 +53,6 @@ const LINES: usize = 100_000;
 const FOLLOW_LINES: usize = 5;
 /// The person of project A (a ServiceAccount of the control plane).
 const PERSON: &str = "person-a";
-/// The plugin's signing key file in the World's dispatch directory.
-const KEY_FILE: &str = "jwt.key";
 
 #[test]
 #[ignore = "needs the Go-built cluster binaries, the release plugin and chromium: run `make e2e-ui`"]
@@ -156,22 +154,14 @@ async fn submit(
 
 /// A JWT bound to project A, signed with the World's key.
 fn project_jwt(w: &World<Direct>) -> Result<String> {
-    let key = dispatch_server::token::read_key(&w.dispatch.dir.join(KEY_FILE))?;
-    let (token, _) = dispatch_server::token::issue_token_for(
-        &key,
-        "e2e-ui",
-        None,
-        Some(&[PROJECT.to_owned()]),
-        Duration::from_secs(3600),
-    )?;
-    Ok(token)
+    w.issue_token("e2e-ui", Some(&[PROJECT.to_owned()]))
 }
 
 fn api_client(w: &World<Direct>) -> Result<ServerClient> {
     Ok(ServerClient::new(&ClientConfig {
         server: w.url.clone(),
         token_file: None,
-        ca_file: Some(w.dispatch.tls.ca.clone()),
+        ca_file: Some(w.ca_file().to_path_buf()),
         ca_only: true,
         insecure_plaintext: false,
         timeout: Duration::from_secs(600),
@@ -302,7 +292,7 @@ async fn cli_follows(w: &World<Direct>, tail: &LogFile, jwt: &str) -> Result<&'s
         .arg("--token-file")
         .arg(&token_file)
         .arg("--ca-file")
-        .arg(&w.dispatch.tls.ca)
+        .arg(w.ca_file())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
@@ -445,7 +435,7 @@ async fn browse_in(
 
 /// The HTTP status of B's run page for the person's session (the browser does not expose it).
 async fn http_status_of_page(w: &World<Direct>, person: &str, other: &str) -> Result<u16> {
-    let ca = reqwest::Certificate::from_pem(&std::fs::read(&w.dispatch.tls.ca)?)?;
+    let ca = reqwest::Certificate::from_pem(w.ca_pem().as_bytes())?;
     let http = reqwest::Client::builder()
         .add_root_certificate(ca)
         .build()?;

@@ -12,7 +12,7 @@ use anyhow::{ensure, Context, Result};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, ListParams};
 
-use super::{start_clusters, World};
+use super::{plugin_args, start_clusters, World};
 use crate::admin::wait_ready;
 use crate::artifacts::{repo_path, rollouts_dispatch_binary};
 use crate::cluster::argo;
@@ -60,6 +60,8 @@ pub struct Agents {
     pub plugin_token: PathBuf,
     /// cluster-b's agent token file.
     pub agent_token: PathBuf,
+    /// The servers' TLS ([`Self::ca`] is its CA).
+    pub(super) tls: ApiTls,
     /// Extra `serve` flags of every replica.
     serve_args: Vec<String>,
     /// What `start_with_agent_config` appended to the config.
@@ -193,16 +195,7 @@ impl World<Agents> {
         let agent_admin = agent.spawn(&mut b, &agent_token, "agent")?;
         wait_ready("the agent", agent_admin).await?;
 
-        let plugin_args = [
-            "--server",
-            url.as_str(),
-            "--token-file",
-            &plugin_token.display().to_string(),
-            "--ca-file",
-            &ca.display().to_string(),
-        ]
-        .map(String::from)
-        .to_vec();
+        let plugin_args = plugin_args(&url, &plugin_token, &ca);
         let agents = Agents {
             binary,
             dir,
@@ -212,6 +205,7 @@ impl World<Agents> {
             ca,
             plugin_token,
             agent_token,
+            tls,
             serve_args: extra,
             extra_yaml: extra_yaml.to_string(),
             agent_args,

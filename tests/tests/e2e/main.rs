@@ -11,11 +11,12 @@
 //!
 //! The scene's server also has `argocd:` (`DirectOptions`), for `destination: stage`
 //! (`stage.rs`); `sharding.rs` starts a second controller with `--instance-id` beside the
-//! scene's own.
+//! scene's own; `long_stage.rs` verifies a Stage of the longest name with two metrics.
 //!
 //! `#[ignore]`d for plain `cargo test`; `make e2e` runs it (`cargo test … -- --ignored NAME`
 //! runs one scenario).
 
+mod long_stage;
 mod sharding;
 mod stage;
 
@@ -44,7 +45,10 @@ static WORLD: Shared<RwLock<World<Direct>>> = Shared::new();
 /// The shared World, started by the first scenario that runs.
 fn world() -> Result<&'static RwLock<World<Direct>>> {
     WORLD.get_or_start(|| async {
-        let options = DirectOptions { argocd: true };
+        let options = DirectOptions {
+            argocd: true,
+            ..DirectOptions::default()
+        };
         Ok(RwLock::new(World::start_with(options).await?))
     })
 }
@@ -456,8 +460,8 @@ fn the_api_answers_nothing_in_plain_http() -> Result<()> {
             "the scene's API is {}",
             w.url
         );
-        let token = std::fs::read_to_string(w.dispatch.dir.join("plugin.token"))?;
-        dispatch_tests::tls::plain_http_is_refused(w.dispatch.server.port, token.trim()).await?;
+        let token = w.plugin_token()?;
+        dispatch_tests::tls::plain_http_is_refused(w.dispatch.server.port, &token).await?;
         println!("e2e: plain HTTP with a valid token to the API port: no answer");
         Ok(())
     })
