@@ -9,7 +9,8 @@
 //!
 //! The pod security of a placement ([`Policy::profile`]) combines the rules that allow it: the
 //! most permissive `podSecurity` level wins, and their `serviceAccounts` and
-//! `automountServiceAccountToken` add up, since any matching rule allows.
+//! `automountServiceAccountToken` add up, since any matching rule allows; so do their pod
+//! allowlists (the union of the lists, the larger of each default and cap: `podsecurity`).
 
 use crate::config::{PolicyConfig, PolicyRule};
 use crate::podsecurity::{Level, Origin, Profile};
@@ -68,7 +69,8 @@ impl Policy {
         if self.allow_all {
             return Some(format!(
                 "`policy.allowAll` in {}: every project may run Jobs on every destination and \
-                 namespace (pod security: restricted, service account default, no API token); \
+                 namespace (pod security: restricted, service account default, no API token, no \
+                 Secret or other reference, the built-in resource caps); \
                  write `policy.rules` to restrict them",
                 self.origin
             ));
@@ -167,8 +169,12 @@ impl Policy {
             service_accounts: Vec::new(),
             automount_service_account_token: false,
             origin: Origin::Rules(format!("{} in {}", names.join(", "), self.origin)),
+            // The first rule's, widened by the others': a rule's lower cap holds when it is
+            // the only one that matches.
+            allow: matching[0].1.allow.clone(),
         };
         for (_, r) in matching {
+            profile.allow.widen(&r.allow);
             profile.level = profile.level.max(r.pod_security);
             profile.automount_service_account_token |= r.automount_service_account_token;
             for a in &r.service_accounts {
@@ -197,6 +203,7 @@ mod tests {
             pod_security: Level::Restricted,
             service_accounts: crate::podsecurity::default_service_accounts(),
             automount_service_account_token: false,
+            allow: Default::default(),
         }
     }
 

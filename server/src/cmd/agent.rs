@@ -73,6 +73,7 @@ pub(super) async fn run(args: AgentArgs) -> ExitCode {
         service_accounts: args.service_accounts,
         automount_service_account_token: args.automount_service_account_token,
         argocd_sync: args.argocd_sync,
+        allowlists: Default::default(),
     };
     match crate::agent::run(opts).await {
         Ok(()) => ExitCode::SUCCESS,
