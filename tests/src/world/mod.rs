@@ -29,6 +29,7 @@ use kube::api::{Api, DynamicObject, PostParams};
 
 use crate::analysis::{self, wait_finished};
 use crate::artifacts::{plugin_binary, PLUGIN_NAME};
+use crate::block::RULE_ALLOWS;
 use crate::cluster::argo::{self, ArgoRollouts, MetricPlugin};
 use crate::cluster::argocd;
 use crate::cluster::process::tail;
@@ -111,7 +112,7 @@ impl World<Direct> {
                  destinations:\n\
                  - name: cluster-a\n  kubeconfig: {}\n  labels: {{env: e2e}}\n\
                  - name: cluster-b\n  kubeconfig: {}\n  labels: {{env: e2e}}\n\
-                 policy:\n  rules:\n  - projects: [\"{PROJECT}\", \"{TENANT_B}\"]\n    destinations: [\"cluster-*\"]\n",
+                 policy:\n  rules:\n  - projects: [\"{PROJECT}\", \"{TENANT_B}\"]\n    destinations: [\"cluster-*\"]\n    {RULE_ALLOWS}\n",
                 control.kubeconfig.display(),
                 a.kubeconfig.display(),
                 b.kubeconfig.display()
