@@ -15,7 +15,8 @@
 //! * [`verdict`]: per-destination state → measurement phase, message, metadata — pure.
 //! * [`observe`]: what is deployed (Argo Rollouts, Argo CD Applications) read into states — pure.
 //! * [`policy`]: which Kargo projects may use which destinations and namespaces, and with which
-//!   [`podsecurity`] profile (the Pod Security Standards check that the server and the agent run).
+//!   [`podsecurity`] profile (the Pod Security Standards check that the server and the agent run,
+//!   and what the pods may reference, set and use); [`glob`]: the globs of both.
 //! * [`engine`]: the core, [`engine::Engine`] (`ensure`, `status`, `terminate`, `gc`).
 //! * The features, each with its routes and state: [`measure`] (the plugin's calls and the
 //!   agents' work), [`logs`] (tails in verdicts, whole logs, relayed from agents),
@@ -34,6 +35,7 @@ pub mod cmd;
 pub mod config;
 pub mod destinations;
 pub mod engine;
+pub mod glob;
 pub mod http;
 pub mod job;
 pub mod logs;

@@ -18,6 +18,17 @@ use crate::cluster::kwok::{lifecycle_annotations, TERMINATION_MESSAGE_ANNOTATION
 /// The image of the check container; never pulled (kwok runs the pods).
 pub const CHECK_IMAGE: &str = "example.invalid/check:1";
 
+/// The pod-template annotation keys of these blocks (the kwok lifecycle, the termination
+/// message): a glob for `podAnnotations` (a policy rule) and `--pod-annotations` (an agent),
+/// which allow no annotation by default (issue #27).
+pub const ANNOTATION_KEYS: &str = "test.rollouts-dispatch.io/*";
+
+/// The policy rule key that lets these blocks' annotations through, as YAML (flow style).
+pub const RULE_ALLOWS: &str = "podAnnotations: [\"test.rollouts-dispatch.io/*\"]";
+
+/// The agent flags that let these blocks' annotations through.
+pub const AGENT_ALLOWS: [&str; 2] = ["--pod-annotations", ANNOTATION_KEYS];
+
 /// A plugin block under construction. By default: no routing, a container that exits 0 after
 /// 1 s, `backoffLimit: 0` and `restartPolicy: Never` (one attempt, so the verdict is the exit).
 #[derive(Debug, Clone)]

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use anyhow::{ensure, Context, Result};
-use dispatch_tests::block::Block;
+use dispatch_tests::block::{Block, RULE_ALLOWS};
 use dispatch_tests::cluster::Cluster;
 use dispatch_tests::rollouts_dispatch_binary;
 use dispatch_tests::shared::{block_on, Shared};
@@ -37,7 +37,7 @@ fn write_config(c: &Cluster, dir: &Path, extra: &str) -> Result<PathBuf> {
     std::fs::write(
         &path,
         format!(
-            "policy: {{rules: [{{projects: ['*'], destinations: [a]}}]}}\n\
+            "policy: {{rules: [{{projects: ['*'], destinations: [a], {RULE_ALLOWS}}}]}}\n\
              destinations:\n- name: a\n  kubeconfig: {}\n{extra}",
             c.kubeconfig.display()
         ),

@@ -2,7 +2,9 @@
 //! namespace is one of the agent's (`--namespaces`; for an observe record, the namespace of
 //! the observed object, which the check must name alike), the Job is the one the record names, and
 //! its pod security profile (`--pod-security`, `--service-accounts`,
-//! `--automount-service-account-token`) allows it — the same `podsecurity` code the server ran.
+//! `--automount-service-account-token`, and the allowlists of what the pods may reference, set
+//! and use: `--secrets`, `--config-maps`, `--scheduling`, `--max-resources`, `--pod-labels` …)
+//! allows it — the same `podsecurity` code the server ran, with the agent's own values.
 //!
 //! The agent trusts no one here: not the server (compromised, or a man in the middle), nor
 //! whoever can write `DispatchJob` records on the control plane. A refused item is never
@@ -320,6 +322,29 @@ mod tests {
         assert_eq!(guard(Level::Restricted).admit("edge", &delete), Ok(None));
         delete.namespace = "kube-system".into();
         assert!(guard(Level::Restricted).admit("edge", &delete).is_err());
+    }
+
+    #[test]
+    fn the_agents_allowlists_apply_whatever_the_server_allowed() {
+        let mut pod = plain();
+        pod["volumes"] = json!([{"name": "s", "secret": {"secretName": "argocd-secret"}}]);
+        let e = guard(Level::Restricted)
+            .admit("edge", &spec("verify", pod.clone()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`spec.template.spec.volumes[0].secret.secretName`")
+                && e.contains("`rollouts-dispatch agent --secrets argocd-secret`"),
+            "{e}"
+        );
+        let mut g = guard(Level::Restricted);
+        g.profile.allow.secrets = vec!["argocd-secret".into()];
+        let job = g.admit("edge", &spec("verify", pod)).unwrap().unwrap();
+        // The agent fills in the resource defaults too.
+        assert_eq!(
+            job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"],
+            json!({"cpu": "100m", "memory": "128Mi"})
+        );
     }
 
     #[test]

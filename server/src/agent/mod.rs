@@ -68,6 +68,9 @@ pub struct AgentOptions {
     pub automount_service_account_token: bool,
     /// `--argocd-sync`: carry out the sync orders of the Application routes
     pub argocd_sync: bool,
+    /// `--secrets`, `--scheduling`, `--max-resources` …: what the Jobs' pods may reference,
+    /// set and use (#27)
+    pub allowlists: crate::podsecurity::Allowlists,
 }
 
 impl AgentOptions {
@@ -97,6 +100,7 @@ impl AgentOptions {
                 service_accounts: self.service_accounts.clone(),
                 automount_service_account_token: self.automount_service_account_token,
                 origin: Origin::Agent,
+                allow: self.allowlists.clone(),
             },
         })
     }
@@ -521,6 +525,7 @@ mod tests {
             service_accounts: vec![],
             automount_service_account_token: false,
             argocd_sync: false,
+            allowlists: Default::default(),
         };
         assert_eq!(
             opts(&["b", " a", "b"]).watched_namespaces(),

@@ -7,7 +7,9 @@ use std::time::Duration;
 use clap::Args;
 
 use super::{parse_duration, AdminArgs, ServerArgs};
-use crate::podsecurity::Level;
+use crate::podsecurity::{
+    Allowlists, JobLimits, Level, Quantity, Resources, ResourcesError, SchedulingField,
+};
 
 /// `rollouts-dispatch agent`
 #[derive(Debug, Clone, Args)]
@@ -54,10 +56,137 @@ pub struct AgentArgs {
     /// (chart value `agent.argocd.sync: true`). Without it a sync order is refused and reported.
     #[arg(long, env = "ROLLOUTS_DISPATCH_AGENT_ARGOCD_SYNC")]
     pub argocd_sync: bool,
+    /// `--secrets`, `--scheduling`, `--max-resources` …
+    #[command(flatten)]
+    pub allow: AllowlistArgs,
+}
+
+/// What the Jobs' pods may reference, set and use in this cluster (issue #27), checked here
+/// whatever the server allowed; the policy rule keys of the same names. The defaults allow
+/// nothing beyond a plain Job.
+#[derive(Debug, Clone, Args)]
+pub struct AllowlistArgs {
+    /// Secrets the Jobs' pods may read (secret and projected volumes, secretKeyRef, envFrom,
+    /// CSI nodePublishSecretRef), comma-separated globs; default none. A legacy service-account
+    /// token name (`<sa>-token-<suffix>`) needs an exact entry.
+    #[arg(long, value_delimiter = ',')]
+    pub secrets: Vec<String>,
+    /// ConfigMaps the Jobs' pods may read (volumes, projected sources, configMapKeyRef,
+    /// envFrom), comma-separated globs; default none.
+    #[arg(long, value_delimiter = ',')]
+    pub config_maps: Vec<String>,
+    /// PersistentVolumeClaims the Jobs' pods may mount (or fill an ephemeral volume from),
+    /// comma-separated globs; default none.
+    #[arg(long, value_delimiter = ',')]
+    pub persistent_volume_claims: Vec<String>,
+    /// CSI drivers of inline `csi` volumes, comma-separated globs; default none.
+    #[arg(long, value_delimiter = ',')]
+    pub csi_drivers: Vec<String>,
+    /// `imagePullSecrets` the Jobs' pods may name, comma-separated globs; default none.
+    #[arg(long, value_delimiter = ',')]
+    pub image_pull_secrets: Vec<String>,
+    /// Allow `ephemeral` volumes (a PersistentVolumeClaim created for the pod).
+    #[arg(long)]
+    pub ephemeral_volumes: bool,
+    /// Scheduling fields the Jobs' pods may set, comma-separated: tolerations, nodeSelector,
+    /// affinity, priorityClassName, runtimeClassName, hostAliases, dnsConfig, dnsPolicy (other
+    /// than ClusterFirst), schedulerName, topologySpreadConstraints, overhead,
+    /// preemptionPolicy, resourceClaims; default none.
+    #[arg(long, value_delimiter = ',')]
+    pub scheduling: Vec<SchedulingField>,
+    /// What an unset container request or limit becomes, `name=quantity` pairs
+    /// comma-separated, over the built-ins cpu=100m,memory=128Mi.
+    #[arg(long, value_delimiter = ',', value_parser = resource_pair)]
+    pub default_resources: Vec<(String, Quantity)>,
+    /// The most a container (or pod) may request or limit, `name=quantity` pairs
+    /// comma-separated, over the built-ins cpu=2,memory=2Gi,ephemeral-storage=4Gi; any other
+    /// resource (a GPU) is refused unless named here.
+    #[arg(long, value_delimiter = ',', value_parser = resource_pair)]
+    pub max_resources: Vec<(String, Quantity)>,
+    /// The most `spec.parallelism` of a Job may be.
+    #[arg(long, default_value_t = JobLimits::BUILTIN.parallelism,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_parallelism: u32,
+    /// The most `spec.completions` of a Job may be.
+    #[arg(long, default_value_t = JobLimits::BUILTIN.completions,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_completions: u32,
+    /// The most `spec.backoffLimit` (and `backoffLimitPerIndex`) may be; an unset
+    /// `backoffLimit` becomes 6, or this when lower.
+    #[arg(long, default_value_t = JobLimits::BUILTIN.backoff_limit)]
+    pub max_backoff_limit: u32,
+    /// Pod template label keys the Jobs may set (ours are always set), comma-separated globs;
+    /// default none.
+    #[arg(long, value_delimiter = ',')]
+    pub pod_labels: Vec<String>,
+    /// Pod template annotation keys the Jobs may set, comma-separated globs; default none.
+    #[arg(long, value_delimiter = ',')]
+    pub pod_annotations: Vec<String>,
+}
+
+/// A `name=quantity` pair of `--default-resources` / `--max-resources` that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ResourcePairError {
+    /// no `=`, or no name
+    #[error("{0:?} is not name=quantity (e.g. cpu=500m)")]
+    NotAPair(String),
+    /// the quantity
+    #[error(transparent)]
+    Quantity(#[from] crate::podsecurity::BadQuantity),
+}
+
+fn resource_pair(s: &str) -> Result<(String, Quantity), ResourcePairError> {
+    let (name, q) = s
+        .split_once('=')
+        .filter(|(n, _)| !n.trim().is_empty())
+        .ok_or_else(|| ResourcePairError::NotAPair(s.to_string()))?;
+    Ok((name.trim().to_string(), q.trim().parse()?))
+}
+
+impl AllowlistArgs {
+    /// The allowlists of these flags; a default over its max is refused.
+    pub fn allowlists(&self) -> Result<Allowlists, ResourcesError> {
+        let clean = |v: &[String]| -> Vec<String> {
+            v.iter()
+                .map(|g| g.trim().to_string())
+                .filter(|g| !g.is_empty())
+                .collect()
+        };
+        let mut scheduling = self.scheduling.clone();
+        scheduling.sort();
+        scheduling.dedup();
+        Ok(Allowlists {
+            secrets: clean(&self.secrets),
+            config_maps: clean(&self.config_maps),
+            persistent_volume_claims: clean(&self.persistent_volume_claims),
+            csi_drivers: clean(&self.csi_drivers),
+            image_pull_secrets: clean(&self.image_pull_secrets),
+            ephemeral_volumes: self.ephemeral_volumes,
+            scheduling,
+            resources: Resources::over_builtins(
+                self.default_resources.iter().cloned().collect(),
+                self.max_resources.iter().cloned().collect(),
+            )?,
+            job_limits: JobLimits {
+                parallelism: self.max_parallelism,
+                completions: self.max_completions,
+                backoff_limit: self.max_backoff_limit,
+            },
+            pod_labels: clean(&self.pod_labels),
+            pod_annotations: clean(&self.pod_annotations),
+        })
+    }
 }
 
 /// Runs the agent; returns the exit code.
 pub(super) async fn run(args: AgentArgs) -> ExitCode {
+    let allowlists = match args.allow.allowlists() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("rollouts-dispatch agent: --default-resources/--max-resources: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let opts = crate::agent::AgentOptions {
         server: args.server.server,
         token_file: args.token_file,
@@ -73,6 +202,7 @@ pub(super) async fn run(args: AgentArgs) -> ExitCode {
         service_accounts: args.service_accounts,
         automount_service_account_token: args.automount_service_account_token,
         argocd_sync: args.argocd_sync,
+        allowlists,
     };
     match crate::agent::run(opts).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -81,6 +211,103 @@ pub(super) async fn run(args: AgentArgs) -> ExitCode {
             // hold yet (a message that quotes its source is not followed by it again).
             tracing::error!(error = %crate::http::Chain(&e), "agent stopped");
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::cmd::{Cli, Command};
+    use crate::podsecurity::{BUILTIN_DEFAULT, BUILTIN_MAX};
+
+    fn agent(extra: &[&str]) -> AgentArgs {
+        let mut argv = vec![
+            "rollouts-dispatch",
+            "agent",
+            "--server",
+            "https://s",
+            "--token-file",
+            "t",
+        ];
+        argv.extend_from_slice(extra);
+        match Cli::try_parse_from(&argv)
+            .unwrap_or_else(|e| panic!("{argv:?}: {e}"))
+            .command
+        {
+            Command::Agent(a) => a,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn the_allowlist_flags_default_to_the_safe_values() {
+        let a = agent(&[]).allow.allowlists().unwrap();
+        assert_eq!(a, Allowlists::default());
+        let names =
+            |list: &[(&str, &str)]| list.iter().map(|(n, _)| n.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            a.resources.default.keys().cloned().collect::<Vec<_>>(),
+            names(BUILTIN_DEFAULT)
+        );
+        assert_eq!(a.resources.max.len(), BUILTIN_MAX.len());
+    }
+
+    #[test]
+    fn the_allowlist_flags_fill_the_profile() {
+        let a = agent(&[
+            "--secrets",
+            "db,tls-*",
+            "--config-maps",
+            "ca",
+            "--scheduling",
+            "tolerations,nodeSelector",
+            "--max-resources",
+            "cpu=4,nvidia.com/gpu=1",
+            "--default-resources",
+            "memory=256Mi",
+            "--max-parallelism",
+            "3",
+            "--pod-annotations",
+            "test.rollouts-dispatch.io/*",
+            "--ephemeral-volumes",
+        ])
+        .allow
+        .allowlists()
+        .unwrap();
+        assert_eq!(a.secrets, vec!["db", "tls-*"]);
+        assert_eq!(
+            a.scheduling,
+            vec![SchedulingField::Tolerations, SchedulingField::NodeSelector]
+        );
+        assert_eq!(a.resources.max["cpu"], "4".parse().unwrap());
+        assert_eq!(a.resources.max["nvidia.com/gpu"], "1".parse().unwrap());
+        assert_eq!(a.resources.default["memory"], "256Mi".parse().unwrap());
+        assert_eq!(a.job_limits.parallelism, 3);
+        assert!(a.ephemeral_volumes);
+        let over = agent(&["--default-resources", "cpu=3"])
+            .allow
+            .allowlists()
+            .unwrap_err();
+        assert!(over.to_string().contains("more than its max"), "{over}");
+        for bad in [
+            ["--scheduling", "nodeName"],
+            ["--max-resources", "cpu"],
+            ["--max-resources", "cpu=lots"],
+            ["--max-parallelism", "0"],
+        ] {
+            let mut argv = vec![
+                "rollouts-dispatch",
+                "agent",
+                "--server",
+                "https://s",
+                "--token-file",
+                "t",
+            ];
+            argv.extend_from_slice(&bad);
+            assert!(Cli::try_parse_from(&argv).is_err(), "{bad:?}");
         }
     }
 }

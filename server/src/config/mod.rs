@@ -36,6 +36,12 @@
 //!     podSecurity: restricted        # | baseline | privileged
 //!     serviceAccounts: [default]
 //!     automountServiceAccountToken: false
+//!     secrets: ["team-a-*"]          # and configMaps, persistentVolumeClaims, csiDrivers,
+//!     imagePullSecrets: [regcred]    #   imagePullSecrets: what the pods may name (default none)
+//!     scheduling: [tolerations]      # pod fields that place the pods (default none)
+//!     resources: {default: {cpu: 100m, memory: 128Mi}, max: {cpu: "2", memory: 2Gi}}
+//!     jobLimits: {parallelism: 1, completions: 1, backoffLimit: 6}
+//!     podLabels: ["app.kubernetes.io/*"]   # pod template keys (default none)
 //!   callers:                         # TokenReview users bound to projects (none: all projects)
 //!   - {subject: "system:serviceaccount:team-a:*", projects: ["team-a"]}
 //! engine: {connectTimeout: 5s, requestTimeout: 20s}
@@ -488,6 +494,9 @@ pub struct PolicyRule {
     pub service_accounts: Vec<String>,
     /// whether the Jobs' pods may mount an API token (default false)
     pub automount_service_account_token: bool,
+    /// what the Jobs' pods may reference, set and use (#27; default: nothing referenced, the
+    /// built-in resources and caps)
+    pub allow: crate::podsecurity::Allowlists,
 }
 
 /// Timeouts of the engine.

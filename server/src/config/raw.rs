@@ -130,6 +130,9 @@ pub(crate) enum Problem {
     Ui(#[from] ui::UiProblem),
     #[error(transparent)]
     ArgoCd(#[from] argocd::ArgoCdProblem),
+    /// a pod allowlist key of a rule (#27)
+    #[error(transparent)]
+    Pods(#[from] pods::PodsProblem),
 }
 
 /// Why a string cannot be a destination name ([`check_destination_name`]).
@@ -289,6 +292,28 @@ struct RawRule {
     service_accounts: Option<Vec<String>>,
     #[serde(default, rename = "automountServiceAccountToken")]
     automount_service_account_token: bool,
+    // The pod allowlists (#27), read by `pods.rs` into `PolicyRule::allow`; kept as one block.
+    #[serde(default)]
+    secrets: Vec<String>,
+    #[serde(default, rename = "configMaps")]
+    config_maps: Vec<String>,
+    #[serde(default, rename = "persistentVolumeClaims")]
+    persistent_volume_claims: Vec<String>,
+    #[serde(default, rename = "csiDrivers")]
+    csi_drivers: Vec<String>,
+    #[serde(default, rename = "imagePullSecrets")]
+    image_pull_secrets: Vec<String>,
+    #[serde(default, rename = "ephemeralVolumes")]
+    ephemeral_volumes: bool,
+    #[serde(default)]
+    scheduling: Vec<String>,
+    resources: Option<pods::RawResources>,
+    #[serde(rename = "jobLimits")]
+    job_limits: Option<pods::RawJobLimits>,
+    #[serde(default, rename = "podLabels")]
+    pod_labels: Vec<String>,
+    #[serde(default, rename = "podAnnotations")]
+    pod_annotations: Vec<String>,
 }
 
 /// `name`, `labels`, `namespace`, `namespaces` and the access of a destination.
@@ -404,6 +429,7 @@ impl RawConfig {
                 let mut rules = Vec::new();
                 for (i, r) in p.rules.into_iter().enumerate() {
                     let at = format!("policy.rules[{i}]");
+                    let allow = r.allowlists(&at)?;
                     let namespaces = r.namespaces.unwrap_or_else(|| vec!["*".into()]);
                     for (field, list) in [
                         ("projects", &r.projects),
@@ -440,6 +466,7 @@ impl RawConfig {
                         pod_security,
                         service_accounts,
                         automount_service_account_token: r.automount_service_account_token,
+                        allow,
                     });
                 }
                 if p.allow_all && !rules.is_empty() {
@@ -705,6 +732,7 @@ fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), InvalidLabel> {
 mod argocd;
 mod durations;
 mod namespaces;
+mod pods;
 mod ui;
 use argocd::{validate_argocd, KnownDestinations, RawArgoCdSection};
 use durations::{validate_engine, validate_jobs, RawEngine, RawJobs};

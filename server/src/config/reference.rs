@@ -20,8 +20,8 @@ pub enum FieldDefault {
 pub struct FieldDoc {
     /// path of the key: `engine.connectTimeout`, `agents.destinations[].namespace`
     pub key: String,
-    /// `string`, `path`, `bool`, `duration`, `enum`, `string map`, `list of strings`,
-    /// `list of globs`, `object`, `list of objects`
+    /// `string`, `path`, `bool`, `integer`, `duration`, `enum`, `string map`, `quantity map`,
+    /// `list of strings`, `list of globs`, `object`, `list of objects`
     pub ty: &'static str,
     /// its default
     pub default: FieldDefault,
@@ -112,7 +112,7 @@ pub fn reference() -> Vec<FieldDoc> {
         f("argocd[].defaultNamespace", "string", Value("default"), "default namespace of Jobs on these destinations; a Secret may override it with annotation `rollouts-dispatch.io/namespace`, and limit the destination to namespaces with annotation `rollouts-dispatch.io/namespaces: a,b` (like `destinations[].namespaces`; the default is then `defaultNamespace` when listed, else the first)"),
         f("argocd[].execProviders", "list of strings", Unset("none: a Secret with `execProviderConfig` is refused (its destination is broken)"), "the commands a cluster Secret's `execProviderConfig` may run inside the server, exactly as its `command` gives them (e.g. `/usr/local/bin/gke-gcloud-auth-plugin`); anyone who can write Secrets in the Argo CD namespace chooses the command"),
         f("policy.allowAll", "bool", Value("false"), "`true`: every project may use every destination and namespace, with the default pod security (`restricted`, service account `default`, no API token); a warning at start; excludes `rules`"),
-        f("policy.rules", "list of objects", Unset("none: nothing is dispatched (a warning at start)"), "allow rules; any matching rule allows; when several match, the most permissive `podSecurity` applies and their `serviceAccounts` and `automountServiceAccountToken` add up"),
+        f("policy.rules", "list of objects", Unset("none: nothing is dispatched (a warning at start)"), "allow rules; any matching rule allows; when several match, the most permissive `podSecurity` applies and their `serviceAccounts`, `automountServiceAccountToken` and pod allowlists (`secrets` … `podAnnotations`) add up"),
         f("policy.rules[].projects", "list of globs", Required, "Kargo projects (AnalysisRun namespaces)"),
         f("policy.rules[].destinations", "list of globs", Required, "destination names"),
         f("policy.rules[].namespaces", "list of globs", Value("[\"*\"]"), "namespaces on the destination"),
@@ -146,6 +146,25 @@ pub fn reference() -> Vec<FieldDoc> {
         f("ui.people.proxy.groupsHeader", "string", Value("X-Forwarded-Groups"), "the header listing the user's groups, comma-separated"),
         f("jobs.ttlAfterFinished", "duration", Value("1h"), "`spec.ttlSecondsAfterFinished` of every Job whose template sets none (the template's wins): the destination deletes the Job and its Pods this long after it finished; at least 1m, long enough that the verdict is read first"),
         f("jobs.retention", "duration", Value("24h"), "the orphan sweep (`serve --sweep-orphans-every`) deletes the Jobs and agent records of AnalysisRuns that completed longer ago than this, as well as those of deleted runs; the same loop, with `agents` and no control plane too, asks agents to delete the Jobs of records whose final state was reported longer ago than this (but never sooner than `engine.maxMeasurementDeadline` + `engine.deadlineGrace`); at least 1m"),
+    ]);
+    // The pod allowlists of a rule (#27): what the Jobs' pods may reference, set and use.
+    docs.extend([
+        f("policy.rules[].secrets", "list of globs", Unset("none: a pod naming any Secret is refused"), "Secrets the Jobs' pods may read: `secret` volumes, projected `secret` sources, `env[].valueFrom.secretKeyRef`, `envFrom[].secretRef` (init, regular and ephemeral containers), a CSI volume's `nodePublishSecretRef` and the secret refs of in-tree volumes. A name like a legacy service-account token Secret's (`<service account>-token-<suffix>`, e.g. `default-token-abcde`, which would hand the pod that account's API token) is allowed only by an entry naming it exactly, never by a glob: Secret types are not read (that would need `get secrets` where Jobs run, and a Secret read at creation can be replaced before the kubelet mounts it), so a token Secret created by hand under another name is kept out only by not listing it"),
+        f("policy.rules[].configMaps", "list of globs", Unset("none"), "ConfigMaps the Jobs' pods may read: `configMap` volumes, projected `configMap` sources, `configMapKeyRef`, `envFrom[].configMapRef`"),
+        f("policy.rules[].persistentVolumeClaims", "list of globs", Unset("none"), "PersistentVolumeClaims the Jobs' pods may mount (`persistentVolumeClaim.claimName`) or fill an ephemeral volume from (`dataSource`/`dataSourceRef`; any other data source, a snapshot, is refused)"),
+        f("policy.rules[].csiDrivers", "list of globs", Unset("none"), "CSI drivers of inline `csi` volumes (e.g. `secrets-store.csi.k8s.io`, which reads whatever its SecretProviderClass names: list it only where that is meant)"),
+        f("policy.rules[].imagePullSecrets", "list of globs", Unset("none"), "the `imagePullSecrets` the Jobs' pods may name (the service account's own pull Secrets are added by Kubernetes and not checked)"),
+        f("policy.rules[].ephemeralVolumes", "bool", Value("false"), "whether the Jobs' pods may have `ephemeral` volumes (a PersistentVolumeClaim created for the pod, of any storage class)"),
+        f("policy.rules[].scheduling", "list of strings", Unset("none: every field below is refused when set"), "pod spec fields that decide where and how the pods run, allowed when listed: `tolerations`, `nodeSelector`, `affinity`, `priorityClassName` (and `priority`), `runtimeClassName`, `hostAliases`, `dnsConfig`, `dnsPolicy` (other than `ClusterFirst`, always allowed), `schedulerName`, `topologySpreadConstraints`, `overhead`, `preemptionPolicy`, `resourceClaims`. Empty values pass"),
+        f("policy.rules[].resources", "object", Unset("the built-in defaults and caps below"), "each container's requests and limits: for every resource with a default, an unset limit becomes the default (at least the request) and an unset request the default (at most the limit), in init and regular containers; then every request and limit (containers, ephemeral containers, the pod's `resources`) must be at most its resource's `max`, and a resource with no `max` is refused. Several matching rules: the larger of each"),
+        f("policy.rules[].resources.default", "quantity map", Value("{cpu: 100m, memory: 128Mi}"), "resource name → Kubernetes quantity (`100m`, `0.5`, `128Mi`, `1G`), laid over the built-ins resource by resource; each at most its `max`"),
+        f("policy.rules[].resources.max", "quantity map", Value("{cpu: 2, ephemeral-storage: 4Gi, memory: 2Gi}"), "resource name → the most a request or limit may be, laid over the built-ins resource by resource; name other resources (`nvidia.com/gpu: 1`) to allow them"),
+        f("policy.rules[].jobLimits", "object", Unset("the built-in caps below"), "caps on the Job's own fields; several matching rules: the larger of each"),
+        f("policy.rules[].jobLimits.parallelism", "integer", Value("1"), "the most `spec.parallelism` may be (pods at once); at least 1"),
+        f("policy.rules[].jobLimits.completions", "integer", Value("1"), "the most `spec.completions` may be; at least 1"),
+        f("policy.rules[].jobLimits.backoffLimit", "integer", Value("6"), "the most `spec.backoffLimit` and `spec.backoffLimitPerIndex` may be; an unset `backoffLimit` is set to 6 (the Kubernetes default), or this when lower"),
+        f("policy.rules[].podLabels", "list of globs", Unset("none: the pod template may carry only our labels"), "label keys the pod template may set (a pod's labels decide which Services send it traffic and which NetworkPolicies select it); our reserved keys stay ours whatever this says. The Job's own labels (the block's `metadata`) are not restricted"),
+        f("policy.rules[].podAnnotations", "list of globs", Unset("none"), "annotation keys the pod template may set (annotations trigger mutating webhooks: sidecar, secret and credential injectors)"),
     ]);
     docs
 }
@@ -233,6 +252,8 @@ mod tests {
             "list of strings" | "list of globs" => json!(["x"]),
             "object" => json!({}),
             "list of objects" => json!([]),
+            "integer" => json!(1),
+            "quantity map" => json!({"cpu": "1"}),
             other => panic!("type {other:?} has no example value: add one to `example`"),
         }
     }
@@ -442,6 +463,20 @@ ui: {people: {proxy: {trustedAddresses: ["10.0.0.1"]}}}
                     v == rule.automount_service_account_token.to_string()
                 }
                 "policy.allowAll" => v == c.policy.as_ref().unwrap().allow_all.to_string(),
+                "policy.rules[].ephemeralVolumes" => v == rule.allow.ephemeral_volumes.to_string(),
+                "policy.rules[].resources.default" => {
+                    v == quantity_map(&rule.allow.resources.default)
+                }
+                "policy.rules[].resources.max" => v == quantity_map(&rule.allow.resources.max),
+                "policy.rules[].jobLimits.parallelism" => {
+                    v == rule.allow.job_limits.parallelism.to_string()
+                }
+                "policy.rules[].jobLimits.completions" => {
+                    v == rule.allow.job_limits.completions.to_string()
+                }
+                "policy.rules[].jobLimits.backoffLimit" => {
+                    v == rule.allow.job_limits.backoff_limit.to_string()
+                }
                 "confirmRuns" => v == (c.confirm_runs == ConfirmRuns::On).to_string(),
                 "engine.connectTimeout" => dur(v) == c.engine.connect_timeout,
                 "engine.requestTimeout" => dur(v) == c.engine.request_timeout,
@@ -481,10 +516,18 @@ ui: {people: {proxy: {trustedAddresses: ["10.0.0.1"]}}}
             );
             checked += 1;
         }
-        assert_eq!(checked, 26);
+        assert_eq!(checked, 32);
         // without a file, or without an `engine:` section, the engine defaults are the same
         assert_eq!(ServerConfig::embedded_default().engine, c.engine);
         assert_eq!(ServerConfig::parse("", "test").unwrap().engine, c.engine);
+    }
+
+    /// A quantity map as the reference writes it: `{cpu: 100m, memory: 128Mi}`.
+    fn quantity_map(
+        m: &std::collections::BTreeMap<String, crate::podsecurity::Quantity>,
+    ) -> String {
+        let items: Vec<String> = m.iter().map(|(k, q)| format!("{k}: {q}")).collect();
+        format!("{{{}}}", items.join(", "))
     }
 
     #[test]

@@ -20,10 +20,28 @@
 //!   `capabilities.drop: [ALL]` in every container's. A field *set* to a value the level does not
 //!   allow is refused, never rewritten.
 //!
-//! A refusal ([`Refused`]) names the JSON path of the field, the level, where the profile comes
-//! from (a policy rule or the agent's flags) and the fix.
+//! * **Always, the allowlists** ([`Allowlists`], issue #27; the pods run with our credentials, so
+//!   what they name in the namespace is reachable): Secrets, ConfigMaps, claims, CSI drivers and
+//!   pull Secrets only by allowed name, legacy token Secret names only exactly (`references`);
+//!   scheduling fields only when listed, pod template labels and annotations only by allowed key
+//!   (`placement`); every container's requests and limits filled in and capped, the Job's
+//!   parallelism, completions and retries capped (`resources`, with `quantity`).
+//!
+//! A refusal ([`Refused`]) names the JSON path of the field, the value, the level, where the
+//! profile comes from (a policy rule or the agent's flags) and the fix (the rule key or flag).
 
+mod allowlists;
+mod placement;
+mod quantity;
+mod references;
+mod resources;
 mod standards;
+
+pub use allowlists::{
+    Allowlists, JobLimits, Resources, ResourcesError, SchedulingField, UnknownSchedulingField,
+    BUILTIN_DEFAULT, BUILTIN_MAX, KUBERNETES_BACKOFF_LIMIT,
+};
+pub use quantity::{BadQuantity, Quantity};
 
 use std::fmt;
 use std::str::FromStr;
@@ -112,16 +130,20 @@ pub struct Profile {
     pub automount_service_account_token: bool,
     /// the rule or flags it comes from
     pub origin: Origin,
+    /// what the pods may reference, set and use beyond the level (#27)
+    pub allow: Allowlists,
 }
 
 impl Profile {
-    /// The defaults: `restricted`, service account `default` only, no API token.
+    /// The defaults: `restricted`, service account `default` only, no API token, the default
+    /// allowlists (nothing referenced, built-in resources and caps).
     pub fn restricted(origin: Origin) -> Self {
         Self {
             level: Level::Restricted,
             service_accounts: default_service_accounts(),
             automount_service_account_token: false,
             origin,
+            allow: Allowlists::default(),
         }
     }
 }
@@ -142,6 +164,15 @@ enum Needs {
     Token,
     /// nothing: the field is ours or the Job controller's
     Nothing,
+    /// an allowlist entry (or a higher cap): what to do without it, the rule key and the flag
+    Allow {
+        /// `remove the reference from the AnalysisTemplate`, `lower it to at most 2`
+        remedy: String,
+        /// the rule key with the value: `` `secrets: [db]` ``
+        rule: String,
+        /// the agent's flag with the value: `` `rollouts-dispatch agent --secrets db` ``
+        flag: String,
+    },
 }
 
 /// A field of a Job that its profile does not allow.
@@ -213,6 +244,10 @@ impl Refused {
             Needs::Nothing => {
                 "remove it from the AnalysisTemplate; no setting allows it".to_string()
             }
+            Needs::Allow { remedy, rule, flag } => format!(
+                "{remedy}, or allow it with {}",
+                knob(rule.clone(), flag.clone())
+            ),
         };
         Self {
             path: v.path,
@@ -286,12 +321,14 @@ fn check(job: &mut Value, profile: &Profile, ours: &[(String, String)]) -> Resul
             ));
         }
     }
+    resources::cap_job(spec, profile.allow.job_limits)?;
     let template = spec
         .get_mut("template")
         .and_then(Value::as_object_mut)
         .ok_or_else(|| not_object("spec.template"))?;
     check_labels(template.get("metadata"), "spec.template.metadata", ours)?;
     let meta = template.get("metadata").cloned().unwrap_or(Value::Null);
+    placement::check_pod_metadata(&meta, &profile.allow, ours)?;
     let pod = template
         .get_mut("spec")
         .and_then(Value::as_object_mut)
@@ -307,6 +344,9 @@ fn check(job: &mut Value, profile: &Profile, ours: &[(String, String)]) -> Resul
             ));
         }
     }
+    placement::check_scheduling(pod, &profile.allow)?;
+    references::check(pod, &profile.allow)?;
+    resources::fill_and_cap(pod, &profile.allow.resources)?;
     if profile.level == Level::Restricted {
         standards::fill_restricted(pod)?;
     }
@@ -418,5 +458,45 @@ pub(crate) fn truthy(v: Option<&Value>) -> bool {
     !matches!(v, None | Some(Value::Null) | Some(Value::Bool(false)))
 }
 
+/// A JSON value for a message, cut short.
+pub(crate) fn shown(v: Option<&Value>) -> String {
+    let text = match v {
+        None => "(unset)".to_string(),
+        Some(v) => v.to_string(),
+    };
+    if text.chars().count() > 80 {
+        let cut: String = text.chars().take(77).collect();
+        format!("{cut}…")
+    } else {
+        text
+    }
+}
+
+/// Whether `is_set` and not an empty list, object or string (which the API server drops).
+pub(crate) fn meaningful(v: Option<&Value>) -> bool {
+    is_set(v)
+        && match v {
+            Some(Value::Array(a)) => !a.is_empty(),
+            Some(Value::Object(o)) => !o.is_empty(),
+            Some(Value::String(s)) => !s.is_empty(),
+            _ => true,
+        }
+}
+
+/// `s` as a YAML flow scalar for a fix: plain when it is a name or key, else quoted.
+pub(crate) fn yaml_scalar(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '/' | '-'))
+        && !s.starts_with('-');
+    if plain {
+        s.to_string()
+    } else {
+        format!("{s:?}")
+    }
+}
+
+#[cfg(test)]
+mod allowlist_tests;
 #[cfg(test)]
 mod tests;

@@ -6,7 +6,7 @@ const UID: &str = "0b3c4a9e-2f61-4c7d-9a57-1f2e3d4c5b6a";
 
 /// A Job as `job::build` makes it: our labels on the Job and the pods, one init container and
 /// one container, nothing about security.
-fn job() -> Value {
+pub(super) fn job() -> Value {
     json!({
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -20,25 +20,31 @@ fn job() -> Value {
     })
 }
 
+/// The profile of a rule at `level`; any pod annotation is allowed, so that the standards'
+/// annotation checks (AppArmor) are the ones that answer (the allowlists: `allowlist_tests.rs`).
 fn profile(level: Level) -> Profile {
     Profile {
         level,
+        allow: Allowlists {
+            pod_annotations: vec!["*".into()],
+            ..Allowlists::default()
+        },
         ..Profile::restricted(Origin::Rules("policy.rules[0] in config file f".into()))
     }
 }
 
-fn ours() -> Vec<(String, String)> {
+pub(super) fn ours() -> Vec<(String, String)> {
     our_labels(UID, "a")
 }
 
 /// `job()` with the JSON pointer `at` set to `value` (parents created as objects).
-fn with(at: &str, value: Value) -> Value {
+pub(super) fn with(at: &str, value: Value) -> Value {
     let mut j = job();
     set(&mut j, at, value);
     j
 }
 
-fn set(j: &mut Value, at: &str, value: Value) {
+pub(super) fn set(j: &mut Value, at: &str, value: Value) {
     let mut cur = j;
     let parts: Vec<&str> = at.trim_start_matches('/').split('/').collect();
     for p in &parts[..parts.len() - 1] {

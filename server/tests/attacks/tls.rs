@@ -126,6 +126,7 @@ fn agent_options(server: &str, ca_file: Option<PathBuf>, token_file: PathBuf) ->
         service_accounts: vec!["default".into()],
         automount_service_account_token: false,
         argocd_sync: false,
+        allowlists: Default::default(),
     }
 }
 

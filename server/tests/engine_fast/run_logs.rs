@@ -97,6 +97,10 @@ async fn job_with_log(w: &World, n: u32, lines: usize) -> Result<String> {
     Ok(pod)
 }
 
+/// Every project everywhere, and the Jobs' pods may read Secret `db` (the policy allows no
+/// Secret by default).
+const READS_DB: &str = "policy: {rules: [{projects: ['*'], destinations: ['*'], secrets: [db]}]}";
+
 fn put_db_secret(w: &World) {
     let b64 = base64::engine::general_purpose::STANDARD.encode(PASSWORD);
     w.api("a").put(
@@ -108,7 +112,7 @@ fn put_db_secret(w: &World) {
 
 #[tokio::test]
 async fn the_whole_log_arrives_in_order_labelled_and_redacted() -> Result<()> {
-    let w = World::start("").await?;
+    let w = World::start(READS_DB).await?;
     put_db_secret(&w);
     let pod = job_with_log(&w, 51, 3000).await?;
     let d = dispatcher(&w, Some(runs_with(51)?))?;
@@ -165,7 +169,7 @@ async fn the_whole_log_arrives_in_order_labelled_and_redacted() -> Result<()> {
 
 #[tokio::test]
 async fn a_container_whose_secret_cannot_be_read_is_withheld_not_leaked() -> Result<()> {
-    let w = World::start("").await?;
+    let w = World::start(READS_DB).await?;
     // No Secret `db`: the server cannot know what to redact from `check`.
     job_with_log(&w, 52, 20).await?;
     let d = dispatcher(&w, Some(runs_with(52)?))?;
@@ -188,7 +192,7 @@ async fn a_container_whose_secret_cannot_be_read_is_withheld_not_leaked() -> Res
 
 #[tokio::test]
 async fn unknown_runs_other_metrics_and_no_control_plane_say_why() -> Result<()> {
-    let w = World::start("").await?;
+    let w = World::start(READS_DB).await?;
     put_db_secret(&w);
     job_with_log(&w, 53, 5).await?;
     let d = dispatcher(&w, Some(runs_with(53)?))?;

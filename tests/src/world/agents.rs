@@ -15,6 +15,7 @@ use kube::api::{Api, DynamicObject, ListParams};
 use super::{plugin_args, start_clusters, World};
 use crate::admin::wait_ready;
 use crate::artifacts::{repo_path, rollouts_dispatch_binary};
+use crate::block::{AGENT_ALLOWS, RULE_ALLOWS};
 use crate::cluster::argo;
 use crate::cluster::process::tail;
 use crate::cluster::Cluster;
@@ -91,7 +92,7 @@ fn server_yaml(control: &Cluster, a: &Cluster, store: Store, extra_yaml: &str) -
          destinations:\n- name: cluster-a\n  kubeconfig: {}\n\
          agents:\n  {store}\n  offlineAfter: 20s\n  \
          destinations:\n  - name: cluster-b\n    labels: {{env: edge}}\n\
-         policy:\n  rules:\n  - projects: [\"{PROJECT}\"]\n    destinations: [\"cluster-*\"]\n\
+         policy:\n  rules:\n  - projects: [\"{PROJECT}\"]\n    destinations: [\"cluster-*\"]\n    {RULE_ALLOWS}\n\
          {extra_yaml}",
         control.kubeconfig.display(),
         a.kubeconfig.display(),
@@ -476,6 +477,8 @@ impl AgentProcess<'_> {
             .args(["--poll-wait", "10s"])
             // The agent destination's Jobs go to its default namespace.
             .args(["--namespaces", "default"])
+            // The kwok annotations of the test blocks (the agent allows none by default).
+            .args(AGENT_ALLOWS)
             .arg("--ca-file")
             .arg(self.ca)
             .args(self.args)

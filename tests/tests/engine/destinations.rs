@@ -11,6 +11,8 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use serde_json::json;
 
+use dispatch_tests::block::RULE_ALLOWS;
+
 use crate::engine_support::*;
 use crate::fixture::*;
 
@@ -523,8 +525,10 @@ fn stage_resolves_through_argocd_applications() -> Result<()> {
 fn policy_denies_with_the_config_key() -> Result<()> {
     let f = fixture()?;
     run(async {
-        let policy = "policy:\n  rules:\n  - projects: [team-a]\n    destinations: [a]\n    namespaces: [default]\n";
-        let engine = engine(&static_yaml(f, policy)).await?;
+        let policy = format!(
+            "policy:\n  rules:\n  - projects: [team-a]\n    destinations: [a]\n    namespaces: [default]\n    {RULE_ALLOWS}\n"
+        );
+        let engine = engine(&static_yaml(f, &policy)).await?;
         ensure!(engine.policy().warning().is_none());
         let cases = [
             ("team-b", "a", None, "no rule lists this project"),

@@ -15,7 +15,7 @@ use dispatch_server::job::RunContext;
 use dispatch_server::logs::Redactor;
 use dispatch_server::signing::Signer;
 use dispatch_server::verdict::Verdict;
-use dispatch_tests::block::Block;
+use dispatch_tests::block::{Block, RULE_ALLOWS};
 use dispatch_tests::cluster::Cluster;
 pub use dispatch_tests::eventually;
 use dispatch_tests::kargo::{promotion_name, FREIGHT_COLLECTION_ID, FREIGHT_NAME};
@@ -108,13 +108,17 @@ pub fn destinations_yaml(clusters: &[(&Cluster, &str)]) -> String {
     s
 }
 
-/// Starts an engine from YAML. The policy denies by default: YAML without a `policy:` gets
-/// `policy: {allowAll: true}` (the tests about the policy bring their own).
+/// Starts an engine from YAML. The policy denies by default: YAML without a `policy:` gets a
+/// rule for every project everywhere that lets the blocks' kwok annotations and `nodeSelector`
+/// through (`allowAll` allows neither: #27); the tests about the policy bring their own.
 pub async fn engine(yaml: &str) -> Result<Engine> {
     let yaml = if yaml.contains("policy:") {
         yaml.to_string()
     } else {
-        format!("{yaml}\npolicy: {{allowAll: true}}\n")
+        format!(
+            "{yaml}\npolicy: {{rules: [{{projects: ['*'], destinations: ['*'], \
+             scheduling: [nodeSelector], {RULE_ALLOWS}}}]}}\n"
+        )
     };
     let config = ServerConfig::parse(&yaml, "config file engine-test.yaml")
         .map_err(|e| anyhow::anyhow!("{e}"))?;
