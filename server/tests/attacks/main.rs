@@ -32,6 +32,11 @@
 //! * [`podsecurity`]: escalating Job templates (privileged, host namespaces, hostPath, nodeName,
 //!   selectors, service accounts, API tokens, reserved labels) → refused with the field, no
 //!   destination call; no policy → refused; and the agent's own re-check.
+//! * [`pod_allowlists`]: foreign mounts — Secrets (volumes, `secretKeyRef`, `envFrom`, projected),
+//!   ConfigMaps, claims, CSI drivers and pull Secrets a rule does not name, legacy
+//!   service-account token Secrets even under `secrets: ["*"]`, scheduling fields, resources,
+//!   parallelism and retries over the caps, pod labels and annotations outside the allowlist →
+//!   403 with the field, no destination call; the agent refuses them from its own flags.
 //! * [`adoption`]: Jobs made to look like ours (our labels, the next predictable name, a mark
 //!   copied from another Job, our Job replaced after creation) are never adopted and never
 //!   become another project's verdict.
@@ -91,6 +96,7 @@ mod deadlines;
 mod logs;
 mod namespaces;
 mod observe;
+mod pod_allowlists;
 mod podsecurity;
 mod references;
 mod runs;
