@@ -98,7 +98,9 @@ refuse 'destination "prod-eu" is already in config.destinations' \
 refuse "/agents/store" --set agents.store=etcd
 refuse "agent.enabled needs agent.server" --set agent.enabled=true --set agent.tokenSecret.name=t
 refuse "agent.enabled needs agent.tokenSecret.name" --set agent.enabled=true --set agent.server=https://cp.example.com
-refuse "agent.enabled needs agent.namespaces" --set agent.enabled=true --set agent.server=https://cp.example.com --set agent.tokenSecret.name=t
+refuse "agent.enabled needs agent.workKeys" --set agent.enabled=true --set agent.server=https://cp.example.com --set agent.tokenSecret.name=t
+refuse "agent.enabled needs agent.namespaces" --set agent.enabled=true --set agent.server=https://cp.example.com --set agent.tokenSecret.name=t \
+  --set 'agent.workKeys={ed25519:9xvRIYv0cIUF2or2bjkmjJYxyB4ubKD35J+XTrFFhzU=}'
 refuse "agent.namespaces and agent.allowClusterWide are both set" -f "$CHART_DIR/ci/agent-values.yaml" --set 'agent.namespaces={a}'
 refuse "is plain http:// to a host that is not loopback" -f "$CHART_DIR/ci/agent-values.yaml" --set agent.server=http://cp.example.com:8443
 refuse "inCluster.enabled needs inCluster.namespaces" --set inCluster.enabled=true
@@ -119,6 +121,8 @@ has cluster-scope "--insecure-plaintext"; hasnt cluster-scope "--tls-cert"
 has kubernetes-store "kind: Certificate"; hasnt kubernetes-store "type: kubernetes.io/tls"
 has agent-namespaced "--ca-file=/var/run/secrets/rollouts-dispatch/agent-ca/ca.crt"
 has agent-namespaced "--namespaces=edge-jobs"; has agent-namespaced "--pod-security=restricted"
+has agent-namespaced "--work-keys=/etc/rollouts-dispatch/work-keys/work.keys"
+has agent-namespaced "ed25519:9xvRIYv0cIUF2or2bjkmjJYxyB4ubKD35J+XTrFFhzU="
 # The in-cluster destination is limited to inCluster.namespaces (its caches watch only those).
 has test "inClusterNamespaces:"; hasnt cluster-scope "inClusterNamespaces"
 echo "chart: helm template ok ($refused invalid value sets refused) in $(since "$t")"

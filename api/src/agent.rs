@@ -144,7 +144,11 @@ pub struct ReportReply {
 }
 
 /// What the server asks an agent to do for one Job.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+///
+/// The server signs every spec it writes ([`DispatchJobSpec::signature`]); the agent acts only on
+/// specs signed by a key it pins, so whoever can write the records (the store is a Kubernetes
+/// resource) gets nothing run, synced or uploaded.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DispatchJobSpec {
     /// the agent destination
@@ -181,6 +185,21 @@ pub struct DispatchJobSpec {
     /// ask Argo CD to sync the observed Application (the sync trigger; `application` only)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sync: Option<SyncOrder>,
+    /// the Kargo project (the AnalysisRun's namespace) the work is for
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub project: String,
+    /// after this (seconds since the epoch) the agent creates no Job and carries out no sync for
+    /// the record: the measurement's deadline; 0: none (a record that only adopts or deletes)
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub deadline: u64,
+    /// `v1.<key id>.<base64url Ed25519 signature>` by the server over the rest of the spec,
+    /// `delete` left out (a deletion of our own Job is always allowed)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A sync of an Application asked through the API, carried out once by the agent.

@@ -245,6 +245,9 @@ templates/validate.yaml. Renders nothing. */}}
 {{- if not .Values.agent.tokenSecret.name }}
 {{- fail "rollouts-dispatch: agent.enabled needs agent.tokenSecret.name (a Secret with the token from `rollouts-dispatch token issue --destination NAME`)" }}
 {{- end }}
+{{- if not .Values.agent.workKeys }}
+{{- fail "rollouts-dispatch: agent.enabled needs agent.workKeys (the lines `rollouts-dispatch work-keys` prints with the server's key flags: the agent runs only work the server signed)" }}
+{{- end }}
 {{- if hasPrefix "http://" .Values.agent.server }}
 {{- $host := regexReplaceAll "^http://(\\[[^\\]]*\\]|[^/:]*).*$" .Values.agent.server "${1}" }}
 {{- if not (or (eq $host "localhost") (hasPrefix "127." $host) (eq $host "[::1]")) }}

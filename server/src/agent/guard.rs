@@ -17,6 +17,7 @@ use serde_json::Value;
 use crate::job;
 use crate::podsecurity::{self, Profile, Refused};
 use crate::policy::glob_match;
+use crate::signing::{WorkKeys, WorkSignatureError};
 
 /// What the agent allows in its cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +26,8 @@ pub struct Guard {
     pub namespaces: Vec<String>,
     /// the pod security of every Job it creates
     pub profile: Profile,
+    /// the server's public keys (`--work-keys`): work no key of these signed is refused
+    pub work_keys: WorkKeys,
 }
 
 /// A work item the agent refuses.
@@ -54,6 +57,9 @@ pub enum AgentRefused {
     /// the pod security profile refuses it
     #[error("the agent refused it: {0}")]
     PodSecurity(#[from] Refused),
+    /// not signed by a key of `--work-keys`, or changed since
+    #[error("the agent refused it: {0}")]
+    Unsigned(#[from] WorkSignatureError),
 }
 
 impl Guard {
@@ -66,6 +72,8 @@ impl Guard {
         destination: &str,
         spec: &DispatchJobSpec,
     ) -> Result<Option<Value>, AgentRefused> {
+        // First: nothing of a record someone else wrote is looked at further.
+        self.work_keys.verify(spec)?;
         if !self
             .namespaces
             .iter()
@@ -157,9 +165,14 @@ pub struct MissingNamespaces;
 mod tests {
     use super::*;
     use crate::podsecurity::{Level, Origin};
+    use crate::signing::Signer;
     use serde_json::json;
 
     const UID: &str = "0b3c4a9e-2f61-4c7d-9a57-1f2e3d4c5b6a";
+
+    fn signer() -> Signer {
+        Signer::new(&[b"guard-test-key-0123456789abcdef0123".to_vec()]).unwrap()
+    }
 
     fn guard(level: Level) -> Guard {
         Guard {
@@ -168,7 +181,15 @@ mod tests {
                 level,
                 ..Profile::restricted(Origin::Agent)
             },
+            work_keys: WorkKeys::of(&signer()),
         }
+    }
+
+    /// `spec` as the server would send it (signed), checked by `g` as the agent of `edge`.
+    fn admit(g: &Guard, spec: &DispatchJobSpec) -> Result<Option<Value>, AgentRefused> {
+        let mut spec = spec.clone();
+        signer().sign_work(&mut spec);
+        g.admit("edge", &spec)
     }
 
     fn spec(namespace: &str, pod: Value) -> DispatchJobSpec {
@@ -190,6 +211,7 @@ mod tests {
             delete: false,
             observe: None,
             sync: None,
+            ..DispatchJobSpec::default()
         }
     }
 
@@ -198,12 +220,44 @@ mod tests {
     }
 
     #[test]
+    fn unsigned_or_changed_work_is_refused_before_anything_else() {
+        let g = guard(Level::Privileged);
+        let unsigned = spec("verify", plain());
+        assert!(matches!(
+            g.admit("edge", &unsigned),
+            Err(AgentRefused::Unsigned(WorkSignatureError::Missing))
+        ));
+        let mut changed = unsigned.clone();
+        signer().sign_work(&mut changed);
+        changed.job.as_mut().unwrap()["spec"]["template"]["spec"]["hostPID"] = json!(true);
+        let e = g.admit("edge", &changed).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                AgentRefused::Unsigned(WorkSignatureError::Mismatch { .. })
+            ),
+            "{e}"
+        );
+        let other_server =
+            Signer::new(&[b"another-servers-key-0123456789abcdef".to_vec()]).unwrap();
+        let mut foreign = unsigned.clone();
+        other_server.sign_work(&mut foreign);
+        let e = g.admit("edge", &foreign).unwrap_err().to_string();
+        assert!(e.contains("does not pin"), "{e}");
+        // A signed deletion request needs no new signature.
+        let mut delete = spec("verify", plain());
+        signer().sign_work(&mut delete);
+        delete.delete = true;
+        assert_eq!(g.admit("edge", &delete), Ok(None));
+    }
+
+    #[test]
     fn namespaces_outside_the_allowlist_are_refused() {
         let g = guard(Level::Restricted);
-        assert!(g.admit("edge", &spec("verify", plain())).is_ok());
-        assert!(g.admit("edge", &spec("team-a-checks", plain())).is_ok());
+        assert!(admit(&g, &spec("verify", plain())).is_ok());
+        assert!(admit(&g, &spec("team-a-checks", plain())).is_ok());
         for ns in ["kube-system", "default", "verify2", ""] {
-            let e = g.admit("edge", &spec(ns, plain())).unwrap_err();
+            let e = admit(&g, &spec(ns, plain())).unwrap_err();
             assert!(
                 matches!(e, AgentRefused::Namespace { .. })
                     && e.to_string().contains("--namespaces"),
@@ -213,9 +267,9 @@ mod tests {
         // Also for a record without a Job (adopt or delete only).
         let mut bare = spec("kube-system", plain());
         bare.job = None;
-        assert!(g.admit("edge", &bare).is_err());
+        assert!(admit(&g, &bare).is_err());
         bare.namespace = "verify".into();
-        assert_eq!(g.admit("edge", &bare), Ok(None));
+        assert_eq!(admit(&g, &bare), Ok(None));
     }
 
     #[test]
@@ -230,10 +284,10 @@ mod tests {
             image: None,
             revision: None,
         }));
-        assert_eq!(g.admit("b", &s), Ok(None));
+        assert_eq!(admit(&g, &s), Ok(None));
         let mut outside = s.clone();
         outside.namespace = "kube-system".into();
-        let e = g.admit("b", &outside).unwrap_err();
+        let e = admit(&g, &outside).unwrap_err();
         assert!(e.to_string().contains("\"kube-system\""), "{e}");
         let mut other = s.clone();
         other.observe = Some(Observe::Application(ApplicationCheck {
@@ -241,7 +295,7 @@ mod tests {
             namespace: "argocd".into(),
             revision: None,
         }));
-        let e = g.admit("b", &other).unwrap_err();
+        let e = admit(&g, &other).unwrap_err();
         assert!(
             matches!(
                 e,
@@ -255,7 +309,7 @@ mod tests {
         let mut with_job = s;
         with_job.job = Some(plain());
         assert!(matches!(
-            g.admit("b", &with_job).unwrap_err(),
+            admit(&g, &with_job).unwrap_err(),
             AgentRefused::Mismatch { field: "job", .. }
         ));
     }
@@ -265,11 +319,11 @@ mod tests {
         let g = guard(Level::Privileged);
         let mut s = spec("verify", plain());
         s.job.as_mut().unwrap()["metadata"]["namespace"] = json!("kube-system");
-        let e = g.admit("edge", &s).unwrap_err().to_string();
+        let e = admit(&g, &s).unwrap_err().to_string();
         assert!(e.contains("`metadata.namespace` is \"kube-system\""), "{e}");
         let mut s = spec("verify", plain());
         s.run_uid = "another-run".into();
-        let e = g.admit("edge", &s).unwrap_err().to_string();
+        let e = admit(&g, &s).unwrap_err().to_string();
         assert!(e.contains("rollouts-dispatch.io/run-uid"), "{e}");
     }
 
@@ -286,16 +340,15 @@ mod tests {
             }
             s
         };
-        assert!(g.admit("edge", &legacy(UID)).is_ok());
+        assert!(admit(&g, &legacy(UID)).is_ok());
         // With this record's run UID only.
-        let e = g.admit("edge", &legacy("another-run")).unwrap_err();
+        let e = admit(&g, &legacy("another-run")).unwrap_err();
         assert!(e.to_string().contains(job::LABEL_ARGO_RUN_UID), "{e}");
     }
 
     #[test]
     fn pod_security_is_checked_again_and_filled() {
-        let job = guard(Level::Restricted)
-            .admit("edge", &spec("verify", plain()))
+        let job = admit(&guard(Level::Restricted), &spec("verify", plain()))
             .unwrap()
             .unwrap();
         let pod = &job["spec"]["template"]["spec"];
@@ -303,8 +356,7 @@ mod tests {
         assert_eq!(pod["securityContext"]["runAsNonRoot"], json!(true));
         let mut privileged = plain();
         privileged["hostPID"] = json!(true);
-        let e = guard(Level::Baseline)
-            .admit("edge", &spec("verify", privileged.clone()))
+        let e = admit(&guard(Level::Baseline), &spec("verify", privileged.clone()))
             .unwrap_err()
             .to_string();
         assert!(
@@ -313,23 +365,24 @@ mod tests {
             ) && e.contains("--pod-security privileged"),
             "{e}"
         );
-        assert!(guard(Level::Privileged)
-            .admit("edge", &spec("verify", privileged.clone()))
-            .is_ok());
+        assert!(admit(
+            &guard(Level::Privileged),
+            &spec("verify", privileged.clone())
+        )
+        .is_ok());
         // Deleting a Job the agent would not create is allowed, in its namespaces only.
         let mut delete = spec("verify", privileged);
         delete.delete = true;
-        assert_eq!(guard(Level::Restricted).admit("edge", &delete), Ok(None));
+        assert_eq!(admit(&guard(Level::Restricted), &delete), Ok(None));
         delete.namespace = "kube-system".into();
-        assert!(guard(Level::Restricted).admit("edge", &delete).is_err());
+        assert!(admit(&guard(Level::Restricted), &delete).is_err());
     }
 
     #[test]
     fn the_agents_allowlists_apply_whatever_the_server_allowed() {
         let mut pod = plain();
         pod["volumes"] = json!([{"name": "s", "secret": {"secretName": "argocd-secret"}}]);
-        let e = guard(Level::Restricted)
-            .admit("edge", &spec("verify", pod.clone()))
+        let e = admit(&guard(Level::Restricted), &spec("verify", pod.clone()))
             .unwrap_err()
             .to_string();
         assert!(
@@ -339,7 +392,7 @@ mod tests {
         );
         let mut g = guard(Level::Restricted);
         g.profile.allow.secrets = vec!["argocd-secret".into()];
-        let job = g.admit("edge", &spec("verify", pod)).unwrap().unwrap();
+        let job = admit(&g, &spec("verify", pod)).unwrap().unwrap();
         // The agent fills in the resource defaults too.
         assert_eq!(
             job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"],

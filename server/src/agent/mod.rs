@@ -5,8 +5,9 @@
 //! Jobs in its own cluster with the same engine code (and so the same Job identity, context and
 //! verdict rules) as the server uses for direct destinations, watches them, and reports each
 //! state change. It keeps nothing that matters: after a restart it lists its Jobs, adopts them,
-//! and reports again. Before it creates anything it checks the work itself ([`guard`]): its
-//! namespaces and the pod security of the Job, whatever the server asks. Each pass over the work
+//! and reports again. Before it creates anything it checks the work itself ([`guard`]): the
+//! server's signature over it (`--work-keys`, `signing::work`), its namespaces and the pod
+//! security of the Job, whatever the server asks. Each pass over the work
 //! ([`work`]) skips the records whose final state the server already accepted. The records of
 //! the Application routes (read an Argo CD Application, carry out a sync order once) are
 //! served by [`sync`]. A log the server asks for in the work is checked and streamed back by
@@ -35,6 +36,7 @@ use crate::runtime::admin::{self, Readiness};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::reload::{self, Reloading};
 use crate::runtime::{listener, shutdown::shutdown_signal};
+use crate::signing::WorkKeys;
 use dispatch_api::agent::{
     self as api, ReportReply, ReportRequest, WorkItem, WorkReply, WorkRequest,
 };
@@ -71,6 +73,8 @@ pub struct AgentOptions {
     /// `--secrets`, `--scheduling`, `--max-resources` …: what the Jobs' pods may reference,
     /// set and use (#27)
     pub allowlists: crate::podsecurity::Allowlists,
+    /// `--work-keys`: the server's public keys; work no key of these signed is refused
+    pub work_keys: WorkKeys,
 }
 
 impl AgentOptions {
@@ -102,6 +106,7 @@ impl AgentOptions {
                 origin: Origin::Agent,
                 allow: self.allowlists.clone(),
             },
+            work_keys: self.work_keys.clone(),
         })
     }
 }
@@ -327,7 +332,7 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     );
     info!(%destination, server = %opts.server, agent = %subject, namespaces = ?guard.namespaces,
           pod_security = %guard.profile.level, service_accounts = ?guard.profile.service_accounts,
-          "agent starting");
+          work_keys = ?guard.work_keys.key_ids(), "agent starting");
     // Act only on a complete view of the cluster: a Job missing from a half-listed cache
     // would be created twice.
     while !engine.wait_synced(Duration::from_secs(30)).await.is_empty() {
@@ -353,6 +358,7 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
             client.clone(),
             shared.clone(),
             log_server,
+            guard.work_keys.clone(),
             readiness.clone(),
             opts.poll_wait,
         )
@@ -369,11 +375,21 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     Ok(())
 }
 
+/// The records of `work` a key of `keys` signed: the only ones whose Jobs' logs the agent
+/// uploads (a record someone else wrote into the store names no Job the agent would read).
+pub fn signed_work(keys: &WorkKeys, work: &[WorkItem]) -> Vec<WorkItem> {
+    work.iter()
+        .filter(|w| keys.verify(&w.spec).is_ok())
+        .cloned()
+        .collect()
+}
+
 /// Long-polls the work of the destination forever.
 async fn poll(
     client: Reloading<ServerClient>,
     shared: Arc<Shared>,
     log_server: Arc<crate::logs::agent::LogServer>,
+    work_keys: WorkKeys,
     readiness: Readiness,
     wait: Duration,
 ) {
@@ -394,7 +410,9 @@ async fn poll(
                 failures = 0;
                 readiness.set_ready();
                 if !reply.logs.is_empty() {
-                    log_server.serve(reply.logs, &reply.jobs);
+                    // A log only of a Job of signed work: a record someone else wrote into the
+                    // store names no Job whose log the agent would upload.
+                    log_server.serve(reply.logs, &signed_work(&work_keys, &reply.jobs));
                 }
                 if reply.fingerprint != fingerprint {
                     fingerprint = reply.fingerprint;
@@ -526,6 +544,7 @@ mod tests {
             automount_service_account_token: false,
             argocd_sync: false,
             allowlists: Default::default(),
+            work_keys: WorkKeys::fixed(Vec::new()),
         };
         assert_eq!(
             opts(&["b", " a", "b"]).watched_namespaces(),

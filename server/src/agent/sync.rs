@@ -119,6 +119,14 @@ impl Apps {
         let mut waiting = None;
         if let Some(order) = &spec.sync {
             if sync_id_of(&app) != Some(order.id.as_str()) {
+                let now = crate::signing::work::now_secs();
+                if let Err(expired) = guard.work_keys.verify_in_time(spec, now) {
+                    warn!(%destination, application = %object, error = %expired, "refused a sync order");
+                    return Some(error(
+                        item,
+                        format!("{object} on {destination}: the agent refused the sync: {expired}"),
+                    ));
+                }
                 match target.request_sync(&app, order).await {
                     Ok(patched) => app = patched,
                     Err(AppError::Busy { why, .. }) => {

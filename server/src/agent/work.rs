@@ -300,6 +300,17 @@ impl Worker {
         }
         if step == CreateStep::Create {
             if let Some(obj) = admitted.clone() {
+                // A record replayed after its measurement ended creates nothing.
+                let now = crate::signing::work::now_secs();
+                if let Err(expired) = self.guard.work_keys.verify_in_time(spec, now) {
+                    warn!(%destination, job = %at, run = %spec.run, error = %expired,
+                          "refused work from the server");
+                    let state = DestState::Error(format!(
+                        "job {at} on {destination}: the agent refused it: {expired}"
+                    ));
+                    self.refused.insert(item.name.clone(), state.clone());
+                    return Some(Some(state));
+                }
                 let outcome = self
                     .engine
                     .create_or_adopt(

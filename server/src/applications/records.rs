@@ -63,6 +63,7 @@ pub fn api_record(
                 revision: None,
             })),
             sync,
+            ..DispatchJobSpec::default()
         },
         status: None,
         resource_version: None,
@@ -92,7 +93,14 @@ impl Applications {
             DispatchError::Internal("an agent destination without an agent store".into())
         })?;
         let sync = order.is_some();
-        let record = api_record(&app.destination, &app.namespace, &app.name, order);
+        let mut record = api_record(&app.destination, &app.namespace, &app.name, order);
+        record.spec.project = app.project.clone();
+        if sync {
+            // An order not carried out by then is not carried out later (Kargo's step has
+            // given up on it long before).
+            record.spec.deadline = crate::signing::work::now_secs() + APP_RECORD_IDLE.as_secs();
+        }
+        self.engine.sign_work(&mut record.spec);
         self.mark_asked(&record.name);
         let before = store.get(&record.name);
         if sync {

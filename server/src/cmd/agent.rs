@@ -56,6 +56,17 @@ pub struct AgentArgs {
     /// (chart value `agent.argocd.sync: true`). Without it a sync order is refused and reported.
     #[arg(long, env = "ROLLOUTS_DISPATCH_AGENT_ARGOCD_SYNC")]
     pub argocd_sync: bool,
+    /// Files of the public keys the server signs work with, one `ed25519:<base64>` per line (as
+    /// `rollouts-dispatch work-keys` prints them, run with the server's key flags); repeat or
+    /// comma-separate for several. The agent creates, syncs and uploads logs only for records a
+    /// key of these signed, and follows the files without a restart (key rotation).
+    #[arg(
+        long = "work-keys",
+        env = "ROLLOUTS_DISPATCH_AGENT_WORK_KEYS",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub work_keys: Vec<PathBuf>,
     /// `--secrets`, `--scheduling`, `--max-resources` …
     #[command(flatten)]
     pub allow: AllowlistArgs,
@@ -187,6 +198,16 @@ pub(super) async fn run(args: AgentArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let work_keys = match crate::signing::WorkKeys::from_files(&args.work_keys) {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!(
+                "rollouts-dispatch agent: --work-keys: {}",
+                crate::http::Chain(&e)
+            );
+            return ExitCode::from(2);
+        }
+    };
     let opts = crate::agent::AgentOptions {
         server: args.server.server,
         token_file: args.token_file,
@@ -203,6 +224,7 @@ pub(super) async fn run(args: AgentArgs) -> ExitCode {
         automount_service_account_token: args.automount_service_account_token,
         argocd_sync: args.argocd_sync,
         allowlists,
+        work_keys,
     };
     match crate::agent::run(opts).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -231,6 +253,8 @@ mod tests {
             "https://s",
             "--token-file",
             "t",
+            "--work-keys",
+            "k",
         ];
         argv.extend_from_slice(extra);
         match Cli::try_parse_from(&argv)

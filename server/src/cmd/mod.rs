@@ -1,4 +1,4 @@
-//! The `rollouts-dispatch` command line: `serve`, `agent`, `token issue`, `destinations`, `run`,
+//! The `rollouts-dispatch` command line: `serve`, `agent`, `token issue`, `work-keys`, `destinations`, `run`,
 //! `doctor` (with `leftovers`: Jobs older than the retention), `logs` (a run's full log),
 //! `install-plugin` (the plugin handed to the Rollouts controller by an init container). Each subcommand owns its args
 //! next to its `run`; the flags several of them share
@@ -15,6 +15,7 @@ pub mod run;
 pub mod serve;
 pub mod sweep;
 pub mod token;
+pub mod work_keys;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -34,6 +35,7 @@ pub use logs::LogsArgs;
 pub use run::RunArgs;
 pub use serve::ServeArgs;
 pub use token::TokenCommand;
+pub use work_keys::WorkKeysArgs;
 
 /// rollouts-dispatch: runs Argo Rollouts / Kargo verification Jobs on the clusters they verify.
 #[derive(Debug, Parser)]
@@ -68,6 +70,9 @@ pub enum Command {
     /// Tokens for agents and plugins.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Print the public keys agents pin (`agent --work-keys`) to check the work the server
+    /// signs, from the server's own key flags.
+    WorkKeys(WorkKeysArgs),
     /// Run the agent in a cluster that can only dial out: long-polls the server for its
     /// destination's Jobs, runs them in this cluster, reports their state.
     Agent(AgentArgs),
@@ -122,6 +127,29 @@ pub struct AdminArgs {
     pub admin_listen: SocketAddr,
 }
 
+/// `--jwt-key-file` and `--signing-key-file`: the server's keys (`serve`, and `work-keys`, which
+/// prints the public keys of the work they sign).
+#[derive(Debug, Clone, Args)]
+pub struct KeyArgs {
+    /// HS256 key file(s) whose JWTs are accepted; give two during a key rotation. Re-read when
+    /// they change on disk: a key removed from its file stops being accepted without a restart.
+    #[arg(
+        long = "jwt-key-file",
+        env = "ROLLOUTS_DISPATCH_JWT_KEY_FILES",
+        value_delimiter = ','
+    )]
+    pub jwt_key_files: Vec<PathBuf>,
+    /// Key file(s) of the HMAC that signs the Job references the server hands out (measurement
+    /// metadata `dispatch-ref`); the first signs, all verify: give two during a rotation. Every
+    /// replica needs the same keys. Default: derived from each --jwt-key-file.
+    #[arg(
+        long = "signing-key-file",
+        env = "ROLLOUTS_DISPATCH_SIGNING_KEY_FILES",
+        value_delimiter = ','
+    )]
+    pub signing_key_files: Vec<PathBuf>,
+}
+
 /// `--server`, `--ca-file` and `--insecure-plaintext`: how to reach a rollouts-dispatch server
 /// (`agent`, `destinations`).
 #[derive(Debug, Clone, Args)]
@@ -164,6 +192,7 @@ pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Serve(args) => with_runtime(serve::run(args)),
         Command::Token(command) => token::run(command),
+        Command::WorkKeys(args) => work_keys::run(args),
         Command::Run(args) => with_runtime(run::run(args)),
         Command::Doctor(args) => with_runtime(doctor::run(args)),
         Command::Agent(args) => with_runtime(agent::run(args)),
@@ -225,6 +254,8 @@ mod tests {
             "t",
             "--ca-file",
             "ca.pem",
+            "--work-keys",
+            "k",
         ])
         .unwrap();
         let Command::Agent(a) = cli.command else {

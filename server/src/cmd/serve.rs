@@ -20,7 +20,7 @@ use crate::logs::peers::PeerTransport;
 use crate::runs::Runs;
 use crate::signing::{KeyFiles, Signer};
 
-use super::{parse_duration, AdminArgs, ConfigArgs};
+use super::{parse_duration, AdminArgs, ConfigArgs, KeyArgs};
 use crate::http::auth::{parse_revoked, Chain, JwtAuthenticator, JwtKeys};
 use crate::http::tokenreview::TokenReviewAuthenticator;
 use crate::http::{self, Authenticator, Gate};
@@ -59,23 +59,9 @@ pub struct ServeArgs {
         conflicts_with = "tls_cert"
     )]
     pub insecure_plaintext: bool,
-    /// HS256 key file(s) whose JWTs are accepted; give two during a key rotation. Re-read when
-    /// they change on disk: a key removed from its file stops being accepted without a restart.
-    #[arg(
-        long = "jwt-key-file",
-        env = "ROLLOUTS_DISPATCH_JWT_KEY_FILES",
-        value_delimiter = ','
-    )]
-    pub jwt_key_files: Vec<PathBuf>,
-    /// Key file(s) of the HMAC that signs the Job references the server hands out (measurement
-    /// metadata `dispatch-ref`); the first signs, all verify: give two during a rotation. Every
-    /// replica needs the same keys. Default: derived from each --jwt-key-file.
-    #[arg(
-        long = "signing-key-file",
-        env = "ROLLOUTS_DISPATCH_SIGNING_KEY_FILES",
-        value_delimiter = ','
-    )]
-    pub signing_key_files: Vec<PathBuf>,
+    /// `--jwt-key-file`, `--signing-key-file`.
+    #[command(flatten)]
+    pub keys: KeyArgs,
     /// Token ids (`jti`) that are refused.
     #[arg(
         long = "revoked-token",
@@ -147,8 +133,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tls_cert,
         tls_key,
         insecure_plaintext,
-        jwt_key_files,
-        signing_key_files,
+        keys: KeyArgs {
+            jwt_key_files,
+            signing_key_files,
+        },
         revoked_tokens,
         revoked_tokens_file,
         token_review_allow,
@@ -368,9 +356,6 @@ pub async fn people(
     ))
 }
 
-/// The signer of Job references: the `--signing-key-file` keys, else one derived from each JWT
-/// key (`signing::derive_from_jwt_key`), so a deployment with JWT keys only keeps working and its
-/// replicas agree. Either way the keys follow their files without a restart.
 /// Raises the open-file limit to fit `max_connections` (each connection is a file descriptor)
 /// and the server's own files, or says which limit is short.
 fn open_files_for(max_connections: usize) {
@@ -390,7 +375,13 @@ fn open_files_for(max_connections: usize) {
     }
 }
 
-fn signer(signing_key_files: &[PathBuf], jwt_key_files: &[PathBuf]) -> anyhow::Result<Signer> {
+/// The signer of Job references: the `--signing-key-file` keys, else one derived from each JWT
+/// key (`signing::derive_from_jwt_key`), so a deployment with JWT keys only keeps working and its
+/// replicas agree. Either way the keys follow their files without a restart.
+pub(super) fn signer(
+    signing_key_files: &[PathBuf],
+    jwt_key_files: &[PathBuf],
+) -> anyhow::Result<Signer> {
     let read = |p: &std::path::Path| crate::token::read_key(p);
     if !signing_key_files.is_empty() {
         return Signer::from_files(signing_key_files, KeyFiles::Signing, read)
@@ -631,7 +622,7 @@ mod tests {
         let w = Wrap::try_parse_from(["x", "--signing-key-file", "new,old", "--jwt-key-file", "j"])
             .unwrap();
         assert_eq!(
-            w.serve.signing_key_files,
+            w.serve.keys.signing_key_files,
             vec![PathBuf::from("new"), PathBuf::from("old")]
         );
     }

@@ -12,6 +12,22 @@ use crate::store::{self, Created, DispatchJob, DispatchJobSpec, Store};
 use crate::verdict::DestState;
 
 impl Engine {
+    /// Signs the work of agent `spec` with the server's key (`signing::work`): the agent acts
+    /// only on records a key it pins signed.
+    pub fn sign_work(&self, spec: &mut DispatchJobSpec) {
+        self.marker().sign_work(spec);
+    }
+
+    /// The public keys of the work this engine signs: what its agents pin (`--work-keys`).
+    pub fn work_keys(&self) -> crate::signing::WorkKeys {
+        crate::signing::WorkKeys::of(self.marker())
+    }
+
+    fn sealed(&self, mut record: DispatchJob) -> DispatchJob {
+        self.sign_work(&mut record.spec);
+        record
+    }
+
     pub(super) fn agent_store(&self) -> Result<&Arc<Store>, DestState> {
         self.inner.store.as_ref().ok_or_else(|| {
             DestState::Error("agent destinations need `agents` in the server config".into())
@@ -34,7 +50,7 @@ impl Engine {
             Ok(s) => s,
             Err(e) => return Outcome::NotCreated(e),
         };
-        let record = DispatchJob {
+        let record = self.sealed(DispatchJob {
             name: store::record_name(name, &agent.name),
             spec: DispatchJobSpec {
                 destination: agent.name.clone(),
@@ -49,10 +65,13 @@ impl Engine {
                 delete: false,
                 observe,
                 sync: None,
+                project: req.run.namespace.clone(),
+                deadline: self.deadline_of(req),
+                signature: None,
             },
             status: None,
             resource_version: None,
-        };
+        });
         match store.create(record).await {
             Ok(Created::New) => Outcome::Created,
             Ok(Created::Existing(existing)) if existing.spec.run_uid == req.run.uid => {
@@ -112,7 +131,10 @@ impl Engine {
         let Some(record) = store.get(&name) else {
             // The record is gone while Argo still asks: the in-memory store of a restarted
             // server. Ask the agent to adopt the Job it has (never to create one).
-            return match store.create(bare_record(agent, job, p, false)).await {
+            return match store
+                .create(self.sealed(bare_record(agent, job, p, false)))
+                .await
+            {
                 Ok(_) => DestState::Running(Some(format!(
                     "waiting for the agent of {} to report job {}/{}{}",
                     agent.name,
@@ -168,7 +190,9 @@ impl Engine {
                 Err(e) => Err(e.into()),
             },
             None => {
-                store.create(bare_record(agent, job, p, true)).await?;
+                store
+                    .create(self.sealed(bare_record(agent, job, p, true)))
+                    .await?;
                 Ok(true)
             }
         }
@@ -253,6 +277,10 @@ pub(super) fn bare_record(
             // An observe record written again keeps what the signed reference observes.
             observe: job.observe.clone(),
             sync: None,
+            project: job.run_namespace.clone(),
+            // It creates nothing: no deadline to hold it to.
+            deadline: 0,
+            signature: None,
         },
         status: None,
         resource_version: None,

@@ -176,7 +176,7 @@ impl Engine {
     }
 
     /// The deadline of a measurement whose Jobs are created now, in seconds since the epoch.
-    fn deadline_of(&self, req: &MeasureRequest) -> u64 {
+    pub(super) fn deadline_of(&self, req: &MeasureRequest) -> u64 {
         let settings = &self.inner.settings;
         let budget = req
             .config

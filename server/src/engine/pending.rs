@@ -61,6 +61,8 @@ impl Engine {
                 delete: true,
                 observe: None,
                 sync: None,
+                // The server's own record (a direct destination's deletion), never an agent's.
+                ..DispatchJobSpec::default()
             },
             status: None,
             resource_version: None,

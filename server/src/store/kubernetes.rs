@@ -328,6 +328,9 @@ mod tests {
         let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"];
         let mut j = job("n", "d", "u", 1);
         j.spec.delete = true;
+        j.spec.project = "team-a".into();
+        j.spec.deadline = 1;
+        j.spec.signature = Some("v1.k.s".into());
         j.status = Some(DispatchJobStatus::observed(None, "agent:d"));
         let value = serde_json::to_value(&j).unwrap();
         for part in ["spec", "status"] {

@@ -636,6 +636,7 @@ mod tests {
                 delete: false,
                 observe: None,
                 sync: None,
+                ..DispatchJobSpec::default()
             },
             status: None,
             resource_version: None,

@@ -37,6 +37,9 @@
 //!   service-account token Secrets even under `secrets: ["*"]`, scheduling fields, resources,
 //!   parallelism and retries over the caps, pod labels and annotations outside the allowlist →
 //!   403 with the field, no destination call; the agent refuses them from its own flags.
+//! * [`signed_work`]: a DispatchJob record written into the store by someone else, signed by
+//!   another server's key, edited after signing or replayed past its deadline → the agent refuses
+//!   it (`Error` naming why) and creates nothing; a log only of signed work's Jobs.
 //! * [`adoption`]: Jobs made to look like ours (our labels, the next predictable name, a mark
 //!   copied from another Job, our Job replaced after creation) are never adopted and never
 //!   become another project's verdict.
@@ -102,6 +105,7 @@ mod references;
 mod runs;
 mod scene;
 mod secrets;
+mod signed_work;
 mod sync;
 mod tally;
 mod tls;

@@ -353,6 +353,7 @@ async fn the_agent_refuses_a_forged_record_mounting_a_secret() -> Result<()> {
     let guard = Guard {
         namespaces: vec![NS.to_string()],
         profile: Profile::restricted(Origin::Agent),
+        work_keys: scene.world.engine.work_keys(),
     };
     // Control: the record as the server wrote it passes.
     guard.admit("edge", &record.spec)?.context("a Job")?;
@@ -377,6 +378,23 @@ async fn the_agent_refuses_a_forged_record_mounting_a_secret() -> Result<()> {
         let name = format!("foreign_mounts: agent refuses a forged record's {what}");
         let mut forged = record.spec.clone();
         forged.job.as_mut().context("a Job")?["spec"]["template"]["spec"][field] = value;
+        // Edited in the store, the record's signature no longer holds.
+        let unsigned = guard.admit("edge", &forged).map(|_| ());
+        let signature = unsigned.as_ref().err().map(ToString::to_string);
+        tally::record(
+            &format!("{name} (edited in the store)"),
+            &Outcome {
+                refused: unsigned.is_err(),
+                foreign_mount: unsigned.is_ok(),
+                ..Outcome::default()
+            },
+        );
+        assert!(
+            signature.is_some_and(|e| e.contains("does not match its content")),
+            "{name}: an edited record must fail its signature"
+        );
+        // Signed again, as a compromised server replica could: the agent's flags still hold.
+        scene.world.engine.sign_work(&mut forged);
         let verdict = guard.admit("edge", &forged);
         let outcome = Outcome {
             refused: verdict.is_err(),

@@ -403,11 +403,13 @@ async fn no_policy_refuses_everything_and_allow_all_dispatches() -> Result<()> {
 
 const AGENTS: &str = "agents: {store: memory, destinations: [{name: edge, namespace: verify}]}";
 
-/// The agent of `edge` as `rollouts-dispatch agent --namespaces verify` starts it (restricted).
-fn agent_guard() -> Guard {
+/// The agent of `edge` as `rollouts-dispatch agent --namespaces verify` starts it (restricted),
+/// pinning the work keys of `scene`'s server.
+fn agent_guard(scene: &Scene) -> Guard {
     Guard {
         namespaces: vec![NS.to_string()],
         profile: Profile::restricted(Origin::Agent),
+        work_keys: scene.world.engine.work_keys(),
     }
 }
 
@@ -427,7 +429,7 @@ async fn the_agent_refuses_what_its_own_flags_do_not_allow() -> Result<()> {
         "{AGENTS}\npolicy: {{rules: [{{projects: [team-lab], destinations: [edge], podSecurity: privileged}}]}}"
     ))
     .await?;
-    let guard = agent_guard();
+    let guard = agent_guard(&scene);
     let on_edge = |patches: &[(&str, Value)]| {
         let mut b = block(patches);
         b["destination"] = json!("edge");
@@ -509,6 +511,23 @@ async fn the_agent_refuses_what_its_own_flags_do_not_allow() -> Result<()> {
     ));
 
     for (what, spec, needle) in cases {
+        if what.starts_with("forged") {
+            // As written into the store, the edit breaks the server's signature.
+            let name = format!("podsecurity: agent refuses {what} (unsigned)");
+            let verdict = guard.admit("edge", &spec);
+            tally::record(
+                &name,
+                &Outcome {
+                    refused: verdict.is_err(),
+                    ..Outcome::default()
+                },
+            );
+            let e = verdict.expect_err(&name).to_string();
+            assert!(e.contains("does not match its content"), "{name}: {e}");
+        }
+        // Signed again, as a compromised server replica could: the agent's own checks hold.
+        let mut spec = spec;
+        scene.world.engine.sign_work(&mut spec);
         let name = format!("podsecurity: agent refuses {what}");
         let verdict = guard.admit("edge", &spec);
         let outcome = Outcome {

@@ -127,6 +127,8 @@ fn agent_options(server: &str, ca_file: Option<PathBuf>, token_file: PathBuf) ->
         automount_service_account_token: false,
         argocd_sync: false,
         allowlists: Default::default(),
+        // No record reaches these agents: they test the connection only.
+        work_keys: dispatch_server::signing::WorkKeys::fixed(Vec::new()),
     }
 }
 

@@ -11,7 +11,7 @@ use dispatch_server::podsecurity::{Origin, Profile};
 use dispatch_server::verdict::DestState;
 use serde_json::json;
 
-use crate::cluster_side::{finish_job, job_names};
+use crate::cluster_side::{edge_record, finish_job, job_names, relabel_for_a};
 use crate::world::{block, request, run, World, NS, WAIT};
 
 /// The one-off calls (not watches) the fake cluster `a` has received so far.
@@ -23,8 +23,9 @@ fn calls(w: &World) -> usize {
         .count()
 }
 
-fn item(job_name: &str, run_uid: &str, delete: bool) -> WorkItem {
-    WorkItem {
+/// The record of `job_name` as the server of `w` writes it (signed).
+fn item(w: &World, job_name: &str, run_uid: &str, delete: bool) -> WorkItem {
+    let mut item = WorkItem {
         name: format!("{job_name}.a"),
         spec: DispatchJobSpec {
             destination: "a".into(),
@@ -39,9 +40,12 @@ fn item(job_name: &str, run_uid: &str, delete: bool) -> WorkItem {
             delete,
             observe: None,
             sync: None,
+            ..DispatchJobSpec::default()
         },
         reported: true,
-    }
+    };
+    w.engine.sign_work(&mut item.spec);
+    item
 }
 
 #[tokio::test]
@@ -65,9 +69,10 @@ async fn a_settled_record_is_not_read_again_until_it_changes() -> Result<()> {
     let guard = Guard {
         namespaces: vec![NS.into()],
         profile: Profile::restricted(Origin::Agent),
+        work_keys: w.engine.work_keys(),
     };
     let mut worker = Worker::new(w.engine.clone(), "a", guard).context("destination a")?;
-    let work = Arc::new(vec![item(&job.name, &r.uid, false)]);
+    let work = Arc::new(vec![item(&w, &job.name, &r.uid, false)]);
 
     let failed = passes_until(&mut worker, &work, "the agent sees the Job failed", |r| {
         matches!(r.state, Some(DestState::Failed { .. }))
@@ -92,14 +97,14 @@ async fn a_settled_record_is_not_read_again_until_it_changes() -> Result<()> {
     }
     assert_eq!(calls(&w), before, "a settled record is not read again");
     // The same work sent again (a new list, unchanged record) keeps it settled.
-    let resent = Arc::new(vec![item(&job.name, &r.uid, false)]);
+    let resent = Arc::new(vec![item(&w, &job.name, &r.uid, false)]);
     assert!(worker.pass(&resent).await.is_empty());
     assert_eq!(calls(&w), before);
     // A changed record (here only `reported`, which the server flips on the first report) is
     // read once more and, unchanged and accepted, settled again.
     let flipped = Arc::new(vec![WorkItem {
         reported: false,
-        ..item(&job.name, &r.uid, false)
+        ..item(&w, &job.name, &r.uid, false)
     }]);
     assert!(worker.pass(&flipped).await.is_empty());
     assert!(calls(&w) > before, "a changed record is read again");
@@ -108,7 +113,7 @@ async fn a_settled_record_is_not_read_again_until_it_changes() -> Result<()> {
     assert_eq!(calls(&w), before, "and settled again without a report");
 
     // A delete request changes the record: the Job is deleted and `deleted` reported.
-    let delete = Arc::new(vec![item(&job.name, &r.uid, true)]);
+    let delete = Arc::new(vec![item(&w, &job.name, &r.uid, true)]);
     assert_eq!(worker.settled(), 1);
     let deleted = passes_until(&mut worker, &delete, "the agent deletes the Job", |r| {
         r.state.is_none()
@@ -152,34 +157,14 @@ async fn a_refused_create_stays_the_records_state_after_the_record_changes() -> 
     let w = World::start("agents: {destinations: [{name: edge, namespace: verify}]}").await?;
     let r = run(2);
     // The marked Job the server sends an agent, from the record of an agent destination.
-    let ensured = w
-        .engine
-        .ensure(&request(
-            &r,
-            "smoke",
-            1,
-            block(json!({"destination": "edge"}))?,
-        ))
-        .await?;
-    let record = w
-        .engine
-        .store()
-        .context("agents")?
-        .get(&dispatch_server::store::record_name(
-            &ensured.job.name,
-            "edge",
-        ))
-        .context("the record")?;
+    let record = edge_record(&w, &r).await?;
     // Sent to `a`'s agent instead: its destination label says so.
     let mut job = record.spec.job.clone().context("the marked Job")?;
-    for labels in ["/metadata/labels", "/spec/template/metadata/labels"] {
-        if let Some(l) = job.pointer_mut(labels) {
-            l[dispatch_server::job::LABEL_DESTINATION] = json!("a");
-        }
-    }
+    relabel_for_a(&mut job);
     let fresh = |reported: bool| {
-        let mut work = item(&ensured.job.name, &r.uid, false);
+        let mut work = item(&w, &record.spec.job_name, &r.uid, false);
         work.spec.job = Some(job.clone());
+        w.engine.sign_work(&mut work.spec);
         work.reported = reported;
         Arc::new(vec![work])
     };
@@ -189,6 +174,7 @@ async fn a_refused_create_stays_the_records_state_after_the_record_changes() -> 
     let guard = Guard {
         namespaces: vec![NS.into()],
         profile: Profile::restricted(Origin::Agent),
+        work_keys: w.engine.work_keys(),
     };
     let mut worker = Worker::new(w.engine.clone(), "a", guard).context("destination a")?;
     let refused = worker.pass(&fresh(false)).await;

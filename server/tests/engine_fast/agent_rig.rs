@@ -211,6 +211,7 @@ pub(crate) fn record() -> WorkItem {
             delete: false,
             observe: None,
             sync: None,
+            ..DispatchJobSpec::default()
         },
         reported: true,
     }

@@ -195,6 +195,7 @@ mod through_an_agent {
         let guard = Guard {
             namespaces: vec!["argocd".into()],
             profile: Profile::restricted(Origin::Agent),
+            work_keys: w.engine.work_keys(),
         };
         Ok(Worker::new(w.engine.clone(), "a", guard)
             .context("destination a")?

@@ -145,3 +145,39 @@ pub(crate) fn analysis_run(cp: &FakeApi, namespace: &str, name: &str, uid: &str)
         }),
     );
 }
+
+/// Job `job` (a marked Job of an agent record) relabelled for destination `a`, the fake cluster
+/// an agent under test runs in: what the server would have written for `a`.
+pub(crate) fn relabel_for_a(job: &mut Value) {
+    for labels in ["/metadata/labels", "/spec/template/metadata/labels"] {
+        if let Some(l) = job.pointer_mut(labels) {
+            l[dispatch_server::job::LABEL_DESTINATION] = json!("a");
+        }
+    }
+}
+
+/// Ensures measurement 1 of metric `smoke` of `run` on agent destination `edge` of `w` and
+/// returns the record the server wrote for its agent.
+pub(crate) async fn edge_record(
+    w: &crate::world::World,
+    run: &dispatch_server::job::RunContext,
+) -> Result<dispatch_server::store::DispatchJob> {
+    use crate::world::{block, request};
+    let ensured = w
+        .engine
+        .ensure(&request(
+            run,
+            "smoke",
+            1,
+            block(json!({"destination": "edge"}))?,
+        ))
+        .await?;
+    w.engine
+        .store()
+        .context("agents")?
+        .get(&dispatch_server::store::record_name(
+            &ensured.job.name,
+            "edge",
+        ))
+        .context("the record")
+}

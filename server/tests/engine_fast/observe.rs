@@ -341,6 +341,7 @@ async fn an_agent_destination_gives_the_same_verdicts_through_the_agent_pass() -
     let guard = Guard {
         namespaces: vec![NS.into()],
         profile: Profile::restricted(Origin::Agent),
+        work_keys: w.engine.work_keys(),
     };
     let mut worker = Worker::new(w.engine.clone(), "a", guard).context("destination a")?;
     let mut item = WorkItem {

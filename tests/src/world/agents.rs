@@ -61,6 +61,9 @@ pub struct Agents {
     pub plugin_token: PathBuf,
     /// cluster-b's agent token file.
     pub agent_token: PathBuf,
+    /// The public keys of the servers' signed work, as `rollouts-dispatch work-keys` printed
+    /// them: B's agent's `--work-keys`.
+    pub work_keys: PathBuf,
     /// The servers' TLS ([`Self::ca`] is its CA).
     pub(super) tls: ApiTls,
     /// Extra `serve` flags of every replica.
@@ -185,12 +188,23 @@ impl World<Agents> {
             .output()?;
         ensure!(issued.status.success(), "token issue: {issued:?}");
         std::fs::write(&agent_token, &issued.stdout)?;
+        // The agent pins the keys the servers sign its work with, printed by the CLI from the
+        // same key flag as `serve`.
+        let work_keys = dir.join("work.keys");
+        let printed = Command::new(&binary)
+            .arg("work-keys")
+            .arg("--jwt-key-file")
+            .arg(&key)
+            .output()?;
+        ensure!(printed.status.success(), "work-keys: {printed:?}");
+        std::fs::write(&work_keys, &printed.stdout)?;
         let argocd_sync = agent_args.iter().any(|a| a == "--argocd-sync");
         write_agent_kubeconfig(&b, argocd_sync).await?;
         let agent = AgentProcess {
             binary: &binary,
             url: &url,
             ca: &ca,
+            work_keys: &work_keys,
             args: &agent_args,
         };
         let agent_admin = agent.spawn(&mut b, &agent_token, "agent")?;
@@ -206,6 +220,7 @@ impl World<Agents> {
             ca,
             plugin_token,
             agent_token,
+            work_keys,
             tls,
             serve_args: extra,
             extra_yaml: extra_yaml.to_string(),
@@ -283,6 +298,7 @@ impl World<Agents> {
             binary: &d.binary,
             url: &self.url,
             ca: &d.ca,
+            work_keys: &d.work_keys,
             args: &d.agent_args,
         };
         agent.spawn(&mut self.b, token_file, name)
@@ -463,6 +479,7 @@ struct AgentProcess<'a> {
     binary: &'a Path,
     url: &'a str,
     ca: &'a Path,
+    work_keys: &'a Path,
     args: &'a [String],
 }
 
@@ -481,6 +498,8 @@ impl AgentProcess<'_> {
             .args(AGENT_ALLOWS)
             .arg("--ca-file")
             .arg(self.ca)
+            .arg("--work-keys")
+            .arg(self.work_keys)
             .args(self.args)
             .env("ROLLOUTS_DISPATCH_LOG", "dispatch_server=debug,info")
             .env("KUBECONFIG", b.dir.join("agent.kubeconfig"));

@@ -27,6 +27,9 @@ use ring::{digest, hmac};
 
 use crate::runtime::reload::{self, Reloading};
 
+pub mod work;
+pub use work::{WorkKeys, WorkSignatureError};
+
 /// The domain of Job references (measurement metadata `dispatch-ref`).
 pub const JOB_REF: &str = "job-ref";
 /// The domain of the adoption mark on Jobs we create.
@@ -107,6 +110,9 @@ pub enum KeyFiles {
 struct Key {
     id: String,
     mac: hmac::Key,
+    /// the Ed25519 key pair of work signatures derived from this key (`work`)
+    work: ring::signature::Ed25519KeyPair,
+    work_public: work::PublicKey,
 }
 
 /// The keys in force: the first signs.
@@ -145,9 +151,14 @@ fn build(keys: &[Vec<u8>]) -> Result<Keys, SigningKeyError> {
     }
     let keys: Vec<Key> = keys
         .iter()
-        .map(|k| Key {
-            id: key_id(k),
-            mac: hmac::Key::new(hmac::HMAC_SHA256, k),
+        .map(|k| {
+            let work = work::key_pair(k);
+            Key {
+                id: key_id(k),
+                mac: hmac::Key::new(hmac::HMAC_SHA256, k),
+                work_public: work::PublicKey::of(&work),
+                work,
+            }
         })
         .collect();
     for (i, a) in keys.iter().enumerate() {
@@ -243,6 +254,23 @@ impl Signer {
             key.id,
             base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(tag.as_ref())
         )
+    }
+
+    /// Signs agent work `spec` (its `signature`) with the work key pair of the first key.
+    pub fn sign_work(&self, spec: &mut dispatch_api::agent::DispatchJobSpec) {
+        let keys = self.current();
+        let key = &keys.keys[0];
+        spec.signature = Some(work::sign(&key.work, key.work_public.id(), spec));
+    }
+
+    /// The public work keys of every key in force, the signing one first: what agents pin
+    /// (`rollouts-dispatch work-keys`).
+    pub fn work_public_keys(&self) -> Vec<work::PublicKey> {
+        self.current()
+            .keys
+            .iter()
+            .map(|k| k.work_public.clone())
+            .collect()
     }
 
     /// Checks that `sig` is a signature of `msg` for `domain` by one of the keys in force
