@@ -152,6 +152,13 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let ui = config.ui.clone();
     let signer = Arc::new(signer(&signing_key_files, &jwt_key_files)?);
     info!(key_ids = %signer.key_ids().join(","), "Job references are signed");
+    let work_key_ids: Vec<String> = signer
+        .work_public_keys()
+        .iter()
+        .map(|k| k.id().to_string())
+        .collect();
+    info!(work_key_ids = %work_key_ids.join(","),
+          "agent work is signed: agents pin these keys (`rollouts-dispatch work-keys`, --work-keys)");
     let callers = config
         .policy
         .as_ref()
