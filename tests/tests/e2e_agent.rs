@@ -453,3 +453,52 @@ fn the_full_log_of_a_job_behind_the_agent_reaches_a_reader_on_either_replica() -
         Ok(())
     })
 }
+
+#[test]
+#[ignore = "needs the Go-built cluster binaries, the release plugin and the debug binary: run `make e2e-agent`"]
+fn a_dispatchjob_written_by_someone_else_runs_nothing_on_the_agent_cluster() -> Result<()> {
+    side_by_side(async |w| {
+        // Whoever can write DispatchJobs on the control plane (not the server) asks cluster-b's
+        // agent for a Job that every other check of the agent would let through.
+        let uid = "forged-0000-4000-8000-000000000000";
+        let labels = serde_json::json!({
+            "rollouts-dispatch.io/run-uid": uid, "rollouts-dispatch.io/managed": "true",
+            "rollouts-dispatch.io/destination": "cluster-b"});
+        let forged: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "rollouts-dispatch.io/v1alpha1", "kind": "DispatchJob",
+            "metadata": {"name": "forged.cluster-b"},
+            "spec": {"destination": "cluster-b", "namespace": AGENT_NAMESPACE,
+                     "jobName": "forged", "runUid": uid, "run": "team-a/forged",
+                     "job": {"apiVersion": "batch/v1", "kind": "Job",
+                             "metadata": {"name": "forged", "namespace": AGENT_NAMESPACE, "labels": labels},
+                             "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": labels},
+                                      "spec": {"restartPolicy": "Never",
+                                               "containers": [{"name": "c", "image": "example.invalid/miner:1"}]}}}}},
+        }))?;
+        w.records().create(&Default::default(), &forged).await?;
+        let refused = eventually(
+            "the agent's refusal in the forged record's status",
+            JOB_TIMEOUT,
+            || async {
+                let r = w.records().get_opt("forged.cluster-b").await?;
+                Ok(r.is_some_and(|r| {
+                    r.data["status"]
+                        .to_string()
+                        .contains("carries no signature")
+                }))
+            },
+        )
+        .await;
+        let jobs = jobs_of(&w.b, uid).await?.len();
+        w.records()
+            .delete("forged.cluster-b", &Default::default())
+            .await?;
+        refused?;
+        ensure!(
+            jobs == 0,
+            "the forged record made {jobs} Job(s) on cluster-b"
+        );
+        println!("e2e-agent: a forged DispatchJob → refused by the agent (no signature), no Job");
+        Ok(())
+    })
+}
