@@ -190,6 +190,7 @@ mod tests {
             delete: false,
             observe: None,
             sync: None,
+            for_stage: None,
         }
     }
 

@@ -49,6 +49,7 @@ impl Engine {
                 delete: false,
                 observe,
                 sync: None,
+                for_stage: None,
             },
             status: None,
             resource_version: None,
@@ -253,6 +254,7 @@ pub(super) fn bare_record(
             // An observe record written again keeps what the signed reference observes.
             observe: job.observe.clone(),
             sync: None,
+            for_stage: None,
         },
         status: None,
         resource_version: None,

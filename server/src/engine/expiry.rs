@@ -123,6 +123,7 @@ mod tests {
                 delete: false,
                 observe: None,
                 sync: None,
+                for_stage: None,
             },
             status: Some(DispatchJobStatus {
                 observed_at: observed_at.into(),

@@ -61,6 +61,7 @@ impl Engine {
                 delete: true,
                 observe: None,
                 sync: None,
+                for_stage: None,
             },
             status: None,
             resource_version: None,

@@ -636,6 +636,7 @@ mod tests {
                 delete: false,
                 observe: None,
                 sync: None,
+                for_stage: None,
             },
             status: None,
             resource_version: None,

@@ -39,6 +39,7 @@ fn item(job_name: &str, run_uid: &str, delete: bool) -> WorkItem {
             delete,
             observe: None,
             sync: None,
+            for_stage: None,
         },
         reported: true,
     }

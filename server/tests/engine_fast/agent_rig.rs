@@ -211,6 +211,7 @@ pub(crate) fn record() -> WorkItem {
             delete: false,
             observe: None,
             sync: None,
+            for_stage: None,
         },
         reported: true,
     }

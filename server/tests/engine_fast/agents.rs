@@ -202,6 +202,7 @@ async fn a_record_of_another_run_is_left_alone() -> Result<()> {
             delete: false,
             observe: None,
             sync: None,
+            for_stage: None,
         },
         status: None,
         resource_version: None,
