@@ -64,7 +64,8 @@ fn refused(scene: &Scene, name: &str, reply: &crate::scene::Reply, status: u16, 
     let outcome = Outcome {
         refused: reply.status == status,
         cross_tenant_read: reply.status == 200,
-        cross_tenant_delete: reply.status == 202 || !calls.is_empty(),
+        // A sync that got through is a cross-tenant sync, whatever else it did.
+        cross_tenant_sync: reply.status == 202 || !calls.is_empty(),
         ..Outcome::default()
     };
     tally::record(name, &outcome);
