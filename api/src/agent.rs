@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use std::collections::BTreeMap;
 
-use crate::observe::{ApplicationState, Observe};
+use crate::observe::{ApplicationState, Observe, StageRef};
 use crate::state::DestState;
 
 /// `POST`: the work of a destination ([`WorkRequest`] → [`WorkReply`]).
@@ -185,6 +185,11 @@ pub struct DispatchJobSpec {
     /// ask Argo CD to sync the observed Application (the sync trigger; `application` only)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sync: Option<SyncOrder>,
+    /// the Kargo Stage a record of the Application routes reads or syncs for: the agent
+    /// serves the record only when the live Application's `kargo.akuity.io/authorized-stage`
+    /// lists it (a record without it is refused)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub for_stage: Option<StageRef>,
     /// the Kargo project (the AnalysisRun's namespace) the work is for
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub project: String,

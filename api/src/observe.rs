@@ -10,7 +10,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{fail, BlockError};
-use crate::names::{is_dns_label, is_dns_labels};
+use crate::names::{is_dns_label, is_dns_labels, is_dns_subdomain};
 
 /// The namespace of an Application when the block names none (Argo CD's default install).
 pub const DEFAULT_ARGOCD_NAMESPACE: &str = "argocd";
@@ -240,7 +240,47 @@ impl SyncRequest {
                 ));
             }
         }
+        stage_name("field `stage`", self.stage.as_deref())?;
         Ok(())
+    }
+}
+
+/// Checks the Kargo Stage an Application route names (`what`: `field `stage`` or `query
+/// parameter `stage``): required, since the Application is authorized for a Stage
+/// (`kargo.akuity.io/authorized-stage`), and a Stage name (a Kubernetes object name).
+pub fn stage_name<'a>(what: &str, stage: Option<&'a str>) -> Result<&'a str, BlockError> {
+    let Some(stage) = stage else {
+        return fail(format!(
+            "{what} is required: the Kargo Stage the request is for (`${{{{ ctx.stage }}}}` in \
+             Kargo's http step); the Application must list `<project>:<stage>` in its annotation \
+             kargo.akuity.io/authorized-stage"
+        ));
+    };
+    if !is_dns_subdomain(stage) {
+        return fail(format!(
+            "{what} is not a Kargo Stage name: {stage:?} (lowercase letters, digits, '-' and \
+             '.', at most 253; no globs)"
+        ));
+    }
+    Ok(stage)
+}
+
+/// The Kargo Stage an Application is read or synced for: the caller's project and the Stage it
+/// names. Carried in an agent destination's record ([`crate::agent::DispatchJobSpec::for_stage`])
+/// so that the agent checks the live Application's annotation itself.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StageRef {
+    /// the Kargo project (the project namespace)
+    pub project: String,
+    /// the Stage's name in that project
+    pub stage: String,
+}
+
+impl std::fmt::Display for StageRef {
+    /// `<project>:<stage>`, the form of Kargo's annotation.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.project, self.stage)
     }
 }
 
@@ -403,6 +443,11 @@ pub struct SyncRequest {
     /// the Kargo project asking (the token's project when it is bound to one)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub project: Option<String>,
+    /// the Kargo Stage asking (`${{ ctx.stage }}`): required, the Application must be
+    /// authorized for it (`kargo.akuity.io/authorized-stage`); `Option` so that its absence is
+    /// a `400` naming the field ([`SyncRequest::validate`])
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<String>,
 }
 
 #[cfg(test)]

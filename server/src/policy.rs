@@ -7,6 +7,12 @@
 //! destination (also with a warning). A denial names the project, the destination, the
 //! namespace and the config key to change.
 //!
+//! An Argo CD Application is a separate grant: [`Policy::check_application`] matches its
+//! namespace against a rule's `applicationNamespaces` (none by default), never `namespaces`,
+//! so that a namespace where a project reads or syncs Applications (`argocd`) is not one where
+//! it may also place Jobs, and the reverse (`applications::authorized` then asks the
+//! Application itself).
+//!
 //! The pod security of a placement ([`Policy::profile`]) combines the rules that allow it: the
 //! most permissive `podSecurity` level wins, and their `serviceAccounts` and
 //! `automountServiceAccountToken` add up, since any matching rule allows; so do their pod
@@ -14,6 +20,9 @@
 
 use crate::config::{PolicyConfig, PolicyRule};
 use crate::podsecurity::{Level, Origin, Profile};
+
+mod grant;
+pub use grant::Grant;
 
 /// The policy in force.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,9 +35,10 @@ pub struct Policy {
 /// A request the policy does not allow.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "policy denies project {project:?} the destination {destination:?} (namespace {namespace:?}): {why}; \
+    "policy denies project {project:?} the destination {destination:?} ({kind} {namespace:?}): {why}; \
      to allow it, add a rule to `policy.rules` in {origin} with projects [{project:?}], destinations \
-     [{destination:?}] and namespaces [{namespace:?}]"
+     [{destination:?}] and {key} [{namespace:?}]",
+    kind = .grant.kind(), key = .grant.key()
 )]
 pub struct Denied {
     /// the Kargo project (AnalysisRun namespace)
@@ -37,10 +47,13 @@ pub struct Denied {
     pub destination: String,
     /// the namespace on the destination
     pub namespace: String,
-    /// which part did not match
-    pub why: String,
+    /// which part did not match (boxed: the denial stays small enough to return by value)
+    pub why: Box<str>,
     /// the config file
     pub origin: String,
+    /// the list of the rules that did not allow it: `namespaces` (Jobs and observed Rollouts)
+    /// or `applicationNamespaces` (Applications)
+    pub grant: Grant,
 }
 
 impl Policy {
@@ -89,6 +102,27 @@ impl Policy {
 
     /// Whether `project` may run a Job on `destination` in `namespace`.
     pub fn check(&self, project: &str, destination: &str, namespace: &str) -> Result<(), Denied> {
+        self.check_grant(Grant::Placement, project, destination, namespace)
+    }
+
+    /// Whether `project` may read (and, with `applicationSync`, sync) the Argo CD Applications
+    /// of `namespace` on `destination`: a rule's `applicationNamespaces`, not its `namespaces`.
+    pub fn check_application(
+        &self,
+        project: &str,
+        destination: &str,
+        namespace: &str,
+    ) -> Result<(), Denied> {
+        self.check_grant(Grant::Application, project, destination, namespace)
+    }
+
+    fn check_grant(
+        &self,
+        grant: Grant,
+        project: &str,
+        destination: &str,
+        namespace: &str,
+    ) -> Result<(), Denied> {
         if self.allow_all {
             return Ok(());
         }
@@ -104,7 +138,7 @@ impl Policy {
             .collect();
         if for_destination
             .iter()
-            .any(|r| r.namespaces.iter().any(|g| glob_match(g, namespace)))
+            .any(|r| grant.list(r).iter().any(|g| glob_match(g, namespace)))
         {
             return Ok(());
         }
@@ -126,19 +160,30 @@ impl Policy {
         } else {
             let allowed: Vec<&str> = for_destination
                 .iter()
-                .flat_map(|r| r.namespaces.iter().map(String::as_str))
+                .flat_map(|r| grant.list(r).iter().map(String::as_str))
                 .collect();
-            format!(
-                "the rules for this project and destination allow namespaces {}",
-                allowed.join(", ")
-            )
+            match (grant, allowed.is_empty()) {
+                (Grant::Application, true) => "the rules for this project and destination \
+                    list no `applicationNamespaces` (none by default: a rule's `namespaces` are \
+                    for Jobs only)"
+                    .to_string(),
+                (Grant::Application, false) => format!(
+                    "the rules for this project and destination allow Application namespaces {}",
+                    allowed.join(", ")
+                ),
+                (Grant::Placement, _) => format!(
+                    "the rules for this project and destination allow namespaces {}",
+                    allowed.join(", ")
+                ),
+            }
         };
         Err(Denied {
             project: project.to_string(),
             destination: destination.to_string(),
             namespace: namespace.to_string(),
-            why,
+            why: why.into_boxed_str(),
             origin: self.origin.clone(),
+            grant,
         })
     }
 
@@ -200,6 +245,7 @@ mod tests {
             projects: v(p),
             destinations: v(d),
             namespaces: v(n),
+            application_namespaces: Vec::new(),
             pod_security: Level::Restricted,
             service_accounts: crate::podsecurity::default_service_accounts(),
             automount_service_account_token: false,

@@ -521,7 +521,8 @@ async fn sync_trigger(s: &Scene) -> Result<()> {
     let requested: ApplicationState = client
         .post(
             &format!("{path}:sync"),
-            &json!({"revision": NEW_SHA, "refresh": "hard", "project": PROJECT}),
+            &json!({"revision": NEW_SHA, "refresh": "hard", "project": PROJECT,
+                    "stage": argocd::APP_STAGE}),
         )
         .await
         .map_err(|e| anyhow::anyhow!("POST {path}:sync: {e}"))?;
@@ -534,9 +535,13 @@ async fn sync_trigger(s: &Scene) -> Result<()> {
         "the Application synced to the requested revision",
         SYNC_TIMEOUT,
         || async {
-            // The plugin's token may act for any project: name Kargo's (`?project=`).
+            // The plugin's token may act for any project: name Kargo's (`?project=`), and
+            // the Stage the Application is authorized for.
             let state: ApplicationState = client
-                .get(&format!("{path}?project={PROJECT}"))
+                .get(&format!(
+                    "{path}?project={PROJECT}&stage={}",
+                    argocd::APP_STAGE
+                ))
                 .await
                 .map_err(|e| anyhow::anyhow!("GET {path}: {e}"))?;
             let done = state.sync.revision == NEW_SHA

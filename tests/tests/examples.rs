@@ -103,15 +103,23 @@ fn passes_the_example_policy(name: &str, config: &JobConfig) {
     .expect("config/server.yaml is valid");
     let policy = Policy::new(server.policy.as_ref(), &server.origin);
     if let Some(observe) = config.observe() {
-        // No Job, so no pod security: the policy gives team-web the observed object's namespace.
+        // No Job, so no pod security: the policy gives team-web the observed object's namespace
+        // (an Application's through `applicationNamespaces`, never the Jobs' `namespaces`).
         use dispatch_api::observe::Observe;
-        let namespace = match observe {
-            Observe::Rollout(r) => r.namespace.clone().unwrap_or_else(|| "verification".into()),
-            Observe::Application(a) => a.namespace.clone(),
+        let (namespace, allowed) = match observe {
+            Observe::Rollout(r) => {
+                let ns = r.namespace.clone().unwrap_or_else(|| "verification".into());
+                let allowed = policy.check("team-web", "prod-eu", &ns);
+                (ns, allowed)
+            }
+            Observe::Application(a) => {
+                let allowed = policy.check_application("team-web", "prod-eu", &a.namespace);
+                (a.namespace.clone(), allowed)
+            }
         };
         assert!(
-            policy.check("team-web", "prod-eu", &namespace).is_ok(),
-            "{name}: config/server.yaml gives team-web no rule for namespace {namespace}"
+            allowed.is_ok(),
+            "{name}: config/server.yaml gives team-web no rule for namespace {namespace}: {allowed:?}"
         );
         return;
     }
@@ -297,6 +305,12 @@ fn the_airgapped_stage_syncs_through_the_api_and_verifies_with_its_application_t
         urls.iter()
             .any(|(m, u)| m == "GET" && u.contains("/applications/") && !u.ends_with(":sync")),
         "no GET step polling the Application: {urls:?}"
+    );
+    // Both name the Stage the Application must be authorized for (a missing one is a 400).
+    let steps = serde_json::to_string(&stage["spec"]["promotionTemplate"]).expect("json");
+    assert!(
+        steps.contains("?stage=${{ ctx.stage }}") && steps.contains(r#"\"stage\": ctx.stage"#),
+        "the http steps do not name the Stage (`?stage=`, `\"stage\"`): {steps}"
     );
 }
 

@@ -13,15 +13,22 @@
 //! The agent checks the work itself first: the Application's namespace must be one of its
 //! `--namespaces`, and a sync needs `--argocd-sync` (chart value `agent.argocd.sync`, which
 //! also grants `patch` on applications); a refusal is an `Error` report without a state,
-//! which the server answers with the agent's message.
+//! which the server answers with the agent's message. Then, whatever the server checked, the
+//! live Application must be authorized for the record's Kargo Stage (`forStage`), as Kargo
+//! authorizes it (`applications::authorized`): a record without a Stage, or an Application
+//! that does not list it (or does not exist), gets the same refusal, noted
+//! [`NOTE_UNAUTHORIZED`] so that the server answers `403`, and neither its state nor a sync.
+//! The sync patches the Application at the resourceVersion that was checked.
 
 use std::collections::HashMap;
 
 use dispatch_api::agent::{Report, WorkItem};
+use dispatch_api::observe::StageRef;
 use tracing::warn;
 
 use super::guard::Guard;
 use crate::applications::argocd::{sync_id_of, AppError, AppTarget};
+use crate::applications::authorized::{self, Unauthorized, Why, NOTE_UNAUTHORIZED};
 use crate::destinations::Entry;
 use crate::observe::application::state_of;
 use crate::verdict::DestState;
@@ -38,6 +45,25 @@ pub(super) struct Apps {
 /// A refusal or failure, reported without an Application state.
 fn error(item: &WorkItem, message: String) -> Report {
     Report::new(item.name.clone(), Some(DestState::Error(message)))
+}
+
+/// A refusal for want of authorization: `403` at the server.
+fn forbidden(item: &WorkItem, message: String) -> Report {
+    let mut report = error(item, message);
+    report
+        .notes
+        .insert(NOTE_UNAUTHORIZED.to_string(), "refused".to_string());
+    report
+}
+
+/// The refusal of record `item` because its Application is not authorized for `stage`.
+fn unauthorized(item: &WorkItem, destination: &str, stage: &StageRef, why: Why) -> Report {
+    let spec = &item.spec;
+    warn!(%destination, application = %format!("{}/{}", spec.namespace, spec.job_name),
+          project = %stage.project, stage = %stage.stage, reason = %why,
+          "refused: the Application is not authorized for the record's Stage");
+    let refusal = Unauthorized::new(destination, &spec.namespace, &spec.job_name, stage, why);
+    forbidden(item, refusal.to_string())
 }
 
 impl Apps {
@@ -93,6 +119,19 @@ impl Apps {
                 ),
             ));
         }
+        let Some(stage) = &spec.for_stage else {
+            // Not written by a server of this version (an older one, or someone else): with
+            // no Stage there is nothing to check the Application against, so nothing is served.
+            warn!(%destination, application = %object, "refused: a record names no Kargo Stage");
+            return Some(forbidden(
+                item,
+                format!(
+                    "the agent of {destination} refused {object}: its record names no Kargo \
+                     Stage (`forStage`), which the Application's kargo.akuity.io/authorized-stage \
+                     must list; ask again through the server's Application routes (with `stage`)"
+                ),
+            ));
+        };
         let Entry::Ready(d) = entry else {
             return Some(error(
                 item,
@@ -107,7 +146,9 @@ impl Apps {
         };
         let mut app = match target.read().await {
             Ok(app) => app,
-            Err(e @ AppError::NotFound { .. }) => return Some(error(item, e.to_string())),
+            Err(AppError::NotFound { .. }) => {
+                return Some(unauthorized(item, destination, stage, Why::NotFound))
+            }
             Err(e) => {
                 warn!(%destination, application = %object, error = %e, "cannot read the application");
                 return Some(Report::new(
@@ -116,6 +157,9 @@ impl Apps {
                 ));
             }
         };
+        if let Err(why) = authorized::check(&app, stage) {
+            return Some(unauthorized(item, destination, stage, why));
+        }
         let mut waiting = None;
         if let Some(order) = &spec.sync {
             if sync_id_of(&app) != Some(order.id.as_str()) {
@@ -127,7 +171,7 @@ impl Apps {
                         format!("{object} on {destination}: the agent refused the sync: {expired}"),
                     ));
                 }
-                match target.request_sync(&app, order).await {
+                match target.request_sync(&app, order, stage).await {
                     Ok(patched) => app = patched,
                     Err(AppError::Busy { why, .. }) => {
                         waiting = Some(format!("sync {} waits: {why}", order.id));

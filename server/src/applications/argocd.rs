@@ -18,6 +18,7 @@
 //! On an agent destination the routes keep a record per Application instead (`records`).
 
 use dispatch_api::agent::SyncOrder;
+use dispatch_api::observe::StageRef;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{json, Value};
 
@@ -28,8 +29,24 @@ use crate::observe::application_resource;
 pub const ANN_SYNC_ID: &str = "rollouts-dispatch.io/sync-id";
 /// Argo CD's refresh annotation (`AnnotationKeyRefresh`).
 pub const ANN_REFRESH: &str = "argocd.argoproj.io/refresh";
-/// `operation.initiatedBy.username` of our syncs, as Argo CD shows it in the UI and history.
+/// The prefix of `operation.initiatedBy.username` of our syncs, as Argo CD shows it in the UI
+/// and history: [`initiated_by`] adds the caller's `<project>/<stage>`.
 pub const INITIATED_BY: &str = "rollouts-dispatch";
+/// The `operation.info` names of our syncs: who asked, and which order it was.
+pub const INFO_PROJECT: &str = "rollouts-dispatch.io/project";
+/// …
+pub const INFO_STAGE: &str = "rollouts-dispatch.io/stage";
+/// …
+pub const INFO_SYNC_ID: &str = "rollouts-dispatch.io/sync-id";
+
+/// `initiatedBy.username` of a sync asked by `stage`: `rollouts-dispatch:<project>/<stage>`.
+/// Argo CD's `OperationInitiator` has only `username` and `automated`, and `Operation.info` is
+/// a list of `{name, value}` (argo-cd `pkg/apis/application/v1alpha1/types.go:1346-1363,
+/// 1474-1477` at 37ee0097), so the caller goes into both. `automated` stays unset, as for a
+/// person's sync: Argo CD's sync windows then treat it as manual (`controller/sync.go:732`).
+pub fn initiated_by(stage: &StageRef) -> String {
+    format!("{INITIATED_BY}:{}/{}", stage.project, stage.stage)
+}
 
 /// Why an Application could not be read or its sync requested.
 #[derive(Debug, thiserror::Error)]
@@ -103,8 +120,9 @@ pub fn sync_id_of(app: &Value) -> Option<&str> {
         .and_then(Value::as_str)
 }
 
-/// The merge patch requesting `order` on an Application read at `resource_version`.
-pub fn sync_patch(order: &SyncOrder, resource_version: Option<&str>) -> Value {
+/// The merge patch requesting `order`, asked by `stage`, on an Application read at
+/// `resource_version`.
+pub fn sync_patch(order: &SyncOrder, stage: &StageRef, resource_version: Option<&str>) -> Value {
     let mut sync = json!({});
     if let Some(rev) = &order.revision {
         sync["revision"] = json!(rev);
@@ -118,7 +136,18 @@ pub fn sync_patch(order: &SyncOrder, resource_version: Option<&str>) -> Value {
     }
     json!({
         "metadata": metadata,
-        "operation": {"sync": sync, "initiatedBy": {"username": INITIATED_BY}},
+        "operation": {
+            "sync": sync,
+            "initiatedBy": {"username": initiated_by(stage)},
+            "info": [
+                {"name": "Reason", "value": format!(
+                    "Kargo Stage {} of project {} asked rollouts-dispatch to sync it",
+                    stage.stage, stage.project)},
+                {"name": INFO_PROJECT, "value": stage.project},
+                {"name": INFO_STAGE, "value": stage.stage},
+                {"name": INFO_SYNC_ID, "value": order.id},
+            ],
+        },
         "status": {"operationState": null},
     })
 }
@@ -189,9 +218,15 @@ impl AppTarget<'_> {
         })
     }
 
-    /// Requests `order` on the Application `app` (as just read): refused when Argo CD is busy
-    /// with another operation; returns the Application as patched.
-    pub async fn request_sync(&self, app: &Value, order: &SyncOrder) -> Result<Value, AppError> {
+    /// Requests `order`, asked by `stage`, on the Application `app` (as just read, and
+    /// authorized for `stage`): refused when Argo CD is busy with another operation; returns
+    /// the Application as patched.
+    pub async fn request_sync(
+        &self,
+        app: &Value,
+        order: &SyncOrder,
+        stage: &StageRef,
+    ) -> Result<Value, AppError> {
         if let Some(why) = busy(app) {
             return Err(AppError::Busy {
                 destination: self.destination.to_string(),
@@ -208,13 +243,14 @@ impl AppTarget<'_> {
             .patch(
                 self.name,
                 &PatchParams::default(),
-                &Patch::Merge(sync_patch(order, rv)),
+                &Patch::Merge(sync_patch(order, stage, rv)),
             )
             .await
             .map_err(|e| self.api_error("patching", e))?;
         tracing::info!(destination = self.destination, namespace = self.namespace,
                        application = self.name, sync_id = %order.id, revision = ?order.revision,
-                       refresh = %order.refresh, "requested a sync of the application");
+                       refresh = %order.refresh, project = %stage.project, stage = %stage.stage,
+                       "requested a sync of the application");
         serde_json::to_value(patched)
             .map_err(|e| self.api_error("patching", kube::Error::SerdeError(e)))
     }
@@ -231,9 +267,26 @@ mod tests {
             revision: Some("0123abc".into()),
             refresh: "hard".into(),
         };
-        let p = sync_patch(&order, Some("42"));
+        let stage = StageRef {
+            project: "team-a".into(),
+            stage: "prod".into(),
+        };
+        let p = sync_patch(&order, &stage, Some("42"));
         assert_eq!(p["operation"]["sync"]["revision"], "0123abc");
-        assert_eq!(p["operation"]["initiatedBy"]["username"], INITIATED_BY);
+        assert_eq!(
+            p["operation"]["initiatedBy"]["username"],
+            "rollouts-dispatch:team-a/prod"
+        );
+        let info = |name: &str| {
+            p["operation"]["info"]
+                .as_array()
+                .and_then(|l| l.iter().find(|i| i["name"] == name))
+                .map(|i| i["value"].clone())
+        };
+        assert_eq!(info(INFO_PROJECT), Some(json!("team-a")));
+        assert_eq!(info(INFO_STAGE), Some(json!("prod")));
+        assert_eq!(info(INFO_SYNC_ID), Some(json!("abc")));
+        assert!(info("Reason").is_some_and(|r| r.as_str().is_some_and(|r| r.contains("prod"))));
         assert_eq!(p["metadata"]["annotations"][ANN_REFRESH], "hard");
         assert_eq!(p["metadata"]["annotations"][ANN_SYNC_ID], "abc");
         assert_eq!(p["metadata"]["resourceVersion"], "42");
@@ -243,6 +296,7 @@ mod tests {
                 revision: None,
                 ..order
             },
+            &stage,
             None,
         );
         assert_eq!(none["operation"]["sync"], json!({}));

@@ -2,15 +2,23 @@
 //! destination with the server's own client (`argocd`), on an agent destination
 //! through its agent (`records`); the routes Kargo's `http` step calls (`routes`).
 //!
-//! Every call first applies the policy to (project, destination, the Application's namespace),
-//! deny by default like Jobs: the Application a tenant may read or sync is one in a namespace
-//! its project may use there. A sync also needs `applicationSync.destinations` to list the
-//! destination. A refusal reaches no destination.
+//! Every call first applies the policy to (project, destination, the Application's namespace:
+//! a rule's `applicationNamespaces`, never its Job `namespaces`), deny by default like Jobs. A
+//! sync also needs `applicationSync.destinations` to list the destination. A refusal there
+//! reaches no destination. Then the Application itself must be authorized for the caller's
+//! project and the Stage it names, as Kargo authorizes it (`authorized`): on a direct
+//! destination the server checks the Application it read, and patches it only at that
+//! resourceVersion (so the annotation cannot change in between); on an agent destination the
+//! record carries the Stage and the agent checks its live Application (`agent/sync.rs`).
+//!
+//! The sync names the caller in Argo CD's audit trail: `initiatedBy.username`
+//! `rollouts-dispatch:<project>/<stage>` and the operation's `info` (`argocd`).
 
 use dispatch_api::agent::SyncOrder;
 use dispatch_api::observe::{ApplicationState, SyncRequest};
 
 pub mod argocd;
+pub mod authorized;
 mod records;
 pub mod routes;
 
@@ -27,6 +35,8 @@ use crate::http::{DispatchError, Reason};
 use crate::observe::application::state_of;
 use crate::store::random_id;
 use argocd::{AppError, AppTarget};
+use authorized::{Unauthorized, Why};
+use serde_json::Value;
 
 /// The Applications of every destination, as the policy lets each project see and sync them.
 pub struct Applications {
@@ -59,6 +69,25 @@ fn app_error(e: AppError) -> DispatchError {
         )),
         AppError::Api { .. } => DispatchError::Unavailable(Reason::of(e)),
     }
+}
+
+/// The Application `read` for `app`, if it exists and is authorized for `app`'s project and
+/// Stage; a missing one is refused the same way, so that a refusal tells nothing about
+/// Applications the caller may not see.
+fn authorize(app: &AppRef, read: Result<Value, AppError>) -> Result<Value, DispatchError> {
+    let stage = app.stage();
+    let why = match read {
+        Err(AppError::NotFound { .. }) => Why::NotFound,
+        Err(e) => return Err(app_error(e)),
+        Ok(found) => match authorized::check(&found, &stage) {
+            Ok(()) => return Ok(found),
+            Err(why) => why,
+        },
+    };
+    tracing::warn!(application = %app.object(), project = %app.project, stage = %app.stage,
+                   reason = %why, "refused: the Application is not authorized for the Stage");
+    let refusal = Unauthorized::new(&app.destination, &app.namespace, &app.name, &stage, why);
+    Err(DispatchError::Forbidden(Reason::of(refusal)))
 }
 
 /// `app` on the direct destination `d`.
@@ -105,7 +134,7 @@ impl Applications {
             })?;
         self.engine
             .policy()
-            .check(&app.project, &app.destination, &app.namespace)
+            .check_application(&app.project, &app.destination, &app.namespace)
             .map_err(|d| refused(Reason::of(d)))?;
         if sync {
             self.engine
@@ -129,8 +158,7 @@ impl Applications {
     pub async fn read(&self, app: AppRef) -> Result<ApplicationState, DispatchError> {
         match self.place(&app, false)? {
             Place::Direct(d) => {
-                let target = target(&d, &app);
-                let found = target.read().await.map_err(app_error)?;
+                let found = authorize(&app, target(&d, &app).read().await)?;
                 Ok(state_of(&app.destination, &found))
             }
             Place::Agent => self.agent_application(&app, None).await,
@@ -152,9 +180,11 @@ impl Applications {
         match place {
             Place::Direct(d) => {
                 let target = target(&d, &app);
-                let found = target.read().await.map_err(app_error)?;
+                let found = authorize(&app, target.read().await)?;
+                // Patched at the resourceVersion just read: an annotation changed since fails
+                // the patch (409) instead of being synced past.
                 let patched = target
-                    .request_sync(&found, &order)
+                    .request_sync(&found, &order, &app.stage())
                     .await
                     .map_err(app_error)?;
                 Ok(state_of(&app.destination, &patched))

@@ -1,7 +1,13 @@
 //! The Application routes on an agent destination: the server cannot reach the Application, so
 //! it keeps a DispatchJob record for the agent ([`api_record`]: `observe: application`, no Job,
-//! no run, and `sync` for a sync order) and answers from what the agent reports
-//! (`status.application`).
+//! no run, `forStage` the caller's project and Stage, and `sync` for a sync order) and answers
+//! from what the agent reports (`status.application`).
+//!
+//! A record is per Application **and Stage**: the agent checks the live Application's
+//! `kargo.akuity.io/authorized-stage` against the record's Stage on every pass, so one project's
+//! answer is never another's. An agent's refusal of it (the note
+//! [`authorized::NOTE_UNAUTHORIZED`]) is answered `403`, as on a direct destination, and a sync
+//! order for a Stage the agent last refused is not placed at all.
 //!
 //! * GET creates the record when there is none (a record carrying a sync order is kept as it
 //!   is) and answers the agent's last report, waiting up to [`FIRST_REPORT_WAIT`] for the first
@@ -17,9 +23,9 @@
 use std::time::{Duration, Instant};
 
 use dispatch_api::agent::SyncOrder;
-use dispatch_api::observe::{ApplicationCheck, ApplicationState, Observe};
+use dispatch_api::observe::{ApplicationCheck, ApplicationState, Observe, StageRef};
 
-use super::{AppRef, Applications};
+use super::{authorized, AppRef, Applications};
 use crate::engine::{SweepReason, SweepReport};
 use crate::http::{DispatchError, Reason};
 use crate::store::{self, Created, DispatchJob, DispatchJobSpec, Store, StoreError};
@@ -28,22 +34,25 @@ use crate::store::{self, Created, DispatchJob, DispatchJobSpec, Store, StoreErro
 /// itself is never touched).
 pub const APP_RECORD_IDLE: Duration = Duration::from_secs(15 * 60);
 
-/// The record of Application `namespace/name` on agent destination `destination`, with the
-/// sync order `sync`. Its name is stable per Application (`app.<ns>.<name>.<hash of the
-/// destination>`), hashed when that would pass the 253 characters of an object name.
+/// The record of Application `namespace/name` on agent destination `destination` for `stage`,
+/// with the sync order `sync`. Its name is stable per Application and Stage
+/// (`app.<ns>.<name>.<hash of the Stage>.<hash of the destination>`), the name hashed when that
+/// would pass the 253 characters of an object name.
 pub fn api_record(
     destination: &str,
     namespace: &str,
     name: &str,
+    stage: &StageRef,
     sync: Option<SyncOrder>,
 ) -> DispatchJob {
-    let mut base = format!("app.{namespace}.{name}");
-    if base.len() > 200 {
-        base = format!(
-            "app.{namespace}.{:016x}",
-            crate::job::fnv1a(name.as_bytes())
-        );
+    let mut shown = name.to_string();
+    if namespace.len() + name.len() > 180 {
+        shown = format!("{:016x}", crate::job::fnv1a(name.as_bytes()));
     }
+    let base = format!(
+        "app.{namespace}.{shown}.{:08x}",
+        crate::job::fnv1a(stage.to_string().as_bytes()) as u32
+    );
     DispatchJob {
         name: store::record_name(&base, destination),
         spec: DispatchJobSpec {
@@ -63,6 +72,7 @@ pub fn api_record(
                 revision: None,
             })),
             sync,
+            for_stage: Some(stage.clone()),
             ..DispatchJobSpec::default()
         },
         status: None,
@@ -93,7 +103,8 @@ impl Applications {
             DispatchError::Internal("an agent destination without an agent store".into())
         })?;
         let sync = order.is_some();
-        let mut record = api_record(&app.destination, &app.namespace, &app.name, order);
+        let stage = app.stage();
+        let mut record = api_record(&app.destination, &app.namespace, &app.name, &stage, order);
         record.spec.project = app.project.clone();
         if sync {
             // An order not carried out by then is not carried out later (Kargo's step has
@@ -104,6 +115,14 @@ impl Applications {
         self.mark_asked(&record.name);
         let before = store.get(&record.name);
         if sync {
+            // The server's own check before it places the order: the agent's last word on
+            // this Application for this Stage (its record is per Stage), if it refused it.
+            if let Some(Err(refused @ DispatchError::Forbidden(_))) = reported(before.as_ref()) {
+                tracing::warn!(application = %app.object(), project = %app.project,
+                               stage = %app.stage, "refused: the agent last found the \
+                               Application not authorized for the Stage; no order placed");
+                return Err(refused);
+            }
             if before.is_some() {
                 store.remove(&record.name).await.map_err(unavailable)?;
             }
@@ -207,8 +226,8 @@ fn known_state(record: Option<&DispatchJob>) -> Option<ApplicationState> {
 }
 
 /// What the agent last reported on `record`: the Application's state, or why it could not
-/// serve it (its `--namespaces`, no `--argocd-sync`, no such Application: a report without a
-/// state); `None` before its first report.
+/// serve it (its `--namespaces`, no `--argocd-sync`: `422`; not authorized for the Stage, or
+/// no such Application: `403`; a report without a state); `None` before its first report.
 fn reported(record: Option<&DispatchJob>) -> Option<Result<ApplicationState, DispatchError>> {
     let status = record?.status.as_ref()?;
     if let Some(state) = &status.application {
@@ -218,6 +237,9 @@ fn reported(record: Option<&DispatchJob>) -> Option<Result<ApplicationState, Dis
         Some(crate::verdict::DestState::Error(m)) => m.clone(),
         _ => return None,
     };
+    if status.notes.contains_key(authorized::NOTE_UNAUTHORIZED) {
+        return Some(Err(DispatchError::Forbidden(why.into())));
+    }
     Some(Err(DispatchError::Refused(why.into())))
 }
 

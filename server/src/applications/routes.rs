@@ -4,8 +4,10 @@
 //! now, the sync itself runs in Argo CD).
 //!
 //! Checked here, before [`super::Applications`] sees the request: the path names a valid
-//! namespace and Application (`400` otherwise: no `..`, no `/`), the body is valid, and the caller
-//! is a plugin token acting for one project (`authz::application_caller`). [`super::Applications`] then
+//! namespace and Application (`400` otherwise: no `..`, no `/`), the body is valid, the request
+//! names the Kargo Stage it is for (`stage` in the POST body, `?stage=` on GET: `400` naming it
+//! when missing), and the caller is a plugin token acting for one project
+//! (`authz::application_caller`). [`super::Applications`] then
 //! applies the policy (project × destination × the Application's namespace) and, for a sync,
 //! `applicationSync.destinations`.
 //!
@@ -19,7 +21,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Json, Router};
-use dispatch_api::observe::{self, ApplicationState, SyncRequest};
+use dispatch_api::observe::{self, ApplicationState, StageRef, SyncRequest};
 
 use super::Applications;
 use crate::http::{authz, ApiFailure, ApiJson, DispatchError, Principal};
@@ -42,6 +44,9 @@ pub struct AppRef {
     pub name: String,
     /// the Kargo project the caller acts for (checked against the policy by [`super::Applications`])
     pub project: String,
+    /// the Kargo Stage of that project the caller names: the Application must be authorized
+    /// for it (`kargo.akuity.io/authorized-stage`, [`super::authorized`])
+    pub stage: String,
 }
 
 impl AppRef {
@@ -49,13 +54,22 @@ impl AppRef {
     pub fn object(&self) -> String {
         format!("{}/{}/{}", self.destination, self.namespace, self.name)
     }
+
+    /// The caller's project and Stage.
+    pub fn stage(&self) -> StageRef {
+        StageRef {
+            project: self.project.clone(),
+            stage: self.stage.clone(),
+        }
+    }
 }
 
-/// `?project=` of the GET route.
+/// `?project=` and `?stage=` of the GET route.
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ProjectQuery {
     project: Option<String>,
+    stage: Option<String>,
 }
 
 /// Seconds an agent destination's client waits before asking again (its agent reports within
@@ -82,11 +96,13 @@ fn failure(e: DispatchError) -> Response {
     reply
 }
 
-/// The Application of the path for the caller's project, or the reply refusing it.
+/// The Application of the path for the caller's project and the Stage `stage` (checked by
+/// the caller: the body's, or the query's), or the reply refusing it.
 fn app_ref(
     caller: &Principal,
     (destination, namespace, name): (String, String, String),
     project: Option<&str>,
+    stage: &str,
 ) -> Result<AppRef, ApiFailure> {
     let check = observe::application_of_route(&namespace, &name).map_err(|e| bad_request(e.0))?;
     let span = tracing::Span::current();
@@ -97,6 +113,7 @@ fn app_ref(
         namespace: check.namespace,
         name: check.name,
         project,
+        stage: stage.to_string(),
     })
 }
 
@@ -111,7 +128,11 @@ async fn get_one(
         Ok(q) => q,
         Err(e) => return bad_request(e.body_text()).into_response(),
     };
-    let app = match app_ref(&caller, path, query.project.as_deref()) {
+    let stage = match observe::stage_name("query parameter `stage`", query.stage.as_deref()) {
+        Ok(stage) => stage,
+        Err(e) => return bad_request(e.0).into_response(),
+    };
+    let app = match app_ref(&caller, path, query.project.as_deref(), stage) {
         Ok(app) => app,
         Err(refused) => return refused.into_response(),
     };
@@ -146,10 +167,15 @@ async fn post(
     if let Err(e) = req.validate() {
         return bad_request(e.0).into_response();
     }
+    let stage = match observe::stage_name("field `stage`", req.stage.as_deref()) {
+        Ok(stage) => stage.to_string(),
+        Err(e) => return bad_request(e.0).into_response(),
+    };
     let app = match app_ref(
         &caller,
         (destination, namespace, name),
         req.project.as_deref(),
+        &stage,
     ) {
         Ok(app) => app,
         Err(refused) => return refused.into_response(),

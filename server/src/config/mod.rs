@@ -488,6 +488,9 @@ pub struct PolicyRule {
     pub destinations: Vec<String>,
     /// namespaces on the destination (default `["*"]`)
     pub namespaces: Vec<String>,
+    /// namespaces on the destination whose Argo CD Applications the projects may read and sync
+    /// (`applicationNamespaces`; default none: `namespaces` never allows Applications)
+    pub application_namespaces: Vec<String>,
     /// the Pod Security Standards level of the Jobs (default `restricted`)
     pub pod_security: crate::podsecurity::Level,
     /// service accounts the Jobs' pods may run as, exact names (default `["default"]`)

@@ -286,6 +286,8 @@ struct RawRule {
     #[serde(default)]
     destinations: Vec<String>,
     namespaces: Option<Vec<String>>,
+    #[serde(default, rename = "applicationNamespaces")]
+    application_namespaces: Vec<String>,
     #[serde(rename = "podSecurity")]
     pod_security: Option<String>,
     #[serde(rename = "serviceAccounts")]
@@ -431,6 +433,11 @@ impl RawConfig {
                     let at = format!("policy.rules[{i}]");
                     let allow = r.allowlists(&at)?;
                     let namespaces = r.namespaces.unwrap_or_else(|| vec!["*".into()]);
+                    let apps = &r.application_namespaces;
+                    if let Some(j) = apps.iter().position(|g| g.trim().is_empty()) {
+                        let at = format!("{at}.applicationNamespaces[{j}]");
+                        return Err(invalid(at, Problem::EmptyGlob));
+                    }
                     for (field, list) in [
                         ("projects", &r.projects),
                         ("destinations", &r.destinations),
@@ -463,6 +470,7 @@ impl RawConfig {
                         projects: r.projects,
                         destinations: r.destinations,
                         namespaces,
+                        application_namespaces: r.application_namespaces,
                         pod_security,
                         service_accounts,
                         automount_service_account_token: r.automount_service_account_token,

@@ -68,6 +68,7 @@ impl Engine {
                 project: req.run.namespace.clone(),
                 deadline: self.deadline_of(req),
                 signature: None,
+                for_stage: None,
             },
             status: None,
             resource_version: None,
@@ -281,6 +282,7 @@ pub(super) fn bare_record(
             // It creates nothing: no deadline to hold it to.
             deadline: 0,
             signature: None,
+            for_stage: None,
         },
         status: None,
         resource_version: None,

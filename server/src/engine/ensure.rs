@@ -193,10 +193,27 @@ impl Engine {
     /// changed since the server signed it.
     pub fn check_placements(&self, project: &str, job: &JobRef) -> Result<(), Denied> {
         job.placements.iter().try_for_each(|p| {
-            self.inner
-                .policy
-                .check(project, &p.destination, &p.namespace)
+            self.allowed(project, job.observe.as_ref(), &p.destination, &p.namespace)
         })
+    }
+
+    /// The policy's word on one placement: an `application:` check reads an Argo CD
+    /// Application, so its namespace must be one of a rule's `applicationNamespaces`; a Job
+    /// (or a `rollout:` check) needs one of its `namespaces`.
+    fn allowed(
+        &self,
+        project: &str,
+        observe: Option<&Observe>,
+        destination: &str,
+        namespace: &str,
+    ) -> Result<(), Denied> {
+        let policy = &self.inner.policy;
+        match observe {
+            Some(Observe::Application(_)) => {
+                policy.check_application(project, destination, namespace)
+            }
+            _ => policy.check(project, destination, namespace),
+        }
     }
 
     /// The destinations (and namespaces) of a request, after the policy.
@@ -280,7 +297,7 @@ impl Engine {
                 });
                 continue;
             }
-            match self.inner.policy.check(project, e.name(), &ns) {
+            match self.allowed(project, req.config.observe(), e.name(), &ns) {
                 Ok(()) => allowed.push((e, ns)),
                 Err(d) => denied.push(d.into()),
             }

@@ -331,6 +331,10 @@ mod tests {
         j.spec.project = "team-a".into();
         j.spec.deadline = 1;
         j.spec.signature = Some("v1.k.s".into());
+        j.spec.for_stage = Some(dispatch_api::observe::StageRef {
+            project: "team-a".into(),
+            stage: "uat".into(),
+        });
         j.status = Some(DispatchJobStatus::observed(None, "agent:d"));
         let value = serde_json::to_value(&j).unwrap();
         for part in ["spec", "status"] {

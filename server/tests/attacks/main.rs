@@ -56,6 +56,12 @@
 //! * [`sync`]: the Application read and sync trigger — agent tokens, another project's
 //!   Application, a destination without `applicationSync`, names leaving the namespace, bad
 //!   bodies, no token → 403/400/401, no destination call; the genuine sync patches once.
+//! * [`authorized_stage`]: Applications authorized as Kargo does it — no
+//!   `kargo.akuity.io/authorized-stage`, another project's Stage, another Stage of the caller's
+//!   project, globs Kargo rejects, a missing Application, no or a glob `stage`, a namespace
+//!   granted for Jobs but not in `applicationNamespaces`, forged agent records (another Stage,
+//!   none) → 403/400 naming the annotation or key, nothing of the Application shown, no patch;
+//!   the genuine Stage syncs once, named in `initiatedBy`.
 //! * [`agent_logs`]: the agent log relay — another destination's agent, a plugin token or an
 //!   unknown id uploading a pending request's log → 403/404, nothing reaches the reader; an
 //!   agent asked for a Job not of its records or outside its `--namespaces` streams nothing and
@@ -93,6 +99,7 @@ mod agent_log_peers;
 mod agent_logs;
 mod argocd;
 mod authn;
+mod authorized_stage;
 mod authz;
 mod budgets;
 mod deadlines;

@@ -12,18 +12,20 @@ use crate::tally::{self, Outcome};
 /// `team-a` may use the Applications in `argocd` on `a`, `team-b` those on `b`; only `b`'s may
 /// be synced.
 const POLICY: &str = "policy: {rules: [\
-    {projects: [team-a], destinations: [a], namespaces: [argocd]}, \
-    {projects: [team-b], destinations: [b], namespaces: [argocd]}]}\n\
+    {projects: [team-a], destinations: [a], namespaces: [verify], applicationNamespaces: [argocd]}, \
+    {projects: [team-b], destinations: [b], namespaces: [verify], applicationNamespaces: [argocd]}]}\n\
     applicationSync: {destinations: [b]}";
 
 fn applications() -> crate::fake_api::Res {
     crate::fake_api::Res::new("argoproj.io/v1alpha1", "applications")
 }
 
-fn application(name: &str) -> Value {
+/// Application `argocd/name`, authorized for Stage `prod` of `project`.
+fn application(name: &str, project: &str) -> Value {
     json!({
         "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
-        "metadata": {"name": name, "namespace": "argocd"},
+        "metadata": {"name": name, "namespace": "argocd",
+                     "annotations": {"kargo.akuity.io/authorized-stage": format!("{project}:prod")}},
         "status": {"sync": {"status": "Synced", "revision": "old"}, "health": {"status": "Healthy"}}
     })
 }
@@ -34,21 +36,26 @@ async fn scene() -> Result<Scene> {
         .world
         .clusters
         .a
-        .put(&applications(), application("web"));
+        .put(&applications(), application("web", "team-a"));
     scene
         .world
         .clusters
         .b
-        .put(&applications(), application("web"));
+        .put(&applications(), application("web", "team-b"));
     Ok(scene)
 }
 
-fn get(dest: &str, ns: &str, name: &str) -> String {
+fn path(dest: &str, ns: &str, name: &str) -> String {
     format!("/v1/destinations/{dest}/applications/{ns}/{name}")
 }
 
+/// The GET of Stage `prod`.
+fn get(dest: &str, ns: &str, name: &str) -> String {
+    format!("{}?stage=prod", path(dest, ns, name))
+}
+
 fn sync(dest: &str, ns: &str, name: &str) -> String {
-    format!("{}:sync", get(dest, ns, name))
+    format!("{}:sync", path(dest, ns, name))
 }
 
 /// Asserts `status`, no destination call since the scene started, and counts the case.
@@ -57,7 +64,8 @@ fn refused(scene: &Scene, name: &str, reply: &crate::scene::Reply, status: u16, 
     let outcome = Outcome {
         refused: reply.status == status,
         cross_tenant_read: reply.status == 200,
-        cross_tenant_delete: reply.status == 202 || !calls.is_empty(),
+        // A sync that got through is a cross-tenant sync, whatever else it did.
+        cross_tenant_sync: reply.status == 202 || !calls.is_empty(),
         ..Outcome::default()
     };
     tally::record(name, &outcome);
@@ -91,7 +99,7 @@ async fn agent_tokens_never_read_or_sync_applications() -> Result<()> {
                 "POST",
                 &sync(dest, "argocd", "web"),
                 Some(&tok),
-                &json!({"project": "team-b"}),
+                &json!({"project": "team-b", "stage": "prod"}),
             )
             .await?;
         refused(
@@ -111,9 +119,9 @@ async fn another_projects_application_is_neither_read_nor_synced() -> Result<()>
     let team_a = plugin_token("kargo-team-a", Some(&["team-a"]));
     // team-a's token on team-b's Application, with and without naming team-b.
     for body in [
-        json!({}),
-        json!({"project": "team-b"}),
-        json!({"project": "team-a"}),
+        json!({"stage": "prod"}),
+        json!({"project": "team-b", "stage": "prod"}),
+        json!({"project": "team-a", "stage": "prod"}),
     ] {
         let r = scene
             .post(&sync("b", "argocd", "web"), &team_a, &body)
@@ -134,7 +142,7 @@ async fn another_projects_application_is_neither_read_nor_synced() -> Result<()>
     let r = scene
         .call(
             "GET",
-            &format!("{}?project=team-b", get("b", "argocd", "web")),
+            &format!("{}&project=team-b", get("b", "argocd", "web")),
             Some(&team_a),
             &Value::Null,
         )
@@ -152,7 +160,7 @@ async fn another_projects_application_is_neither_read_nor_synced() -> Result<()>
         .post(
             &sync("b", "argocd", "web"),
             &unbound,
-            &json!({"project": "team-a"}),
+            &json!({"project": "team-a", "stage": "prod"}),
         )
         .await?;
     refused(
@@ -163,7 +171,11 @@ async fn another_projects_application_is_neither_read_nor_synced() -> Result<()>
         "policy denies",
     );
     let r = scene
-        .post(&sync("b", "argocd", "web"), &unbound, &json!({}))
+        .post(
+            &sync("b", "argocd", "web"),
+            &unbound,
+            &json!({"stage": "prod"}),
+        )
         .await?;
     refused(
         &scene,
@@ -175,7 +187,11 @@ async fn another_projects_application_is_neither_read_nor_synced() -> Result<()>
     // Another namespace of team-b's own destination (Argo CD's AppProjects live beside it).
     let team_b = plugin_token("kargo-team-b", Some(&["team-b"]));
     let r = scene
-        .post(&sync("b", "kube-system", "web"), &team_b, &json!({}))
+        .post(
+            &sync("b", "kube-system", "web"),
+            &team_b,
+            &json!({"stage": "prod"}),
+        )
         .await?;
     refused(
         &scene,
@@ -200,7 +216,7 @@ async fn another_projects_application_is_neither_read_nor_synced() -> Result<()>
         .post(
             &sync("b", "argocd", "web"),
             &team_b,
-            &json!({"revision": "abc123", "refresh": "hard"}),
+            &json!({"revision": "abc123", "refresh": "hard", "stage": "prod"}),
         )
         .await?;
     assert_eq!(r.status, 202, "{}", r.body);
@@ -223,7 +239,7 @@ async fn a_sync_where_it_is_not_enabled_names_the_key() -> Result<()> {
         .post(
             &sync("a", "argocd", "web"),
             &team_a,
-            &json!({"revision": "abc"}),
+            &json!({"revision": "abc", "stage": "prod"}),
         )
         .await?;
     refused(
@@ -274,7 +290,7 @@ async fn names_that_leave_the_namespace_are_bad_requests() -> Result<()> {
             "path segment",
         );
         let r = scene
-            .post(&sync("b", ns, name), &team_b, &json!({}))
+            .post(&sync("b", ns, name), &team_b, &json!({"stage": "prod"}))
             .await?;
         refused(
             &scene,
@@ -286,10 +302,16 @@ async fn names_that_leave_the_namespace_are_bad_requests() -> Result<()> {
     }
     // Bodies that are not a sync request.
     for (body, needle) in [
-        (json!({"refresh": "always"}), "refresh"),
-        (json!({"revision": "main; rm -rf"}), "revision"),
-        (json!({"revision": "{{ args.sha }}"}), "not resolved"),
-        (json!({"prune": true}), "prune"),
+        (json!({"refresh": "always", "stage": "prod"}), "refresh"),
+        (
+            json!({"revision": "main; rm -rf", "stage": "prod"}),
+            "revision",
+        ),
+        (
+            json!({"revision": "{{ args.sha }}", "stage": "prod"}),
+            "not resolved",
+        ),
+        (json!({"prune": true, "stage": "prod"}), "prune"),
     ] {
         let r = scene
             .post(&sync("b", "argocd", "web"), &team_b, &body)
@@ -313,7 +335,12 @@ async fn callers_without_a_token_are_unauthenticated() -> Result<()> {
     ] {
         for tok in [None, Some("not-a-token")] {
             let r = scene
-                .call(method, &path, tok, &json!({"project": "team-b"}))
+                .call(
+                    method,
+                    &path,
+                    tok,
+                    &json!({"project": "team-b", "stage": "prod"}),
+                )
                 .await?;
             refused(
                 &scene,

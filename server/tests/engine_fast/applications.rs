@@ -18,17 +18,22 @@ use crate::fake_api::Res;
 use crate::world::{World, MARK_KEY, PROJECT};
 
 /// `team-a` may use the Applications in namespace `argocd` of `a` and `b`; only `a` syncs.
-pub(crate) const APP_POLICY: &str = "policy: {rules: [{projects: [team-a], destinations: [a, b, edge], namespaces: [argocd]}]}\napplicationSync: {destinations: [a, edge]}";
+pub(crate) const APP_POLICY: &str = "policy: {rules: [{projects: [team-a], destinations: [a, b, edge], namespaces: [verify], applicationNamespaces: [argocd]}]}\napplicationSync: {destinations: [a, edge]}";
+
+/// The Stage of [`PROJECT`] the Applications are authorized for.
+pub(crate) const STAGE: &str = "prod";
 
 pub(crate) fn applications() -> Res {
     Res::new("argoproj.io/v1alpha1", "applications")
 }
 
-/// An Application `argocd/name` Synced to `revision` and Healthy after a finished sync.
+/// An Application `argocd/name` Synced to `revision` and Healthy after a finished sync,
+/// authorized for [`PROJECT`]'s [`STAGE`] (and a Stage of another project).
 pub(crate) fn application(name: &str, revision: &str) -> Value {
     json!({
         "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
-        "metadata": {"name": name, "namespace": "argocd"},
+        "metadata": {"name": name, "namespace": "argocd", "annotations": {
+            "kargo.akuity.io/authorized-stage": format!("team-z:prod, {PROJECT}:{STAGE}")}},
         "spec": {"project": "default", "source": {"repoURL": "https://git.example/app", "targetRevision": "main"}},
         "status": {
             "sync": {"status": "Synced", "revision": revision},
@@ -54,6 +59,7 @@ pub(crate) fn app(destination: &str, name: &str) -> AppRef {
         namespace: "argocd".into(),
         name: name.into(),
         project: PROJECT.into(),
+        stage: STAGE.into(),
     }
 }
 
@@ -62,6 +68,7 @@ fn sync_to(revision: &str) -> SyncRequest {
         revision: Some(revision.into()),
         refresh: Some("hard".into()),
         project: None,
+        stage: Some(STAGE.into()),
     }
 }
 
@@ -102,7 +109,15 @@ async fn get_reads_the_state_and_a_sync_is_requested_once() -> Result<()> {
     assert_eq!(stored["operation"]["sync"]["revision"], "new");
     assert_eq!(
         stored["operation"]["initiatedBy"]["username"],
-        "rollouts-dispatch"
+        "rollouts-dispatch:team-a/prod"
+    );
+    assert_eq!(
+        stored["operation"]["info"][1],
+        json!({"name": "rollouts-dispatch.io/project", "value": "team-a"})
+    );
+    assert_eq!(
+        stored["operation"]["info"][2],
+        json!({"name": "rollouts-dispatch.io/stage", "value": "prod"})
     );
     let annotations = &stored["metadata"]["annotations"];
     assert_eq!(annotations["argocd.argoproj.io/refresh"], "hard");
@@ -169,10 +184,19 @@ async fn sync_needs_the_policy_and_application_sync() -> Result<()> {
     kube_system.namespace = "kube-system".into();
     let e = d.sync(kube_system, sync_to("new")).await.unwrap_err();
     assert!(matches!(&e, DispatchError::Forbidden(_)), "{e:?}");
-    // A missing Application is 404, not a sync.
+    // A missing Application is refused as one not authorized (403 saying both), not a sync.
     let e = d.read(app("a", "nope")).await.unwrap_err();
     assert!(
-        matches!(&e, DispatchError::NotFound(m) if m.message().contains("argocd/nope")),
+        matches!(&e, DispatchError::Forbidden(m) if m.message().contains("argocd/nope")
+            && m.message().contains("does not exist or is not authorized")),
+        "{e:?}"
+    );
+    // Another Stage of the project: the Application does not list it.
+    let mut uat = app("a", "web");
+    uat.stage = "uat".into();
+    let e = d.read(uat).await.unwrap_err();
+    assert!(
+        matches!(&e, DispatchError::Forbidden(m) if m.message().contains("\"team-a:uat\"")),
         "{e:?}"
     );
     for api in [&w.clusters.a, &w.clusters.b] {

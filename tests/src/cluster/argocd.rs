@@ -95,16 +95,31 @@ pub async fn apply_cluster_secret(
     Ok(())
 }
 
-/// Creates Application `name` (a Git source, an in-cluster destination) with `status`; the CRD
-/// has no status subresource, so Argo CD writes `status` with the object, as here.
+/// The Kargo Stage of [`crate::kargo::PROJECT`] the test Applications are authorized for: the
+/// Application routes name it (`stage`, `?stage=`) and the server and the agent check it against
+/// the annotation [`AUTHORIZED_STAGE`] (as Kargo's own argocd-update step does).
+pub const APP_STAGE: &str = "shop";
+
+/// Kargo's annotation naming the Stages that may manage an Application.
+pub const AUTHORIZED_STAGE: &str = "kargo.akuity.io/authorized-stage";
+
+/// The rule key of the scenes' policy that lets the project use the Applications of
+/// [`NAMESPACE`] (their own grant, apart from the Jobs' `namespaces`), as YAML (flow style).
+pub const RULE_APPLICATIONS: &str = "applicationNamespaces: [\"argocd\"]";
+
+/// Creates Application `name` (a Git source, an in-cluster destination) with `status`,
+/// authorized for [`APP_STAGE`] of the project; the CRD has no status subresource, so Argo CD
+/// writes `status` with the object, as here.
 pub async fn create_application(
     client: &Client,
     name: &str,
     status: Value,
 ) -> Result<DynamicObject> {
+    let authorized = format!("{}:{APP_STAGE}", crate::kargo::PROJECT);
     let app: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
-        "metadata": {"name": name, "namespace": NAMESPACE},
+        "metadata": {"name": name, "namespace": NAMESPACE,
+                     "annotations": {AUTHORIZED_STAGE: authorized}},
         "spec": {
             "project": "default",
             "source": {"repoURL": "https://git.example.invalid/shop.git", "path": "deploy", "targetRevision": "main"},

@@ -17,6 +17,7 @@ use crate::admin::wait_ready;
 use crate::artifacts::{repo_path, rollouts_dispatch_binary};
 use crate::block::{AGENT_ALLOWS, RULE_ALLOWS};
 use crate::cluster::argo;
+use crate::cluster::argocd::RULE_APPLICATIONS;
 use crate::cluster::process::tail;
 use crate::cluster::Cluster;
 use crate::kargo::PROJECT;
@@ -95,7 +96,7 @@ fn server_yaml(control: &Cluster, a: &Cluster, store: Store, extra_yaml: &str) -
          destinations:\n- name: cluster-a\n  kubeconfig: {}\n\
          agents:\n  {store}\n  offlineAfter: 20s\n  \
          destinations:\n  - name: cluster-b\n    labels: {{env: edge}}\n\
-         policy:\n  rules:\n  - projects: [\"{PROJECT}\"]\n    destinations: [\"cluster-*\"]\n    {RULE_ALLOWS}\n\
+         policy:\n  rules:\n  - projects: [\"{PROJECT}\"]\n    destinations: [\"cluster-*\"]\n    {RULE_ALLOWS}\n    {RULE_APPLICATIONS}\n\
          {extra_yaml}",
         control.kubeconfig.display(),
         a.kubeconfig.display(),

@@ -12,7 +12,7 @@ use dispatch_api::client::{ClientConfig, ServerClient};
 
 use super::{plugin_args, start_clusters, World};
 use crate::block::RULE_ALLOWS;
-use crate::cluster::argocd;
+use crate::cluster::argocd::{self, RULE_APPLICATIONS};
 use crate::kargo::{PROJECT, TENANT_B};
 use crate::ports::free_port;
 use crate::server::Server;
@@ -153,7 +153,7 @@ fn server_yaml([control, a, b]: [&Path; 3], options: &DirectOptions) -> String {
          - name: cluster-a\n  kubeconfig: {}\n  labels: {{env: e2e}}\n\
          - name: cluster-b\n  kubeconfig: {}\n  labels: {{env: e2e}}\n\
          {}\
-         policy:\n  rules:\n  - projects: [\"{PROJECT}\", \"{TENANT_B}\"]\n    destinations: [\"cluster-*\"]\n    {RULE_ALLOWS}\n\
+         policy:\n  rules:\n  - projects: [\"{PROJECT}\", \"{TENANT_B}\"]\n    destinations: [\"cluster-*\"]\n    {RULE_ALLOWS}\n    {RULE_APPLICATIONS}\n\
          {}",
         control.display(),
         a.display(),

@@ -94,6 +94,10 @@ fn every_mistake_names_file_and_field() {
             "policy.rules[0].serviceAccounts: empty list",
         ),
         (
+            "policy: {rules: [{projects: [a], destinations: [b], applicationNamespaces: [argocd, ' ']}]}",
+            "policy.rules[0].applicationNamespaces[1]",
+        ),
+        (
             "policy: {allowAll: true, rules: [{projects: [a], destinations: [b]}]}",
             "policy.allowAll: `allowAll: true` and `rules` are mutually exclusive",
         ),
@@ -214,4 +218,17 @@ fn destinations_limited_to_namespaces() {
         let e = parse(text).unwrap_err();
         assert!(e.contains(needle), "{text}: {e}");
     }
+}
+
+#[test]
+fn application_namespaces_are_their_own_list_none_by_default() {
+    let rule = |text: &str| parse(text).unwrap().policy.unwrap().rules.remove(0);
+    let r = rule("policy: {rules: [{projects: [a], destinations: [b], namespaces: [argocd]}]}");
+    assert!(r.application_namespaces.is_empty(), "{r:?}");
+    let r = rule(
+        "policy: {rules: [{projects: [a], destinations: [b], namespaces: [verification], \
+         applicationNamespaces: [argocd, 'apps-*']}]}",
+    );
+    assert_eq!(r.namespaces, ["verification"]);
+    assert_eq!(r.application_namespaces, ["argocd", "apps-*"]);
 }
