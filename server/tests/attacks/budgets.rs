@@ -515,3 +515,5 @@ async fn oversized_reply_bodies_are_refused_by_the_plugin_and_the_agent_clients(
     }
     Ok(())
 }
+
+mod projects;
