@@ -19,17 +19,19 @@ use axum::routing::get;
 use axum::{middleware, Router};
 
 use crate::applications::{self, Applications};
+use crate::config::budgets::{APPLICATION_CALLS_PER_PROJECT, MEASUREMENT_CALLS_PER_PROJECT};
 use crate::engine::Engine;
 use crate::http::{self, auth, Gate};
 use crate::logs::board::LogBoard;
 use crate::logs::peers::{LogPeers, PeerTransport};
-use crate::logs::relay::LogRelay;
+use crate::logs::relay::{self, LogRelay};
 use crate::logs::routes as log_routes;
-use crate::logs::run::RunLogs;
+use crate::logs::run::{log_quotas, RunLogs};
 use crate::measure::agents::{self, AgentChannel};
 use crate::measure::{routes as measure_routes, Measure, Measurements};
 use crate::runs::Runs;
 use crate::runtime::metrics::{self, Metrics};
+use crate::runtime::quota::Quota;
 use crate::signing::Signer;
 use crate::ui::{self, Pages};
 
@@ -66,13 +68,16 @@ pub struct Features<M = Measurements> {
     pub logs: Arc<RunLogs>,
     /// the Argo CD Application routes
     pub applications: Arc<Applications>,
+    /// the measurement calls each project has in progress (`budgets.measurementCallsPerProject`)
+    measurement_calls: Quota,
     /// what the pages read
     engine: Engine,
     runs: Option<Runs>,
 }
 
 impl Features {
-    /// The features over `engine`, reporting to `metrics`, signing with `signer`.
+    /// The features over `engine`, reporting to `metrics`, signing with `signer`, each
+    /// project's share of them bounded by `engine`'s `budgets:`.
     pub fn new(
         engine: Engine,
         metrics: Arc<Metrics>,
@@ -84,14 +89,34 @@ impl Features {
             external_url,
             log_peers,
         } = options;
-        let relay = Arc::new(match log_peers {
-            Some(PeerOptions {
-                board,
-                me,
-                transport,
-            }) => LogRelay::with_peers(|wake| LogPeers::start(board, me, transport, wake)),
-            None => LogRelay::default(),
-        });
+        let budgets = engine.budgets();
+        let quota = |key, what, max| Quota::new(key, "project", what, max, Some(metrics.clone()));
+        let waiting = relay::waiting_quota(
+            budgets.pending_log_requests_per_destination,
+            Some(metrics.clone()),
+        );
+        let relay = Arc::new(
+            match log_peers {
+                Some(PeerOptions {
+                    board,
+                    me,
+                    transport,
+                }) => LogRelay::with_peers(|wake| LogPeers::start(board, me, transport, wake)),
+                None => LogRelay::default(),
+            }
+            .with_waiting(waiting),
+        );
+        let measurement_calls = quota(
+            MEASUREMENT_CALLS_PER_PROJECT,
+            "measurement calls in progress",
+            budgets.measurement_calls_per_project,
+        );
+        let application_calls = quota(
+            APPLICATION_CALLS_PER_PROJECT,
+            "Application calls in progress",
+            budgets.application_calls_per_project,
+        );
+        let log_quotas = log_quotas(&budgets, Some(metrics.clone()));
         let mut measure = Measurements::new(engine.clone(), metrics.clone(), signer)
             .with_external_url(external_url);
         if let Some(runs) = &runs {
@@ -100,15 +125,19 @@ impl Features {
         Self {
             measure: Arc::new(measure),
             agents: Arc::new(AgentChannel::new(engine.clone(), metrics, relay.clone())),
-            logs: Arc::new(RunLogs::new(
-                engine.shared_registry(),
-                engine.store().cloned(),
-                runs.clone(),
-                relay,
-                engine.agent_offline_after(),
-                engine.jobs_settings(),
-            )),
-            applications: Arc::new(Applications::new(engine.clone())),
+            logs: Arc::new(
+                RunLogs::new(
+                    engine.shared_registry(),
+                    engine.store().cloned(),
+                    runs.clone(),
+                    relay,
+                    engine.agent_offline_after(),
+                    engine.jobs_settings(),
+                )
+                .with_quotas(log_quotas),
+            ),
+            applications: Arc::new(Applications::new(engine.clone()).with_calls(application_calls)),
+            measurement_calls,
             engine,
             runs,
         }
@@ -123,6 +152,7 @@ impl<M> Features<M> {
             agents: self.agents,
             logs: self.logs,
             applications: self.applications,
+            measurement_calls: self.measurement_calls,
             engine: self.engine,
             runs: self.runs,
         }
@@ -136,6 +166,7 @@ pub fn router<M: Measure>(features: &Features<M>, gate: Gate, metrics: Arc<Metri
         .merge(measure_routes::routes(
             features.measure.clone(),
             metrics.clone(),
+            features.measurement_calls.clone(),
         ))
         .merge(agents::routes(features.agents.clone()))
         .merge(log_routes::upload_routes(features.logs.clone()))

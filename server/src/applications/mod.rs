@@ -13,6 +13,10 @@
 //!
 //! The sync names the caller in Argo CD's audit trail: `initiatedBy.username`
 //! `rollouts-dispatch:<project>/<stage>` and the operation's `info` (`argocd`).
+//!
+//! An allowed call then holds one of its project's Application calls
+//! (`budgets.applicationCallsPerProject`; beyond it `429 over_budget`), so that one project's
+//! reads and syncs cannot take the API's slots.
 
 use dispatch_api::agent::SyncOrder;
 use dispatch_api::observe::{ApplicationState, SyncRequest};
@@ -33,6 +37,7 @@ use crate::destinations::{Destination, Entry};
 use crate::engine::Engine;
 use crate::http::{DispatchError, Reason};
 use crate::observe::application::state_of;
+use crate::runtime::quota::Quota;
 use crate::store::random_id;
 use argocd::{AppError, AppTarget};
 use authorized::{Unauthorized, Why};
@@ -43,6 +48,8 @@ pub struct Applications {
     engine: Engine,
     /// when each record of an agent destination's Application was last asked for (`records`)
     asked: Mutex<HashMap<String, Instant>>,
+    /// the calls each project has in progress
+    calls: Quota,
 }
 
 /// The destination of an Application route, once the policy allows it.
@@ -103,10 +110,24 @@ fn target<'a>(d: &'a Destination, app: &'a AppRef) -> AppTarget<'a> {
 impl Applications {
     /// The Applications of `engine`'s destinations, under its policy and `applicationSync`.
     pub fn new(engine: Engine) -> Self {
+        let calls = Quota::new(
+            crate::config::budgets::APPLICATION_CALLS_PER_PROJECT,
+            "project",
+            "Application calls in progress",
+            engine.budgets().application_calls_per_project,
+            None,
+        );
         Self {
             engine,
             asked: Mutex::new(HashMap::new()),
+            calls,
         }
+    }
+
+    /// The same, each project's calls in progress bounded by `calls` (its refusals counted).
+    pub fn with_calls(mut self, calls: Quota) -> Self {
+        self.calls = calls;
+        self
     }
 
     /// Where `app` lives, if the policy lets `app.project` use it (and, with `sync`,
@@ -156,7 +177,9 @@ impl Applications {
 
     /// `GET …/applications/{ns}/{name}`.
     pub async fn read(&self, app: AppRef) -> Result<ApplicationState, DispatchError> {
-        match self.place(&app, false)? {
+        let place = self.place(&app, false)?;
+        let _call = self.calls.take(&app.project)?;
+        match place {
             Place::Direct(d) => {
                 let found = authorize(&app, target(&d, &app).read().await)?;
                 Ok(state_of(&app.destination, &found))
@@ -172,6 +195,7 @@ impl Applications {
         req: SyncRequest,
     ) -> Result<ApplicationState, DispatchError> {
         let place = self.place(&app, true)?;
+        let _call = self.calls.take(&app.project)?;
         let order = SyncOrder {
             id: random_id(),
             refresh: req.refresh().to_string(),

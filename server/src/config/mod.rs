@@ -58,8 +58,12 @@
 //!   offlineAfter: 60s
 //!   destinations:
 //!   - {name: edge-2, labels: {env: edge}, namespace: verification}
+//! budgets:                           # what one project may hold at once per replica (429 beyond)
+//!   measurementCallsPerProject: 32   # and applicationCallsPerProject, logStreamsPerProject,
+//!   logRequestsPerProject: 32        #   pendingLogRequestsPerDestination (see `budgets`)
 //! ```
 
+pub mod budgets;
 mod raw;
 mod reference;
 
@@ -70,6 +74,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use budgets::BudgetsConfig;
 use raw::RawConfig;
 pub use raw::{
     check_destination_name, check_namespaces, InvalidName, InvalidNamespace, InvalidNamespaces,
@@ -137,6 +142,8 @@ pub struct ServerConfig {
     pub application_sync: Vec<String>,
     /// the log API and pages for people (`ui:`)
     pub ui: UiConfig,
+    /// what one project (or agent destination) may hold at once (`budgets:`)
+    pub budgets: BudgetsConfig,
 }
 
 /// The log API and pages for people (`ui:`).
@@ -556,6 +563,7 @@ impl ServerConfig {
             jobs: JobsSettings::default(),
             application_sync: Vec::new(),
             ui: UiConfig::default(),
+            budgets: BudgetsConfig::default(),
         }
     }
 

@@ -176,6 +176,7 @@ pub(super) struct RawConfig {
     jobs: Option<RawJobs>,
     application_sync: Option<RawApplicationSync>,
     ui: Option<RawUi>,
+    budgets: Option<RawBudgets>,
 }
 
 #[derive(Deserialize)]
@@ -516,6 +517,7 @@ impl RawConfig {
             jobs,
             application_sync,
             ui: validate_ui(self.ui, has_control_plane)?,
+            budgets: validate_budgets(self.budgets)?,
         })
     }
 }
@@ -738,11 +740,13 @@ fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), InvalidLabel> {
 }
 
 mod argocd;
+mod budgets;
 mod durations;
 mod namespaces;
 mod pods;
 mod ui;
 use argocd::{validate_argocd, KnownDestinations, RawArgoCdSection};
+use budgets::{validate_budgets, RawBudgets};
 use durations::{validate_engine, validate_jobs, RawEngine, RawJobs};
 use namespaces::check_namespace;
 pub use namespaces::{check_namespaces, InvalidNamespace, InvalidNamespaces};

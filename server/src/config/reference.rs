@@ -82,6 +82,7 @@ pub fn reference() -> Vec<FieldDoc> {
         f("jobs", "object", Unset("the defaults below"), "how long our Jobs stay once done"),
         f("applicationSync", "object", Unset("unset: no Application may be synced through the API"), "the sync trigger of Argo CD Applications (`POST /v1/destinations/{d}/applications/{ns}/{name}:sync`, for Kargo's `http` step); reading an Application (`GET`) needs only the policy (`policy.rules[].applicationNamespaces`) and the Application's `kargo.akuity.io/authorized-stage`"),
         f("ui", "object", Unset("the defaults below"), "the full logs of runs for people (`GET /v1/runs/{namespace}/{name}/logs`, `rollouts-dispatch logs`, the `/ui` pages): who people are, and where the pages are"),
+        f("budgets", "object", Unset("the defaults below"), "what one Kargo project (the AnalysisRun's namespace) or one agent destination may hold at once on a server replica, so that no project takes what another's calls need. Beyond its budget a request is answered `429 over_budget` with `Retry-After: 1` and a message naming the project and the key (the plugin keeps the measurement Running and retries); other projects are not affected. Refusals are counted in `rollouts_dispatch_over_budget_total{key}`. The budgets of everyone together are `serve`'s flags (`--max-concurrent-requests`, `--max-log-reads`, `--max-log-uploads`, …)"),
     ];
     for (key, ty, default, description) in ACCESS_FIELDS {
         docs.push(f(&format!("controlPlane.{key}"), ty, default, description));
@@ -166,6 +167,11 @@ pub fn reference() -> Vec<FieldDoc> {
         f("policy.rules[].jobLimits.backoffLimit", "integer", Value("6"), "the most `spec.backoffLimit` and `spec.backoffLimitPerIndex` may be; an unset `backoffLimit` is set to 6 (the Kubernetes default), or this when lower"),
         f("policy.rules[].podLabels", "list of globs", Unset("none: the pod template may carry only our labels"), "label keys the pod template may set (a pod's labels decide which Services send it traffic and which NetworkPolicies select it); our reserved keys stay ours whatever this says. The Job's own labels (the block's `metadata`) are not restricted"),
         f("policy.rules[].podAnnotations", "list of globs", Unset("none"), "annotation keys the pod template may set (annotations trigger mutating webhooks: sidecar, secret and credential injectors)"),
+        f("budgets.measurementCallsPerProject", "integer", Value("32"), "measurement calls (run, resume, terminate, garbage collection) of one project served at once, out of `--max-concurrent-requests` (256); above the 30 analysis workers of one Rollouts controller (argo-rollouts controller/controller.go `DefaultAnalysisThreads`), so the controller alone is never refused; at least 1"),
+        f("budgets.applicationCallsPerProject", "integer", Value("16"), "Application reads and syncs (`/v1/destinations/{d}/applications/…`) of one project served at once, out of `--max-concurrent-requests`; at least 1"),
+        f("budgets.logStreamsPerProject", "integer", Value("8"), "reads of the logs of one project's runs (`GET /v1/runs/{namespace}/{name}/logs`, the run page, `logs -f`) open at once, each held until its stream ends, out of `--max-log-reads` (128); at least 1"),
+        f("budgets.logRequestsPerProject", "integer", Value("32"), "log requests of one project's Jobs on agent destinations open at once, waiting for their agent or streaming from it (a read asks one per Job there, all or none); each streaming one holds an upload slot (`--max-log-uploads`, 64), so one project cannot take them all; at least 1"),
+        f("budgets.pendingLogRequestsPerDestination", "integer", Value("16"), "log requests of one agent destination waiting for its agent to start their upload (the agent uploads 4 at once, and a request it has not started within 30s ends with a note); at least 1"),
     ]);
     docs
 }
@@ -499,6 +505,21 @@ ui: {people: {proxy: {trustedAddresses: ["10.0.0.1"]}}}
                 "jobs.ttlAfterFinished" => dur(v) == c.jobs.ttl_after_finished,
                 "jobs.retention" => dur(v) == c.jobs.retention,
                 "ui.people.tokenReview" => v == c.ui.people.token_review.to_string(),
+                "budgets.measurementCallsPerProject" => {
+                    v == c.budgets.measurement_calls_per_project.to_string()
+                }
+                "budgets.applicationCallsPerProject" => {
+                    v == c.budgets.application_calls_per_project.to_string()
+                }
+                "budgets.logStreamsPerProject" => {
+                    v == c.budgets.log_streams_per_project.to_string()
+                }
+                "budgets.logRequestsPerProject" => {
+                    v == c.budgets.log_requests_per_project.to_string()
+                }
+                "budgets.pendingLogRequestsPerDestination" => {
+                    v == c.budgets.pending_log_requests_per_destination.to_string()
+                }
                 "ui.people.proxy.userHeader" => {
                     v.eq_ignore_ascii_case(&c.ui.people.proxy.as_ref().unwrap().user_header)
                 }
@@ -517,7 +538,7 @@ ui: {people: {proxy: {trustedAddresses: ["10.0.0.1"]}}}
             );
             checked += 1;
         }
-        assert_eq!(checked, 32);
+        assert_eq!(checked, 37);
         // without a file, or without an `engine:` section, the engine defaults are the same
         assert_eq!(ServerConfig::embedded_default().engine, c.engine);
         assert_eq!(ServerConfig::parse("", "test").unwrap().engine, c.engine);

@@ -327,6 +327,8 @@ struct Inner {
     control_plane_url: Option<String>,
     /// globs over the destinations whose Applications the API may sync (`applicationSync`)
     application_sync: Vec<String>,
+    /// what one project may hold at once (`budgets:`), read by the features (`app`)
+    budgets: crate::config::BudgetsConfig,
 }
 
 impl std::fmt::Debug for Inner {

@@ -38,6 +38,7 @@ impl Engine {
             application_sync,
             // read by `serve` (people, the log API) and the measurements (the verdict's link)
             ui: _,
+            budgets,
         } = config;
         let policy = Policy::new(policy.as_ref(), &origin);
         if let Some(w) = policy.warning() {
@@ -157,6 +158,7 @@ impl Engine {
                 jobs,
                 control_plane_url,
                 application_sync,
+                budgets,
             }),
         })
     }
@@ -227,6 +229,8 @@ impl Engine {
                 jobs: crate::config::JobsSettings::default(),
                 control_plane_url: None,
                 application_sync: Vec::new(),
+                // The agent serves no project's calls.
+                budgets: crate::config::BudgetsConfig::default(),
             }),
         })
     }
@@ -283,6 +287,11 @@ impl Engine {
     /// How long our Jobs stay once done (`jobs:` of the config).
     pub fn jobs_settings(&self) -> JobsSettings {
         self.inner.jobs
+    }
+
+    /// What one project (or agent destination) may hold at once (`budgets:` of the config).
+    pub fn budgets(&self) -> crate::config::BudgetsConfig {
+        self.inner.budgets
     }
 
     /// How long an agent may be silent before it is shown as not connected.

@@ -41,6 +41,11 @@ pub enum DispatchError {
     /// A caller holds too many requests of one kind open (an agent's long polls); it retries later.
     #[error(transparent)]
     TooManyPolls(Reason),
+    /// A project (or agent destination) holds its whole share of a per-owner budget
+    /// (`runtime::quota`: the message names the owner and the config key); it retries after
+    /// `Retry-After`, and other projects are not affected.
+    #[error(transparent)]
+    OverBudget(Reason),
     /// A bug or an unexpected failure; details go to the server log only.
     #[error(transparent)]
     Internal(Reason),
@@ -58,8 +63,15 @@ impl DispatchError {
             | Self::Refused(r)
             | Self::Unavailable(r)
             | Self::TooManyPolls(r)
+            | Self::OverBudget(r)
             | Self::Internal(r) => r.message(),
         }
+    }
+}
+
+impl From<crate::runtime::quota::OverQuota> for DispatchError {
+    fn from(e: crate::runtime::quota::OverQuota) -> Self {
+        Self::OverBudget(Reason::of(e))
     }
 }
 
@@ -140,6 +152,8 @@ pub struct ApiFailure {
     pub status: StatusCode,
     /// the body
     pub body: ApiError,
+    /// seconds for `Retry-After` (a refusal by a budget)
+    pub retry_after: Option<u32>,
 }
 
 impl ApiFailure {
@@ -151,6 +165,7 @@ impl ApiFailure {
                 code: code.to_string(),
                 message: message.into(),
             },
+            retry_after: None,
         }
     }
 }
@@ -168,6 +183,12 @@ impl From<DispatchError> for ApiFailure {
             }
             DispatchError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             DispatchError::TooManyPolls(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_polls"),
+            DispatchError::OverBudget(_) => {
+                let mut reply =
+                    Self::new(StatusCode::TOO_MANY_REQUESTS, "over_budget", e.message());
+                reply.retry_after = Some(crate::runtime::quota::RETRY_AFTER_SECONDS);
+                return reply;
+            }
             DispatchError::Internal(_) => {
                 let id = format!(
                     "{:016x}",
@@ -188,7 +209,14 @@ impl From<DispatchError> for ApiFailure {
 
 impl IntoResponse for ApiFailure {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body)).into_response()
+        let mut reply = (self.status, Json(self.body)).into_response();
+        if let Some(seconds) = self.retry_after {
+            reply.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(seconds),
+            );
+        }
+        reply
     }
 }
 
@@ -210,6 +238,21 @@ mod tests {
         let reply = ApiFailure::from(e);
         assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(reply.body.message, "destination a is unreachable");
+    }
+
+    #[test]
+    fn over_budget_is_429_with_retry_after_naming_the_key() {
+        let refused = crate::runtime::quota::Quota::new("budgets.x", "project", "calls", 1, None);
+        let _held = refused.take("team-a").unwrap();
+        let e = DispatchError::from(refused.take("team-a").unwrap_err());
+        let reply = ApiFailure::from(e).into_response();
+        assert_eq!(reply.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(reply.headers()[axum::http::header::RETRY_AFTER], "1");
+        let plain = ApiFailure::new(StatusCode::CONFLICT, "conflict", "x").into_response();
+        assert!(plain
+            .headers()
+            .get(axum::http::header::RETRY_AFTER)
+            .is_none());
     }
 
     #[test]

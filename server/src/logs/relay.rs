@@ -8,6 +8,11 @@
 //! away when its upload starts (the upload then owns the sender), when the reader hangs up (its
 //! stream is dropped), or after [`ANSWER_WAIT`] without an upload (a note says so).
 //!
+//! Pending requests are bounded per destination (`budgets.pendingLogRequestsPerDestination`,
+//! [`LogRelay::reserve`]): each holds a unit until it leaves, so a reader cannot queue an
+//! unbounded backlog for one agent. `RunLogs::of_run` also holds one unit of its project's
+//! `budgets.logRequestsPerProject` per request, for as long as the reader reads.
+//!
 //! With several replicas ([`LogRelay::with_peers`], `logs/peers.rs`) every request is
 //! also published on the store, so that the replica the agent polls hands it out, and an upload
 //! landing on another replica is forwarded here (see `docs/architecture.md`, "Logs on agent
@@ -17,16 +22,18 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use bytes::{Buf, Bytes, BytesMut};
-use dispatch_api::agent::{LogUploadReply, MAX_LOG_UPLOAD_LINE};
+use dispatch_api::agent::LogUploadReply;
 use dispatch_api::logs::{LogEvent, LogRequest};
 use futures::stream::{self, BoxStream, StreamExt};
 use tokio::sync::{mpsc, watch};
 
 use super::peers::LogPeers;
 use super::run::RunLogs;
-use crate::destinations::Entry;
+use crate::config::budgets::PENDING_LOG_REQUESTS_PER_DESTINATION;
+use crate::config::BudgetsConfig;
+use crate::destinations::{AgentDestination, Entry};
 use crate::http::{authz, DispatchError, LogUpload, Principal, Reason};
+use crate::runtime::quota::{Held, OverQuota, Quota};
 
 /// How long a request waits for its agent to start the upload before the reader gets a note.
 pub const ANSWER_WAIT: Duration = Duration::from_secs(30);
@@ -42,6 +49,8 @@ pub struct LogRelay {
     added: watch::Sender<u64>,
     /// the other replicas (`agents.store: kubernetes` with `serve --pod-ip`)
     peers: Option<LogPeers>,
+    /// the requests each destination has waiting
+    waiting: Quota,
 }
 
 struct Pending {
@@ -51,6 +60,19 @@ struct Pending {
     sender: Option<mpsc::Sender<LogEvent>>,
     /// a poll has carried it to the agent
     handed_out: bool,
+    /// its unit of the destination's waiting requests, given back when it leaves
+    _waiting: Held,
+}
+
+/// The quota of waiting requests per destination, of `max` each.
+pub fn waiting_quota(max: usize, metrics: Option<Arc<crate::runtime::metrics::Metrics>>) -> Quota {
+    Quota::new(
+        PENDING_LOG_REQUESTS_PER_DESTINATION,
+        "destination",
+        "log requests waiting for its agent",
+        max,
+        metrics,
+    )
 }
 
 /// Why an upload is not accepted.
@@ -73,6 +95,10 @@ impl Default for LogRelay {
             pending: Mutex::new(HashMap::new()),
             added: watch::channel(0).0,
             peers: None,
+            waiting: waiting_quota(
+                BudgetsConfig::default().pending_log_requests_per_destination,
+                None,
+            ),
         }
     }
 }
@@ -86,7 +112,23 @@ impl LogRelay {
             pending: Mutex::new(HashMap::new()),
             peers: Some(start(added.clone())),
             added,
+            waiting: waiting_quota(
+                BudgetsConfig::default().pending_log_requests_per_destination,
+                None,
+            ),
         }
+    }
+
+    /// The same relay, each destination's waiting requests bounded by `waiting`.
+    pub fn with_waiting(mut self, waiting: Quota) -> Self {
+        self.waiting = waiting;
+        self
+    }
+
+    /// `n` units of `destination`'s waiting requests, one per request to [`LogRelay::ask`],
+    /// all or none.
+    pub fn reserve(&self, destination: &str, n: usize) -> Result<Vec<Held>, OverQuota> {
+        self.waiting.take_n(destination, n)
     }
 
     /// The other replicas, when requests are published to them.
@@ -98,12 +140,14 @@ impl LogRelay {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Registers `request` (its id replaced by a fresh one) for `destination`; returns the id
-    /// and the reader's end.
+    /// Registers `request` (its id replaced by a fresh one) for `destination`, holding
+    /// `waiting` (from [`LogRelay::reserve`]) until it leaves; returns the id and the reader's
+    /// end.
     pub fn ask(
         &self,
         destination: &str,
         mut request: LogRequest,
+        waiting: Held,
     ) -> (String, mpsc::Receiver<LogEvent>) {
         let id = crate::store::random_id();
         request.id = id.clone();
@@ -115,6 +159,7 @@ impl LogRelay {
                 request,
                 sender: Some(tx),
                 handed_out: false,
+                _waiting: waiting,
             },
         );
         self.added.send_modify(|n| *n = n.wrapping_add(1));
@@ -197,10 +242,12 @@ impl LogRelay {
     }
 }
 
-/// Removes its request from the relay when the reader's stream is dropped.
+/// Removes its request from the relay when the reader's stream is dropped (and gives back its
+/// project's unit).
 struct Forget {
     relay: Arc<LogRelay>,
     id: String,
+    _project: Option<Held>,
 }
 
 impl Drop for Forget {
@@ -223,45 +270,87 @@ fn contact(time: Option<SystemTime>) -> String {
         .map_or_else(|| "never".to_string(), |t| t.to_string())
 }
 
+/// Whether an agent destination can be asked for a log now.
+pub(super) enum Reach {
+    /// its agent, to ask
+    Agent(Arc<AgentDestination>),
+    /// why not, as the reader's stream
+    Note(BoxStream<'static, LogEvent>),
+}
+
 impl RunLogs {
     /// The log `req` asks for, of a Job on agent destination `destination`: asked of its agent
     /// through its work, relayed from its upload. Never fails: an agent that is not connected,
-    /// or does not start within [`ANSWER_WAIT`], is a note.
+    /// a destination with [`PENDING_LOG_REQUESTS_PER_DESTINATION`] requests waiting already, or
+    /// an agent that does not start within [`ANSWER_WAIT`], is a note.
     pub fn agent_job_log(
         &self,
         destination: &str,
         req: LogRequest,
     ) -> BoxStream<'static, LogEvent> {
+        let agent = match self.reach(destination, &req) {
+            Reach::Agent(a) => a,
+            Reach::Note(n) => return n,
+        };
+        match self.relay.reserve(destination, 1) {
+            Ok(mut waiting) => match waiting.pop() {
+                Some(w) => self.relayed(agent, destination, req, w, None),
+                None => stream::empty().boxed(),
+            },
+            Err(e) => stream::iter([note(destination, e.to_string())]).boxed(),
+        }
+    }
+
+    /// Whether `destination` is an agent destination whose agent can be asked for `req` now.
+    pub(super) fn reach(&self, destination: &str, req: &LogRequest) -> Reach {
         let agent = match self.registry.get(destination) {
             Some(Entry::Agent(a)) => a,
             _ => {
-                return stream::iter([note(
-                    destination,
-                    format!("{destination:?} is not an agent destination of this server"),
-                )])
-                .boxed()
+                return Reach::Note(
+                    stream::iter([note(
+                        destination,
+                        format!("{destination:?} is not an agent destination of this server"),
+                    )])
+                    .boxed(),
+                )
             }
         };
         // With peers the agent may be polling another replica: only the wait below tells.
         if self.relay.peers().is_none() && !agent.connected(self.offline_after) {
-            return stream::iter([note(
-                destination,
-                format!(
-                    "the agent of {destination} is not connected (last contact: {}); the log of \
-                     Job {}/{} can only be read through it",
-                    contact(agent.last_contact()),
-                    req.namespace,
-                    req.job
-                ),
-            )])
-            .boxed();
+            return Reach::Note(
+                stream::iter([note(
+                    destination,
+                    format!(
+                        "the agent of {destination} is not connected (last contact: {}); the log \
+                         of Job {}/{} can only be read through it",
+                        contact(agent.last_contact()),
+                        req.namespace,
+                        req.job
+                    ),
+                )])
+                .boxed(),
+            );
         }
-        let (id, mut rx) = self.relay.ask(destination, req.clone());
+        Reach::Agent(agent)
+    }
+
+    /// `req` asked of `agent` (of `destination`), holding `waiting` until its upload starts
+    /// and `project` (its project's unit) as long as the reader reads.
+    pub(super) fn relayed(
+        &self,
+        agent: Arc<AgentDestination>,
+        destination: &str,
+        req: LogRequest,
+        waiting: Held,
+        project: Option<Held>,
+    ) -> BoxStream<'static, LogEvent> {
+        let (id, mut rx) = self.relay.ask(destination, req.clone(), waiting);
         tracing::info!(destination, id = %id, namespace = %req.namespace, job = %req.job,
                        follow = req.follow, "log asked of the agent");
         let forget = Forget {
             relay: self.relay.clone(),
             id,
+            _project: project,
         };
         let destination = destination.to_string();
         let first = async move {
@@ -353,158 +442,12 @@ impl RunLogs {
     }
 }
 
-/// Feeds the NDJSON `body` into `sender`, line by line, each at most [`MAX_LOG_UPLOAD_LINE`].
-async fn relay_lines(
-    destination: &str,
-    mut body: BoxStream<'static, Result<Bytes, axum::Error>>,
-    sender: &mpsc::Sender<LogEvent>,
-) -> LogUploadReply {
-    let mut reply = LogUploadReply::default();
-    let mut buf = BytesMut::new();
-    // Skipping the rest of a line that was too long.
-    let mut skipping = false;
-    let send = |ev: LogEvent| {
-        let sender = sender.clone();
-        async move { sender.send(ev).await.is_ok() }
-    };
-    loop {
-        let chunk = match body.next().await {
-            Some(Ok(c)) => c,
-            Some(Err(e)) => {
-                let ev = note(destination, format!("the agent's stream broke: {e}"));
-                reply.reader_gone = !send(ev).await;
-                return reply;
-            }
-            None => break,
-        };
-        buf.extend_from_slice(&chunk);
-        while let Some(end) = buf.iter().position(|b| *b == b'\n') {
-            let line = buf.split_to(end + 1);
-            if std::mem::take(&mut skipping) {
-                continue;
-            }
-            if let Some(ev) = event(destination, &line[..end]) {
-                if !send(ev).await {
-                    reply.reader_gone = true;
-                    return reply;
-                }
-                reply.delivered += 1;
-            }
-        }
-        if buf.len() > MAX_LOG_UPLOAD_LINE {
-            buf.advance(buf.len());
-            if !skipping {
-                skipping = true;
-                let ev = note(
-                    destination,
-                    format!(
-                        "a line longer than {} KiB was cut",
-                        MAX_LOG_UPLOAD_LINE >> 10
-                    ),
-                );
-                if !send(ev).await {
-                    reply.reader_gone = true;
-                    return reply;
-                }
-            }
-        }
-    }
-    if !buf.is_empty() && !skipping {
-        if let Some(ev) = event(destination, &buf) {
-            reply.reader_gone = !send(ev).await;
-            reply.delivered += u64::from(!reply.reader_gone);
-        }
-    }
-    reply
-}
-
-/// One uploaded line as an event of `destination` (`None`: blank); a line that is no event
-/// becomes a note.
-fn event(destination: &str, line: &[u8]) -> Option<LogEvent> {
-    if line.iter().all(u8::is_ascii_whitespace) {
-        return None;
-    }
-    Some(match serde_json::from_slice::<LogEvent>(line) {
-        Ok(LogEvent::Line {
-            pod,
-            container,
-            text,
-            ..
-        }) => LogEvent::Line {
-            destination: destination.to_string(),
-            pod,
-            container,
-            text,
-        },
-        Ok(LogEvent::Note { pod, text, .. }) => LogEvent::Note {
-            destination: destination.to_string(),
-            pod,
-            text,
-        },
-        Err(e) => note(
-            destination,
-            format!("the agent sent a line that is not a log event: {e}"),
-        ),
-    })
-}
+mod lines;
+use lines::relay_lines;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn body(parts: Vec<&'static [u8]>) -> BoxStream<'static, Result<Bytes, axum::Error>> {
-        stream::iter(parts.into_iter().map(|p| Ok(Bytes::from_static(p)))).boxed()
-    }
-
-    async fn relayed(parts: Vec<&'static [u8]>) -> (LogUploadReply, Vec<LogEvent>) {
-        let (tx, mut rx) = mpsc::channel(CHANNEL);
-        let reply = relay_lines("edge", body(parts), &tx).await;
-        drop(tx);
-        let mut out = Vec::new();
-        while let Some(ev) = rx.recv().await {
-            out.push(ev);
-        }
-        (reply, out)
-    }
-
-    #[tokio::test]
-    async fn lines_split_across_chunks_arrive_whole_and_relabelled() {
-        let (reply, events) = relayed(vec![
-            br#"{"kind":"line","destination":"other","pod":"p","container":"c","text":"o"#,
-            b"ne\"}\n\n{\"kind\":\"note\",\"destination\":\"x\",\"text\":\"end\"}",
-        ])
-        .await;
-        assert_eq!(reply.delivered, 2);
-        assert_eq!(
-            events,
-            vec![
-                LogEvent::Line {
-                    destination: "edge".into(),
-                    pod: "p".into(),
-                    container: "c".into(),
-                    text: "one".into()
-                },
-                note("edge", "end".into())
-            ]
-        );
-    }
-
-    #[tokio::test]
-    async fn a_line_too_long_is_cut_with_a_note_and_the_next_line_still_arrives() {
-        let long: &'static [u8] =
-            Box::leak(vec![b'x'; MAX_LOG_UPLOAD_LINE + 10].into_boxed_slice());
-        let (_, events) = relayed(vec![
-            long,
-            b"yyy\n",
-            br#"{"kind":"note","destination":"edge","text":"after"}"#,
-            b"\nnot json\n",
-        ])
-        .await;
-        assert_eq!(events.len(), 3, "{events:?}");
-        assert!(events[0].to_text().contains("longer than 64 KiB was cut"));
-        assert_eq!(events[1], note("edge", "after".into()));
-        assert!(events[2].to_text().contains("not a log event"));
-    }
 
     #[tokio::test]
     async fn a_request_is_handed_out_until_its_upload_starts_then_only_once() {
@@ -516,7 +459,8 @@ mod tests {
             container: None,
             follow: false,
         };
-        let (id, _rx) = relay.ask("edge", req);
+        let waiting = relay.reserve("edge", 1).unwrap().pop().unwrap();
+        let (id, _rx) = relay.ask("edge", req, waiting);
         assert_eq!(id.len(), 32, "128 random bits: {id}");
         assert!(relay.has_new("edge") && !relay.has_new("other"));
         assert_eq!(relay.for_poll("edge")[0].id, id);

@@ -14,6 +14,12 @@
 //! in order (metric, measurement, name), so the whole log arrives in order; with `follow` all
 //! are read side by side. A destination that no longer has the run's Jobs gets a note saying
 //! why: Jobs, and their logs, live `jobs.ttlAfterFinished` after they finish.
+//!
+//! Each read holds one of its project's log streams until its stream ends or the reader hangs
+//! up (`budgets.logStreamsPerProject`), and one of its project's log requests per Job it asks
+//! an agent for, all or none (`budgets.logRequestsPerProject`, and the destination's
+//! `budgets.pendingLogRequestsPerDestination` until the upload starts): beyond any of them the
+//! read is answered `429 over_budget` before any request reaches an agent.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -24,15 +30,18 @@ use futures::stream::{self, BoxStream, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 
-use super::relay::LogRelay;
+use super::relay::{LogRelay, Reach};
 use super::secrets;
 use super::stream::{job_log, JobLog};
 use super::Redactor;
-use crate::config::JobsSettings;
-use crate::destinations::{Destination, Entry, Registry};
+use crate::config::budgets::{LOG_REQUESTS_PER_PROJECT, LOG_STREAMS_PER_PROJECT};
+use crate::config::{BudgetsConfig, JobsSettings};
+use crate::destinations::{AgentDestination, Destination, Entry, Registry};
 use crate::http::{DispatchError, RunName};
 use crate::job::{self, Ownership, ANN_MEASUREMENT, ANN_METRIC};
 use crate::runs::Runs;
+use crate::runtime::metrics::Metrics;
+use crate::runtime::quota::{Held, Quota};
 use crate::store::{random_id, Store};
 
 /// How long reading one Secret (to redact its values) may take.
@@ -57,6 +66,29 @@ pub struct RunLogs {
     pub(super) offline_after: Duration,
     /// how long finished Jobs are kept, for the notes
     jobs: JobsSettings,
+    /// the log streams each project has open
+    streams: Quota,
+    /// the log requests at agent destinations each project has open
+    requests: Quota,
+}
+
+/// The per-project quotas of the log API, sized by `budgets`, refusals counted in `metrics`.
+pub fn log_quotas(budgets: &BudgetsConfig, metrics: Option<Arc<Metrics>>) -> (Quota, Quota) {
+    let streams = Quota::new(
+        LOG_STREAMS_PER_PROJECT,
+        "project",
+        "log streams open",
+        budgets.log_streams_per_project,
+        metrics.clone(),
+    );
+    let requests = Quota::new(
+        LOG_REQUESTS_PER_PROJECT,
+        "project",
+        "log requests open at agent destinations",
+        budgets.log_requests_per_project,
+        metrics,
+    );
+    (streams, requests)
 }
 
 impl RunLogs {
@@ -70,6 +102,7 @@ impl RunLogs {
         offline_after: Duration,
         jobs: JobsSettings,
     ) -> Self {
+        let (streams, requests) = log_quotas(&BudgetsConfig::default(), None);
         Self {
             registry,
             store,
@@ -77,7 +110,17 @@ impl RunLogs {
             relay,
             offline_after,
             jobs,
+            streams,
+            requests,
         }
+    }
+
+    /// The same, each project's streams and agent log requests bounded by `streams` and
+    /// `requests` ([`log_quotas`]).
+    pub fn with_quotas(mut self, (streams, requests): (Quota, Quota)) -> Self {
+        self.streams = streams;
+        self.requests = requests;
+        self
     }
 
     /// The relay of agents' logs (its log requests ride on the agents' work).
@@ -92,6 +135,7 @@ impl RunLogs {
         query: LogsQuery,
     ) -> Result<BoxStream<'static, LogEvent>, DispatchError> {
         let uid = run_uid(self.runs.as_ref(), &run)?;
+        let stream = self.streams.take(&run.namespace)?;
         let entries: Vec<Entry> = match &query.destination {
             Some(d) => vec![self
                 .registry
@@ -99,21 +143,22 @@ impl RunLogs {
                 .ok_or_else(|| DispatchError::UnknownDestination(d.clone().into()))?],
             None => self.registry.entries(),
         };
-        let mut parts: Vec<BoxStream<'static, LogEvent>> = Vec::new();
+        let mut found: Vec<Part> = Vec::new();
         for entry in entries {
             let part = match entry {
-                Entry::Ready(d) => direct_logs(&d, &uid, &query, self.jobs),
+                Entry::Ready(d) => direct_logs(&d, &uid, &query, self.jobs).map(Part::Ready),
                 Entry::Agent(a) => self.agent_logs(&a.name, &uid, &query),
                 Entry::Broken(b) => (query.destination.is_some()).then(|| {
-                    note(
+                    Part::Ready(note(
                         &b.name,
                         None,
                         format!("the destination cannot be used: {}", b.error),
-                    )
+                    ))
                 }),
             };
-            parts.extend(part);
+            found.extend(part);
         }
+        let mut parts = self.ask_agents(&run.namespace, found, query.follow)?;
         if parts.is_empty() {
             parts.push(note(
                 query.destination.as_deref().unwrap_or("*"),
@@ -130,17 +175,13 @@ impl RunLogs {
                 ),
             ));
         }
-        Ok(combine(parts, query.follow))
+        Ok(holding(combine(parts, query.follow), stream))
     }
 
-    /// The logs of the run's Jobs on agent destination `destination`, from the store's records
-    /// (`None`: no record of the run there).
-    fn agent_logs(
-        &self,
-        destination: &str,
-        uid: &str,
-        query: &LogsQuery,
-    ) -> Option<BoxStream<'static, LogEvent>> {
+    /// The log requests of the run's Jobs on agent destination `destination`, from the
+    /// store's records (`None`: no record of the run there); notes when its agent cannot be
+    /// asked now.
+    fn agent_logs(&self, destination: &str, uid: &str, query: &LogsQuery) -> Option<Part> {
         let store = self.store.as_ref()?;
         let mut records: Vec<_> = store
             .for_run(uid)
@@ -148,9 +189,6 @@ impl RunLogs {
             .filter(|r| r.spec.destination == destination && r.spec.observe.is_none())
             .filter(|r| query.metric.as_ref().is_none_or(|m| &r.spec.metric == m))
             .collect();
-        if records.is_empty() {
-            return None;
-        }
         records.sort_by(|a, b| {
             (&a.spec.metric, a.spec.measurement, &a.spec.job_name).cmp(&(
                 &b.spec.metric,
@@ -158,23 +196,101 @@ impl RunLogs {
                 &b.spec.job_name,
             ))
         });
-        let parts: Vec<_> = records
+        let requests: Vec<LogRequest> = records
             .into_iter()
-            .map(|r| {
-                self.agent_job_log(
-                    destination,
-                    LogRequest {
-                        id: random_id(),
-                        namespace: r.spec.namespace,
-                        job: r.spec.job_name,
-                        container: query.container.clone(),
-                        follow: query.follow,
-                    },
-                )
+            .map(|r| LogRequest {
+                id: random_id(),
+                namespace: r.spec.namespace,
+                job: r.spec.job_name,
+                container: query.container.clone(),
+                follow: query.follow,
             })
             .collect();
-        Some(combine(parts, query.follow))
+        let agent = match self.reach(destination, requests.first()?) {
+            Reach::Agent(a) => a,
+            // Not reachable: a note per Job (each names its Job), nothing asked.
+            Reach::Note(_) => {
+                let notes = requests
+                    .iter()
+                    .filter_map(|r| match self.reach(destination, r) {
+                        Reach::Note(n) => Some(n),
+                        Reach::Agent(_) => None,
+                    })
+                    .collect();
+                return Some(Part::Ready(combine(notes, query.follow)));
+            }
+        };
+        Some(Part::Ask {
+            agent,
+            destination: destination.to_string(),
+            requests,
+        })
     }
+
+    /// The streams of a read's `parts`, its agents asked only once every unit is held: one of
+    /// `project`'s requests and one of its destination's waiting ones per request, all or none
+    /// (else `429`, and no agent was asked anything).
+    fn ask_agents(
+        &self,
+        project: &str,
+        parts: Vec<Part>,
+        follow: bool,
+    ) -> Result<Vec<BoxStream<'static, LogEvent>>, DispatchError> {
+        let asked = parts
+            .iter()
+            .map(|p| match p {
+                Part::Ask { requests, .. } => requests.len(),
+                Part::Ready(_) => 0,
+            })
+            .sum();
+        let mut projects = self.requests.take_n(project, asked)?;
+        let mut waiting = Vec::new();
+        for p in &parts {
+            if let Part::Ask {
+                destination,
+                requests,
+                ..
+            } = p
+            {
+                waiting.push(self.relay.reserve(destination, requests.len())?);
+            }
+        }
+        let mut waiting = waiting.into_iter();
+        let streams = parts
+            .into_iter()
+            .map(|p| match p {
+                Part::Ready(s) => s,
+                Part::Ask {
+                    agent,
+                    destination,
+                    requests,
+                } => {
+                    let held = waiting.next().unwrap_or_default();
+                    let asks = requests
+                        .into_iter()
+                        .zip(held)
+                        .map(|(req, w)| {
+                            self.relayed(agent.clone(), &destination, req, w, projects.pop())
+                        })
+                        .collect();
+                    combine(asks, follow)
+                }
+            })
+            .collect();
+        Ok(streams)
+    }
+}
+
+/// One destination's share of a read, before any agent is asked.
+enum Part {
+    /// a stream that asks no agent
+    Ready(BoxStream<'static, LogEvent>),
+    /// requests for `agent`, asked once the read's budgets are held
+    Ask {
+        agent: Arc<AgentDestination>,
+        destination: String,
+        requests: Vec<LogRequest>,
+    },
 }
 
 /// The uid of `run` from the watch of the control plane's runs.
@@ -369,6 +485,14 @@ fn one_job(d: &Arc<Destination>, j: &Job, query: &LogsQuery) -> BoxStream<'stati
         combine(parts, target.follow)
     })
     .flatten()
+    .boxed()
+}
+
+/// `events`, holding `held` until they end or the reader drops them.
+fn holding(events: BoxStream<'static, LogEvent>, held: Held) -> BoxStream<'static, LogEvent> {
+    stream::unfold((events, held), |(mut events, held)| async move {
+        events.next().await.map(|e| (e, (events, held)))
+    })
     .boxed()
 }
 

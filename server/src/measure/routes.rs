@@ -1,6 +1,9 @@
 //! The measurement routes of the plugin (`/v1/measurements:*`, `/v1/destinations`): each
 //! names its run and metric in the request span, refuses agent tokens and callers of other
-//! projects (`http::authz`) before the measurement is touched, and answers JSON.
+//! projects (`http::authz`) before the measurement is touched, holds one of its project's
+//! measurement calls (`budgets.measurementCallsPerProject`: beyond it `429 over_budget`, so
+//! one project's slow or flooding calls leave the API's slots to the others), and answers JSON.
+//! The budget is charged after `authz`, so a caller can only spend its own projects' share.
 //!
 //! The routes are generic over [`Measure`], so that the router's own tests (`app/tests.rs`)
 //! can script the answers; the server runs them over [`super::Measurements`].
@@ -17,6 +20,7 @@ use dispatch_api::v1::{MeasurementRef, Verdict};
 use super::Measurements;
 use crate::http::{authz, record_measurement, ApiFailure, ApiJson, DispatchError, Principal};
 use crate::runtime::metrics::Metrics;
+use crate::runtime::quota::{Held, Quota};
 
 /// What the measurement routes need: [`Measurements`] in the server, a script in tests.
 pub trait Measure: Send + Sync + 'static {
@@ -63,6 +67,8 @@ impl Measure for Measurements {
 struct Routes<M> {
     measure: Arc<M>,
     metrics: Arc<Metrics>,
+    /// the measurement calls each project has in progress
+    calls: Quota,
 }
 
 impl<M> Clone for Routes<M> {
@@ -70,20 +76,32 @@ impl<M> Clone for Routes<M> {
         Self {
             measure: self.measure.clone(),
             metrics: self.metrics.clone(),
+            calls: self.calls.clone(),
         }
     }
 }
 
 /// The measurement routes over `measure` (behind the bearer layer: they need the
-/// [`Principal`]); verdicts are counted in `metrics`.
-pub fn routes<M: Measure>(measure: Arc<M>, metrics: Arc<Metrics>) -> Router {
+/// [`Principal`]); verdicts are counted in `metrics`; each project's calls in progress are
+/// bounded by `calls`.
+pub fn routes<M: Measure>(measure: Arc<M>, metrics: Arc<Metrics>, calls: Quota) -> Router {
     Router::new()
         .route(api::ENSURE, post(ensure::<M>))
         .route(api::STATUS, post(status::<M>))
         .route(api::TERMINATE, post(terminate::<M>))
         .route(api::GC, post(gc::<M>))
         .route("/v1/destinations", get(destinations::<M>))
-        .with_state(Routes { measure, metrics })
+        .with_state(Routes {
+            measure,
+            metrics,
+            calls,
+        })
+}
+
+/// Checks that `caller` acts for `run`'s project, then holds one of that project's calls.
+fn admit<M>(s: &Routes<M>, caller: &Principal, run: &api::RunRef) -> Result<Held, ApiFailure> {
+    authz::measurement_caller(caller, run)?;
+    Ok(s.calls.take(&run.namespace).map_err(DispatchError::from)?)
 }
 
 async fn ensure<M: Measure>(
@@ -92,7 +110,7 @@ async fn ensure<M: Measure>(
     ApiJson(req): ApiJson<MeasurementRef>,
 ) -> Result<Json<Ensured>, ApiFailure> {
     record_measurement(&req.run, &req.metric);
-    authz::measurement_caller(&caller, &req.run)?;
+    let _call = admit(&s, &caller, &req.run)?;
     Ok(Json(s.measure.ensure(req).await?))
 }
 
@@ -102,7 +120,7 @@ async fn status<M: Measure>(
     ApiJson(req): ApiJson<MeasurementRef>,
 ) -> Result<Json<Verdict>, ApiFailure> {
     record_measurement(&req.run, &req.metric);
-    authz::measurement_caller(&caller, &req.run)?;
+    let _call = admit(&s, &caller, &req.run)?;
     let v = s.measure.status(req).await?;
     s.metrics.observe_verdict(&v.phase);
     Ok(Json(v))
@@ -114,7 +132,7 @@ async fn terminate<M: Measure>(
     ApiJson(req): ApiJson<MeasurementRef>,
 ) -> Result<Json<Verdict>, ApiFailure> {
     record_measurement(&req.run, &req.metric);
-    authz::measurement_caller(&caller, &req.run)?;
+    let _call = admit(&s, &caller, &req.run)?;
     Ok(Json(s.measure.terminate(req).await?))
 }
 
@@ -124,7 +142,7 @@ async fn gc<M: Measure>(
     ApiJson(req): ApiJson<GcRequest>,
 ) -> Result<Json<GcReply>, ApiFailure> {
     record_measurement(&req.run, &req.metric);
-    authz::measurement_caller(&caller, &req.run)?;
+    let _call = admit(&s, &caller, &req.run)?;
     Ok(Json(GcReply {
         deleted: s.measure.gc(req).await?,
     }))

@@ -8,6 +8,12 @@
 //! 503 as transient; the agent backs off with jitter). The connection budget is in
 //! [`super::listener::serve_limited`].
 //!
+//! A slot is held until the handler has answered, and for a log read (whose reply streams for
+//! as long as the log is followed) until its reply body is done or dropped: `--max-log-reads`
+//! counts open streams, not handlers. An agent's log upload is its own kind too: the upload
+//! streams inside its handler, so it holds a `--max-log-uploads` slot for as long as it lasts
+//! and never an API slot of the plugin's.
+//!
 //! The kind is read from the request's path alone, before routing: the agent routes and the log
 //! routes have fixed shapes (`dispatch_api::agent`, `dispatch_api::logs`); everything else is
 //! the plugin's and the API's. A path is only sorted here; the router and authentication decide
@@ -265,7 +271,7 @@ impl Budgets {
 pub async fn limit_requests(State(budgets): State<Budgets>, req: Request, next: Next) -> Response {
     let budget = Budget::of(req.uri().path());
     let slots = &budgets.slots[budget.index()];
-    let Ok(_slot) = slots.free.clone().try_acquire_owned() else {
+    let Ok(slot) = slots.free.clone().try_acquire_owned() else {
         budgets.metrics.count_budget_refused(budget.label());
         tracing::warn!(path = %req.uri().path(), budget = budget.label(), max = slots.max,
                        flag = budget.flag(), "request refused: its budget is used up");
@@ -274,8 +280,23 @@ pub async fn limit_requests(State(budgets): State<Budgets>, req: Request, next: 
     let in_use = budgets.metrics.budget_in_use(budget.label());
     in_use.inc();
     // Counted down however the request ends, a dropped connection included.
-    let _counted = Counted(in_use);
-    next.run(req).await
+    let counted = Counted(in_use);
+    let reply = next.run(req).await;
+    if budget != Budget::LogReads {
+        return reply;
+    }
+    // The stream outlives the handler: the slot goes with the body.
+    let (parts, body) = reply.into_parts();
+    let held = (slot, counted);
+    let body = futures::stream::unfold(
+        (body.into_data_stream(), held),
+        |(mut b, held)| async move {
+            futures::StreamExt::next(&mut b)
+                .await
+                .map(|chunk| (chunk, (b, held)))
+        },
+    );
+    Response::from_parts(parts, axum::body::Body::from_stream(body))
 }
 
 /// Decrements a gauge when dropped.

@@ -55,6 +55,14 @@ pub struct Metrics {
     budget_in_use: Family<BudgetLabels, Gauge>,
     budget_refused: Family<BudgetLabels, Counter>,
     budget_size: Family<BudgetLabels, Gauge>,
+    over_budget: Family<KeyLabels, Counter>,
+}
+
+/// `key` is the config key of a per-owner budget (`runtime::quota`): a fixed set. The owner
+/// (a project, a destination) is never a label: projects are tenants' names, unbounded.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KeyLabels {
+    key: &'static str,
 }
 
 /// `budget` is one of `runtime::limits::Budget`'s labels: a fixed set.
@@ -182,7 +190,16 @@ impl Metrics {
             "The size of each request budget (its serve flag)",
             budget_size.clone(),
         );
+        let over_budget = Family::<KeyLabels, Counter>::default();
+        registry.register(
+            "over_budget",
+            "Requests answered 429 over_budget because their project (or agent destination) \
+             held its share of a per-owner budget, by the config key of that budget (raise it \
+             in the server's config if the load is legitimate)",
+            over_budget.clone(),
+        );
         Self {
+            over_budget,
             budget_in_use,
             budget_refused,
             budget_size,
@@ -302,6 +319,16 @@ impl Metrics {
             .set(i64::try_from(size).unwrap_or(i64::MAX));
         let _ = self.budget_in_use.get_or_create(&labels);
         let _ = self.budget_refused.get_or_create(&labels);
+    }
+
+    /// One request refused by the per-owner budget of config key `key` (`runtime::quota`).
+    pub fn count_over_budget(&self, key: &'static str) {
+        self.over_budget.get_or_create(&KeyLabels { key }).inc();
+    }
+
+    /// The refusals of the per-owner budget of `key` start at 0.
+    pub fn start_over_budget(&self, key: &'static str) {
+        let _ = self.over_budget.get_or_create(&KeyLabels { key });
     }
 
     /// The Prometheus text exposition of every metric.

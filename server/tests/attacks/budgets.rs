@@ -25,7 +25,7 @@ use crate::world::{Clusters, World};
 
 /// Every project may use every destination: the budgets, not the policy, must stop these.
 pub(crate) const POLICY: &str =
-    "policy: {rules: [{projects: ['*'], destinations: ['*'], namespaces: ['*']}]}";
+    "policy: {rules: [{projects: ['*'], destinations: ['*'], namespaces: ['*'], applicationNamespaces: [argocd]}]}";
 const AGENTS: &str = "agents: {store: memory, destinations: [{name: edge, namespace: verify}]}";
 
 /// A measurement of run `n` of project `team-a` with the plugin block fields `routing`.
@@ -515,3 +515,5 @@ async fn oversized_reply_bodies_are_refused_by_the_plugin_and_the_agent_clients(
     }
     Ok(())
 }
+
+mod projects;

@@ -81,6 +81,18 @@ impl Scene {
         .await
     }
 
+    /// `world`'s engine behind the request budgets `budgets` as `serve` wires them, its
+    /// requests confirmed by `runs` (which the log API finds runs in), counted in `metrics`.
+    pub(crate) async fn serve_budgeted(
+        world: World,
+        runs: Option<dispatch_server::runs::Runs>,
+        budgets: BudgetArgs,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self> {
+        let jwt = JwtAuthenticator::new(&[KEY.to_vec()], [REVOKED_JTI.to_string()]);
+        Self::serve_dispatcher(world, Arc::new(jwt.into()), metrics, runs, Some(budgets)).await
+    }
+
     /// `world`'s engine (its configuration was the default plus `extra`) behind the API the
     /// way `serve` wires it with `confirmRuns`: every measurement request is confirmed against
     /// the AnalysisRuns of the fake control plane `world.clusters.cp`, watched from now on

@@ -250,3 +250,43 @@ async fn connections_beyond_the_budget_wait_until_one_closes() {
     let _ = stop.send(());
     let _ = server.await;
 }
+
+#[tokio::test]
+async fn a_log_read_holds_its_slot_until_its_stream_is_dropped() {
+    let one_read = BudgetArgs {
+        max_log_reads: 1,
+        ..BudgetArgs::default()
+    };
+    let metrics = Arc::new(Metrics::new());
+    let budgets = Budgets::new(&one_read, metrics.clone());
+    // A followed log: the reply's headers come at once, its body never ends.
+    let follow = || async {
+        Body::from_stream(futures::stream::pending::<
+            Result<bytes::Bytes, std::io::Error>,
+        >())
+    };
+    let app = budgets.around(
+        Router::new()
+            .route("/v1/runs/{ns}/{name}/logs", get(follow))
+            .route("/v1/destinations", get(|| async { "ok" })),
+    );
+    let path = "/v1/runs/team-a/uat.1/logs";
+    let open = call(&app, "GET", path).await;
+    assert_eq!(open.status(), StatusCode::OK);
+    let refused = call(&app, "GET", path).await;
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(message(refused).await.contains("--max-log-reads"));
+    assert!(metrics
+        .encode()
+        .contains(r#"rollouts_dispatch_budget_in_use{budget="log_reads"} 1"#));
+    // Streaming log readers never take the plugin's slots.
+    assert_eq!(
+        call(&app, "GET", "/v1/destinations").await.status(),
+        StatusCode::OK
+    );
+    drop(open);
+    assert_eq!(call(&app, "GET", path).await.status(), StatusCode::OK);
+    assert!(metrics
+        .encode()
+        .contains(r#"rollouts_dispatch_budget_in_use{budget="log_reads"} 0"#));
+}
