@@ -29,6 +29,9 @@
 //!   their own, another or an unknown destination) → the exact status code; TokenReview users
 //!   bound by `policy.callers`; a seeded property that no request reaches a placement the policy
 //!   denies.
+//! * [`callers`]: callers fail closed — a JWT without `projects`, a TokenReview identity with
+//!   no `policy.callers` entry, a token reviewed for the apiserver's audience instead of ours →
+//!   401/403 naming the fix on every measurement route, no destination call.
 //! * [`podsecurity`]: escalating Job templates (privileged, host namespaces, hostPath, nodeName,
 //!   selectors, service accounts, API tokens, reserved labels) → refused with the field, no
 //!   destination call; no policy → refused; and the agent's own re-check.
@@ -87,6 +90,7 @@ mod argocd;
 mod authn;
 mod authz;
 mod budgets;
+mod callers;
 mod deadlines;
 mod logs;
 mod namespaces;

@@ -190,8 +190,9 @@ pub(crate) fn signer() -> dispatch_server::signing::Signer {
         .expect("the scene key is usable")
 }
 
-/// A token signed with the scene's key: subject `sub`, valid for ten minutes, with `edit`
-/// applied to its claims (an agent's destination, an expiry in the past …).
+/// A token signed with the scene's key: subject `sub`, valid for ten minutes, for every
+/// project (`projects: ["*"]`, the Rollouts controller's), with `edit` applied to its claims
+/// (an agent's destination, an expiry in the past, no `projects` …).
 pub(crate) fn token(sub: &str, edit: impl FnOnce(&mut Claims)) -> String {
     let now = jsonwebtoken::get_current_timestamp();
     let mut claims = Claims {
@@ -201,13 +202,14 @@ pub(crate) fn token(sub: &str, edit: impl FnOnce(&mut Claims)) -> String {
         iat: now,
         jti: format!("{sub}-jti"),
         destination: None,
-        projects: None,
+        projects: Some(vec!["*".into()]),
     };
     edit(&mut claims);
     auth::issue(KEY, &claims).expect("signing a test token")
 }
 
-/// A plugin token bound to `projects` (`None`: every project, the Rollouts controller's).
+/// A plugin token bound to `projects` (`Some(&["*"])`: every project, the Rollouts
+/// controller's; `None`: no `projects` claim, which the server refuses since #27).
 pub(crate) fn plugin_token(sub: &str, projects: Option<&[&str]>) -> String {
     token(sub, |c| {
         c.projects = projects.map(|p| p.iter().map(|s| s.to_string()).collect());
@@ -218,6 +220,7 @@ pub(crate) fn plugin_token(sub: &str, projects: Option<&[&str]>) -> String {
 pub(crate) fn agent_token(destination: &str) -> String {
     token(&format!("agent:{destination}"), |c| {
         c.destination = Some(destination.to_string());
+        c.projects = None;
     })
 }
 
