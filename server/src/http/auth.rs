@@ -154,6 +154,12 @@ pub enum AuthError {
         /// what the review answered
         answered: String,
     },
+    /// A trusted proxy named a user under Kubernetes' reserved `system:` prefix.
+    #[error(
+        "the proxy names user {0:?}, under Kubernetes' reserved `system:` prefix, which no \
+         proxy may vouch for (groups under `system:` are dropped likewise); sign in as a person"
+    )]
+    SystemIdentity(String),
     /// Revoked by id.
     #[error("token {0} is revoked")]
     Revoked(String),

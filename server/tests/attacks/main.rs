@@ -61,7 +61,8 @@
 //!   certificate of the replicas' CA for their name → 503, no byte of the agent's token sent.
 //! * [`logs`]: the log route — people without `get analysisruns` in the namespace (by
 //!   SubjectAccessReview), agent tokens, JWTs of another project → 403; proxy headers from an
-//!   untrusted address → ignored (401); `..`, `%2F` and unknown query fields → 400; no token →
+//!   untrusted address → ignored (401); a trusted proxy asserting a `system:` user → 401, a
+//!   `system:` group (system:masters) → dropped (403); `..`, `%2F` and unknown query fields → 400; no token →
 //!   401; none of them costs a destination call.
 //! * [`tls`]: plain HTTP to the TLS port, clients refusing `http://`, the agent's pinned CA,
 //!   certificate, JWT key and revocation rotation on disk without a restart.

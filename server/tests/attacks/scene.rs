@@ -418,6 +418,15 @@ impl Scene {
     /// `GET path` sent as written (no URL normalisation: `..` stays), with `headers`; the
     /// status code of the reply.
     pub(crate) async fn raw_get(&self, path: &str, headers: &[(&str, &str)]) -> Result<u16> {
+        Ok(self.raw_get_text(path, headers).await?.0)
+    }
+
+    /// [`Self::raw_get`], with the whole answer after the status line (headers and body).
+    pub(crate) async fn raw_get_text(
+        &self,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<(u16, String)> {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut tcp = tokio::net::TcpStream::connect(self.addr).await?;
         let mut req = format!(
@@ -429,11 +438,13 @@ impl Scene {
         }
         req.push_str("\r\n");
         tcp.write_all(req.as_bytes()).await?;
-        let mut head = vec![0u8; 12];
-        tcp.read_exact(&mut head).await?;
-        let line = String::from_utf8_lossy(&head);
-        line.get(9..12)
+        let mut answer = Vec::new();
+        tcp.read_to_end(&mut answer).await?;
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        let status = answer
+            .get(9..12)
             .and_then(|s| s.parse().ok())
-            .with_context(|| format!("no status line: {line:?}"))
+            .with_context(|| format!("no status line: {answer:?}"))?;
+        Ok((status, answer))
     }
 }
