@@ -16,7 +16,9 @@
 //!   metric labels are bounded, placements per measurement, long polls per agent, agent report
 //!   strings and reply bodies read by the plugin and the agent are capped.
 //! * [`argocd`]: Argo CD cluster Secret abuse — a duplicated name, an exec provider outside the
-//!   allowlist, `insecure` TLS: refused or surfaced, and no Job through a broken destination.
+//!   allowlist, `insecure` TLS: refused or surfaced, and no Job through a broken destination; a
+//!   Secret named like a configured destination or `in-cluster` → ignored; one for
+//!   `https://kubernetes.default.svc` or without credentials → never the server's own.
 //! * [`topologies`]: Kargo topologies — a Stage whose shard no Argo CD instance serves (or whose
 //!   shard label contradicts `spec.shard`) is refused without reading any Argo CD, and a remote
 //!   instance's Secret cannot take the control plane's Argo CD destination names or `in-cluster`.
