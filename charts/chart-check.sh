@@ -109,6 +109,9 @@ refuse "tls.secretName and tls.certManager.issuerRef.name are both set" -f "$CHA
 refuse "at '/rbac': additional properties 'analysisRunPatch' not allowed" --set rbac.analysisRunPatch=true
 refuse "nothing to install" --set server.enabled=false
 refuse "the server refuses to start without authentication" --set 'server.tokenReviewAllow=null'
+refuse "server.tokenReviewAllow system:serviceaccount:argo-rollouts:argo-rollouts matches no config.policy.callers entry" --set 'config.policy.callers=null'
+refuse "server.tokenReviewAllow system:serviceaccount:kargo:kargo-controller matches no config.policy.callers entry" \
+  --set 'server.tokenReviewAllow={system:serviceaccount:argo-rollouts:argo-rollouts,system:serviceaccount:kargo:kargo-controller}'
 # What the renderings must contain (TLS by default, plain HTTP only on request, the agent pinned to
 # a CA and limited to its namespaces).
 has() { # has VARIANT TEXT: the rendering of VARIANT contains TEXT

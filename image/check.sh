@@ -90,7 +90,7 @@ done
 curl -fsS "http://127.0.0.1:$admin/live" >/dev/null || fail "/live failed"
 uid=$(awk '/^Uid:/ {print $2}' "/proc/$pid/status")
 [ "$uid" = 65532 ] || fail "the server runs as uid $uid"
-token=$("$host_binary" token issue --key-file "$secrets/jwt.key" --ttl 5m 2>/dev/null)
+token=$("$host_binary" token issue --key-file "$secrets/jwt.key" --project '*' --ttl 5m 2>/dev/null)
 reply=$(curl -fsS --cacert "$secrets/tls.crt" -H "Authorization: Bearer $token" \
   "https://localhost:$api/v1/destinations") || { cat "$work/serve.log" >&2; fail "GET /v1/destinations over TLS failed"; }
 jq -e 'type == "array"' <<<"$reply" >/dev/null || fail "GET /v1/destinations answered $reply"

@@ -100,6 +100,28 @@ impl Policy {
         None
     }
 
+    /// One warning per rule that allows every namespace (a `namespaces` glob of `*` alone,
+    /// which must be written out: a rule without `namespaces` is a config error): logged at
+    /// start and printed by `doctor`.
+    pub fn namespace_warnings(&self) -> Vec<String> {
+        self.rules
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.namespaces.iter().any(|g| is_match_all(g)))
+            .map(|(i, r)| {
+                format!(
+                    "policy.rules[{i}] in {} allows every namespace (`namespaces: [\"*\"]`): \
+                     projects [{}] may place Jobs in any namespace of destinations [{}], \
+                     kube-system, argocd and other tenants' namespaces included; name the \
+                     namespaces its Jobs need (`namespaces: [verification]`)",
+                    self.origin,
+                    r.projects.join(", "),
+                    r.destinations.join(", ")
+                )
+            })
+            .collect()
+    }
+
     /// Whether `project` may run a Job on `destination` in `namespace`.
     pub fn check(&self, project: &str, destination: &str, namespace: &str) -> Result<(), Denied> {
         self.check_grant(Grant::Placement, project, destination, namespace)
@@ -232,6 +254,11 @@ impl Policy {
     }
 }
 
+/// Whether glob `g` matches every name (`*`, `**` …).
+fn is_match_all(g: &str) -> bool {
+    !g.is_empty() && g.chars().all(|c| c == '*')
+}
+
 /// The globs of the rules (`*`, `?`), shared with the pod security allowlists: see [`crate::glob`].
 pub use crate::glob::glob_match;
 
@@ -323,6 +350,27 @@ mod tests {
                 "{w}"
             );
         }
+    }
+
+    #[test]
+    fn a_rule_for_every_namespace_is_warned_about_by_its_index() {
+        let cfg = rules(vec![
+            rule(&["team-a"], &["prod-*"], &["verification", "team-*"]),
+            rule(&["team-b"], &["edge"], &["*"]),
+            rule(&["team-c"], &["edge"], &["web", "**"]),
+        ]);
+        let w = Policy::new(Some(&cfg), "config file f.yaml").namespace_warnings();
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(
+            w[0].starts_with("policy.rules[1] in config file f.yaml allows every namespace")
+                && w[0].contains("projects [team-b]")
+                && w[0].contains("destinations [edge]")
+                && w[0].contains("`namespaces: [verification]`"),
+            "{}",
+            w[0]
+        );
+        assert!(w[1].starts_with("policy.rules[2] "), "{}", w[1]);
+        assert!(Policy::allow_all("f").namespace_warnings().is_empty());
     }
 
     #[test]

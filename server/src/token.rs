@@ -1,5 +1,7 @@
 //! `rollouts-dispatch token issue`: signs a JWT for an agent (bound to one destination) or for a
-//! plugin (for every project, or bound to some with `projects`), with the server's HS256 key.
+//! plugin (bound to the Kargo projects of its `projects` claim; `*` for the Rollouts
+//! controller, which serves every namespace), with the server's HS256 key. A plugin token
+//! without projects is not issued: the server would refuse it (#27).
 
 use std::hash::{BuildHasher, RandomState};
 use std::path::Path;
@@ -21,6 +23,13 @@ pub enum TokenError {
     /// Signing failed.
     #[error("signing the token: {0}")]
     Sign(String),
+    /// A plugin token (no destination) without projects: the server refuses such a token.
+    #[error(
+        "a plugin token needs the Kargo projects it may act for: --project team-a (once per \
+         project), --project '*' for the Rollouts controller, which serves every namespace; an \
+         agent token needs --destination instead"
+    )]
+    NoProjects,
 }
 
 /// The shortest key accepted: HS256 with less than 256 bits of key is guessable.
@@ -53,8 +62,9 @@ fn token_id() -> String {
     format!("{a:016x}{b:016x}")
 }
 
-/// Issues a token for `subject`, bound to `destination` when set, valid for `ttl`, for every
-/// project.
+/// Issues an agent token for `subject`, bound to `destination`, valid for `ttl`
+/// ([`issue_token_for`] issues plugin tokens: `destination` `None` is refused here, as such a
+/// token would carry no projects).
 pub fn issue_token(
     key: &[u8],
     subject: &str,
@@ -64,8 +74,9 @@ pub fn issue_token(
     issue_token_for(key, subject, destination, None, ttl)
 }
 
-/// [`issue_token`], bound to the Kargo projects (globs) `projects` when given: its `projects`
-/// claim.
+/// A token for `subject` valid for `ttl`: an agent's when `destination` is set, else a
+/// plugin's bound to the Kargo projects (globs) `projects` (its `projects` claim; required:
+/// [`TokenError::NoProjects`] without them).
 pub fn issue_token_for(
     key: &[u8],
     subject: &str,
@@ -73,6 +84,9 @@ pub fn issue_token_for(
     projects: Option<&[String]>,
     ttl: Duration,
 ) -> Result<(String, Claims), TokenError> {
+    if destination.is_none() && projects.is_none_or(<[String]>::is_empty) {
+        return Err(TokenError::NoProjects);
+    }
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -120,7 +134,7 @@ mod tests {
         let (_, other) = issue_token(
             b"0123456789abcdef0123456789abcdef",
             "x",
-            None,
+            Some("edge-1"),
             Duration::from_secs(1),
         )
         .unwrap();
@@ -138,8 +152,13 @@ mod tests {
             .authenticate(&token)
             .unwrap();
         assert!(p.projects.allows("team-b-x") && !p.projects.allows("team-c"));
-        let (_, all) = issue_token(&key, "plugin", None, Duration::from_secs(60)).unwrap();
-        assert_eq!(all.projects, None);
+        // Without projects, no plugin token: the server would refuse it.
+        for projects in [None, Some(&[][..])] {
+            let e = issue_token_for(&key, "plugin", None, projects, Duration::from_secs(60));
+            assert!(matches!(e, Err(TokenError::NoProjects)), "{e:?}");
+        }
+        let e = issue_token(&key, "plugin", None, Duration::from_secs(60)).unwrap_err();
+        assert!(e.to_string().contains("--project '*'"), "{e}");
     }
 
     #[test]

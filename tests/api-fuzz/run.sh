@@ -13,7 +13,7 @@ head -c 48 /dev/urandom | base64 > "$work/jwt.key"
 printf 'destinations: []\npolicy: {allowAll: true}\n' > "$work/server.yaml"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 admin=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-"$bin" token issue --key-file "$work/jwt.key" --ttl 1h > "$work/token" 2>/dev/null
+"$bin" token issue --key-file "$work/jwt.key" --project '*' --ttl 1h > "$work/token" 2>/dev/null
 "$bin" serve --config "$work/server.yaml" --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" \
   --jwt-key-file "$work/jwt.key" --sync-timeout 2s > "$work/server.log" 2>&1 & pid=$!
 for _ in $(seq 1 50); do curl -fs "127.0.0.1:$admin/ready" >/dev/null 2>&1 && break; sleep 0.2; done

@@ -182,7 +182,7 @@ async fn a_thousand_agents_two_thousand_jobs() -> Result<()> {
     let key = dir.join("jwt.key");
     std::fs::write(&key, KEY)?;
     let mut config = String::from(
-        "policy: {rules: [{projects: ['*'], destinations: ['agent-*']}]}\n\
+        "policy: {rules: [{projects: ['*'], destinations: ['agent-*'], namespaces: ['*']}]}\n\
          agents:\n  store: memory\n  destinations:\n",
     );
     for i in 0..agents_n {
@@ -209,8 +209,14 @@ async fn a_thousand_agents_two_thousand_jobs() -> Result<()> {
     let pid = server.0.id();
     let url = format!("http://127.0.0.1:{port}");
     let key_bytes = dispatch_server::token::read_key(&key)?;
-    let (plugin_token, _) =
-        dispatch_server::token::issue_token(&key_bytes, "plugin", None, Duration::from_secs(3600))?;
+    let every = ["*".to_string()];
+    let (plugin_token, _) = dispatch_server::token::issue_token_for(
+        &key_bytes,
+        "plugin",
+        None,
+        Some(&every),
+        Duration::from_secs(3600),
+    )?;
     std::fs::write(dir.join("plugin.token"), plugin_token)?;
     let plugin = client(&url, &dir.join("plugin.token"), Duration::from_secs(30))?;
     eventually("the server answering", Duration::from_secs(30), || async {

@@ -37,7 +37,7 @@ fn write_config(c: &Cluster, dir: &Path, extra: &str) -> Result<PathBuf> {
     std::fs::write(
         &path,
         format!(
-            "policy: {{rules: [{{projects: ['*'], destinations: [a], {RULE_ALLOWS}}}]}}\n\
+            "policy: {{rules: [{{projects: ['*'], destinations: [a], namespaces: ['*'], {RULE_ALLOWS}}}]}}\n\
              destinations:\n- name: a\n  kubeconfig: {}\n{extra}",
             c.kubeconfig.display()
         ),

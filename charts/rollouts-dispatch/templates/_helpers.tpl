@@ -204,6 +204,19 @@ templates/validate.yaml. Renders nothing. */}}
 {{- fail "rollouts-dispatch: the server refuses to start without authentication: set signingKey.value, signingKey.existingSecret and/or server.tokenReviewAllow" }}
 {{- end }}
 {{- $policy := (.Values.config | default dict).policy | default dict }}
+{{- /* Callers fail closed (#27): a TokenReview identity no policy.callers entry matches acts for
+no project, and the server refuses to start with one; the entry's subject is a glob (`*`, `?`). */}}
+{{- range .Values.server.tokenReviewAllow }}
+{{- $user := toString . }}
+{{- $bound := false }}
+{{- range $policy.callers | default list }}
+{{- $glob := regexQuoteMeta (toString .subject) | replace "\\*" ".*" | replace "\\?" "." }}
+{{- if regexMatch (printf "^%s$" $glob) $user }}{{ $bound = true }}{{ end }}
+{{- end }}
+{{- if not $bound }}
+{{- fail (printf "rollouts-dispatch: server.tokenReviewAllow %s matches no config.policy.callers entry, so it could act for no Kargo project (callers fail closed; the server refuses to start): add {subject: %q, projects: [\"*\"]} for the Argo Rollouts controller, which serves every namespace, or the projects it serves" $user $user) }}
+{{- end }}
+{{- end }}
 {{- if not (or $policy.rules $policy.allowAll) }}
 {{- fail "rollouts-dispatch: deny by default: with no policy the server dispatches nothing. Set config.policy.rules, e.g. [{projects: [team-a], destinations: [in-cluster], namespaces: [verification]}], or config.policy.allowAll: true to let every project use every destination and namespace" }}
 {{- end }}

@@ -100,7 +100,7 @@ fn token(key: &[u8], exp: u64, aud: &str, jti: &str) -> String {
             iat: now(),
             jti: jti.into(),
             destination: None,
-            projects: None,
+            projects: Some(vec!["*".into()]),
         },
     )
     .unwrap()

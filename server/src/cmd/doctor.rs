@@ -1,4 +1,6 @@
-//! `rollouts-dispatch doctor`: validates the configuration, starts the engine and checks every
+//! `rollouts-dispatch doctor`: validates the configuration, prints the security model it sets
+//! (callers fail closed, the `policy.callers` entries, what each rule allows, a warning per rule
+//! that allows every namespace), starts the engine and checks every
 //! destination: API server reachable, watch caches synced, and the RBAC the engine needs
 //! (SelfSubjectAccessReview; then, per destination, a line on the reads of the `rollout:` and
 //! `application:` checks), and whether the AnalysisRuns that confirm requests (`confirmRuns`)
@@ -95,6 +97,9 @@ pub(super) async fn run(args: DoctorArgs) -> ExitCode {
     let config = match args.config.load() {
         Ok(c) => {
             println!("config: OK ({})", c.origin);
+            for line in model_lines(&c) {
+                println!("{line}");
+            }
             c
         }
         Err(e) => {
@@ -153,6 +158,49 @@ pub(super) async fn run(args: DoctorArgs) -> ExitCode {
         );
         ExitCode::from(1)
     }
+}
+
+/// Who may do what under `config` (#27): how callers are bound to projects (they fail closed),
+/// the `policy.callers` entries, what each rule allows, and a warning per rule that allows
+/// every namespace.
+fn model_lines(config: &crate::config::ServerConfig) -> Vec<String> {
+    let policy = config.policy.clone().unwrap_or_default();
+    let mut lines =
+        vec![format!(
+        "model: callers fail closed: a plugin JWT acts for the projects of its `projects` claim \
+         (none: 401, `token issue --project`), a TokenReview identity (serve \
+         --token-review-allow) for those of its first `policy.callers` entry (none: 403), an \
+         agent token for its destination's work only; {} callers entr{}",
+        policy.callers.len(),
+        if policy.callers.len() == 1 { "y" } else { "ies" }
+    )];
+    for (i, c) in policy.callers.iter().enumerate() {
+        lines.push(format!(
+            "model: policy.callers[{i}]: {} acts for projects [{}]",
+            c.subject,
+            c.projects.join(", ")
+        ));
+    }
+    for (i, r) in policy.rules.iter().enumerate() {
+        lines.push(format!(
+            "model: policy.rules[{i}]: projects [{}] may run Jobs on [{}] in namespaces [{}], \
+             pod security {}, service accounts [{}]",
+            r.projects.join(", "),
+            r.destinations.join(", "),
+            r.namespaces.join(", "),
+            r.pod_security,
+            r.service_accounts.join(", ")
+        ));
+    }
+    let rules = crate::policy::Policy::new(config.policy.as_ref(), &config.origin);
+    lines.extend(rules.warning().map(|w| format!("policy: WARN {w}")));
+    lines.extend(
+        rules
+            .namespace_warnings()
+            .into_iter()
+            .map(|w| format!("policy: WARN {w}")),
+    );
+    lines
 }
 
 /// The budgets `serve` runs with here: its flags read from their environment variables (set in
@@ -525,6 +573,38 @@ pub fn render_table(rows: &[Row]) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_model_says_who_may_do_what_and_warns_about_every_namespace() {
+        let c = crate::config::ServerConfig::parse(
+            "policy: {rules: [{projects: [team-a], destinations: [prod], namespaces: [verify]}, \
+             {projects: [team-b], destinations: [edge], namespaces: ['*']}], \
+             callers: [{subject: 'system:serviceaccount:argo-rollouts:argo-rollouts', \
+             projects: ['*']}]}",
+            "config file d.yaml",
+        )
+        .unwrap();
+        let lines = super::model_lines(&c);
+        let text = lines.join("\n");
+        assert!(
+            text.contains("callers fail closed") && text.contains("1 callers entry"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "policy.callers[0]: system:serviceaccount:argo-rollouts:argo-rollouts acts for \
+                 projects [*]"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("policy.rules[0]: projects [team-a] may run Jobs on [prod] in namespaces [verify], pod security restricted"),
+            "{text}"
+        );
+        let warns: Vec<&String> = lines.iter().filter(|l| l.contains("WARN")).collect();
+        assert_eq!(warns.len(), 1, "{warns:?}");
+        assert!(warns[0].contains("policy.rules[1] in config file d.yaml allows every namespace"));
+    }
+
     use super::*;
 
     #[test]

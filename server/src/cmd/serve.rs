@@ -460,11 +460,20 @@ async fn authenticators(
         let client = kube::Client::try_default()
             .await
             .context("--token-review-allow needs a Kubernetes client for TokenReviews (in-cluster or $KUBECONFIG)")?;
-        chain.push(
-            TokenReviewAuthenticator::new(client, Vec::new(), token_review_allow)
-                .with_callers(callers, origin)
-                .into(),
-        );
+        let review = TokenReviewAuthenticator::new(client, Vec::new(), token_review_allow)
+            .with_callers(callers, origin);
+        // Callers fail closed (#27): an identity no entry binds would be refused on every
+        // request; say so now, with the entry to add.
+        if let Some(user) = review.unbound().first() {
+            bail!(
+                "--token-review-allow {user} matches no `policy.callers` entry in {origin}, so \
+                 it could act for no Kargo project and every request of it would be refused: \
+                 add `policy: {{callers: [{{subject: \"{user}\", projects: [\"*\"]}}]}}` \
+                 (the Rollouts controller serves every namespace) or the projects it serves \
+                 (chart: config.policy.callers)"
+            );
+        }
+        chain.push(review.into());
     }
     if !jwt_key_files.is_empty() {
         chain.push(

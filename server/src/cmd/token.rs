@@ -18,8 +18,13 @@ pub enum TokenCommand {
         #[arg(long)]
         destination: Option<String>,
         /// Bind the token to this Kargo project (a glob over AnalysisRun namespaces); repeat for
-        /// several. Without it the token acts for every project (the Rollouts controller's).
-        #[arg(long = "project", conflicts_with = "destination")]
+        /// several; `'*'` for the Rollouts controller, which serves every namespace. Required
+        /// for a plugin token: the server refuses one without projects.
+        #[arg(
+            long = "project",
+            conflicts_with = "destination",
+            required_unless_present = "destination"
+        )]
         projects: Vec<String>,
         /// The subject; default `agent:<destination>` or `plugin`.
         #[arg(long)]
@@ -60,7 +65,7 @@ pub(super) fn run(command: TokenCommand) -> ExitCode {
                     claims
                         .projects
                         .as_ref()
-                        .map_or("every project".into(), |p| format!(
+                        .map_or("no project: an agent".into(), |p| format!(
                             "projects {}",
                             p.join(", ")
                         )),
@@ -84,36 +89,24 @@ mod tests {
     use super::super::{Cli, Command};
     use super::TokenCommand;
 
+    /// `rollouts-dispatch token issue --key-file k` with `args`.
+    fn issue(args: &[&str]) -> Result<Cli, clap::Error> {
+        let head = ["rollouts-dispatch", "token", "issue", "--key-file", "k"];
+        Cli::try_parse_from(head.iter().chain(args))
+    }
+
     #[test]
     fn project_is_repeatable_and_not_for_agent_tokens() {
-        let cli = Cli::try_parse_from([
-            "rollouts-dispatch",
-            "token",
-            "issue",
-            "--key-file",
-            "k",
-            "--project",
-            "team-a",
-            "--project",
-            "team-b-*",
-        ])
-        .unwrap();
+        let cli = issue(&["--project", "team-a", "--project", "team-b-*"]).unwrap();
         let Command::Token(TokenCommand::Issue { projects, .. }) = cli.command else {
             panic!("token issue")
         };
         assert_eq!(projects, vec!["team-a", "team-b-*"]);
-        let e = Cli::try_parse_from([
-            "rollouts-dispatch",
-            "token",
-            "issue",
-            "--key-file",
-            "k",
-            "--destination",
-            "edge",
-            "--project",
-            "team-a",
-        ])
-        .unwrap_err();
+        let e = issue(&["--destination", "edge", "--project", "team-a"]).unwrap_err();
         assert!(e.to_string().contains("cannot be used with"), "{e}");
+        // A plugin token names its projects (#27): none would be refused by the server.
+        let e = issue(&[]).unwrap_err();
+        assert!(e.to_string().contains("--project"), "{e}");
+        assert!(issue(&["--destination", "edge"]).is_ok());
     }
 }

@@ -42,7 +42,8 @@
 //!     resources: {default: {cpu: 100m, memory: 128Mi}, max: {cpu: "2", memory: 2Gi}}
 //!     jobLimits: {parallelism: 1, completions: 1, backoffLimit: 6}
 //!     podLabels: ["app.kubernetes.io/*"]   # pod template keys (default none)
-//!   callers:                         # TokenReview users bound to projects (none: all projects)
+//!   callers:                         # TokenReview users bound to projects (no entry: refused)
+//!   - {subject: "system:serviceaccount:argo-rollouts:argo-rollouts", projects: ["*"]}
 //!   - {subject: "system:serviceaccount:team-a:*", projects: ["team-a"]}
 //! engine: {connectTimeout: 5s, requestTimeout: 20s}
 //! confirmRuns: true                  # default with controlPlane: only runs that exist are served
@@ -476,8 +477,9 @@ pub struct PolicyConfig {
 }
 
 /// `policy.callers[]`: binds the Kubernetes users (TokenReview identities) matching `subject`
-/// to `projects`. The first matching entry applies; a user no entry matches may act for every
-/// project (the Rollouts controller serves every namespace).
+/// to `projects`. The first matching entry applies; a user no entry matches may act for no
+/// project and is refused (callers fail closed, #27): the Rollouts controller, which serves
+/// every namespace, needs an entry with `projects: ["*"]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CallerBinding {
     /// glob over usernames, e.g. `system:serviceaccount:team-a:*`
@@ -493,7 +495,8 @@ pub struct PolicyRule {
     pub projects: Vec<String>,
     /// destination names
     pub destinations: Vec<String>,
-    /// namespaces on the destination (default `["*"]`)
+    /// namespaces on the destination (required: a rule without them is a config error; `"*"`
+    /// must be written, and is warned about)
     pub namespaces: Vec<String>,
     /// namespaces on the destination whose Argo CD Applications the projects may read and sync
     /// (`applicationNamespaces`; default none: `namespaces` never allows Applications)
@@ -626,6 +629,7 @@ policy:
   rules:
   - projects: [team-a]
     destinations: ["prod-*"]
+    namespaces: [verification]
 engine: {connectTimeout: 2s}
 "#,
         )
@@ -657,7 +661,7 @@ engine: {connectTimeout: 2s}
         assert_eq!(argocd.namespace, "gitops");
         assert!(argocd.in_cluster);
         assert_eq!(argocd.default_namespace, "default");
-        assert_eq!(c.policy.unwrap().rules[0].namespaces, vec!["*"]);
+        assert_eq!(c.policy.unwrap().rules[0].namespaces, vec!["verification"]);
         assert_eq!(c.engine.connect_timeout, Duration::from_secs(2));
         assert_eq!(c.engine.request_timeout, Duration::from_secs(20));
         assert_eq!(c.jobs, JobsSettings::default());

@@ -62,6 +62,11 @@ pub(crate) enum Problem {
     EmptyList,
     #[error("empty glob")]
     EmptyGlob,
+    #[error(
+        "name its namespaces (`namespaces: [verification]`); write `\"*\"` to allow every \
+         namespace"
+    )]
+    NoNamespaces,
     #[error("{value:?} is not a duration ({source}; e.g. {example})")]
     NotADuration {
         value: String,
@@ -433,7 +438,9 @@ impl RawConfig {
                 for (i, r) in p.rules.into_iter().enumerate() {
                     let at = format!("policy.rules[{i}]");
                     let allow = r.allowlists(&at)?;
-                    let namespaces = r.namespaces.unwrap_or_else(|| vec!["*".into()]);
+                    // No default: a rule that named no namespaces once allowed every one of
+                    // them (kube-system, argocd …) on its destinations (#27).
+                    let namespaces = r.namespaces.unwrap_or_default();
                     let apps = &r.application_namespaces;
                     if let Some(j) = apps.iter().position(|g| g.trim().is_empty()) {
                         let at = format!("{at}.applicationNamespaces[{j}]");
@@ -444,6 +451,9 @@ impl RawConfig {
                         ("destinations", &r.destinations),
                         ("namespaces", &namespaces),
                     ] {
+                        if list.is_empty() && field == "namespaces" {
+                            return Err(invalid(at, Problem::NoNamespaces));
+                        }
                         if list.is_empty() {
                             return Err(invalid(format!("{at}.{field}"), Problem::EmptyList));
                         }

@@ -3,11 +3,10 @@
 //!
 //! A Secret labelled `argocd.argoproj.io/secret-type: cluster` holds `name`, `server` and a
 //! `config` JSON (`bearerToken`, `username`/`password`, `tlsClientConfig`, `awsAuthConfig`,
-//! `execProviderConfig`), as Argo CD's `SecretToCluster` reads it. The server
-//! `https://kubernetes.default.svc` without credentials is the cluster the instance runs on
-//! (reached with the credentials this server has for it), and without any Secret for it Argo
-//! CD's implicit `in-cluster` destination exists on the control plane (unless disabled); an
-//! instance with `kubeconfig` registers its own cluster under its name instead ([`home_spec`]).
+//! `execProviderConfig`), as Argo CD's `SecretToCluster` reads it. Argo CD's implicit
+//! `in-cluster` destination exists on the control plane (unless disabled), reached with this
+//! server's own credentials and limited to `argocd.inClusterNamespaces`; an instance with
+//! `kubeconfig` registers its own cluster under its name instead ([`home_spec`]).
 //! Secret labels become destination labels; annotation `rollouts-dispatch.io/namespace` sets the
 //! default namespace, and `rollouts-dispatch.io/namespaces` (comma-separated) limits the
 //! destination to those namespaces: its caches watch each of them instead of the whole cluster,
@@ -16,6 +15,14 @@
 //!
 //! What a Secret may not do here, although Argo CD would accept it (the field meanings are
 //! Argo CD's `ClusterConfig`, pkg/apis/application/v1alpha1/types.go:2520-2544 at 37ee0097cf):
+//! * borrow this server's credentials: a Secret without credentials of its own is unusable
+//!   ([`SecretProblem::NoCredentials`]), where Argo CD would reach
+//!   `https://kubernetes.default.svc` with its `rest.InClusterConfig()`; and a Secret for that
+//!   server, or one claiming the name `in-cluster`, is ignored ([`watch`]): whoever may write
+//!   Secrets in the Argo CD namespace would otherwise get the control plane with the server's
+//!   credentials, past `argocd.inClusterNamespaces` (#27);
+//! * shadow a configured destination: `destinations`, agents and an instance's own cluster
+//!   keep their name against any Secret (`Source::priority`);
 //! * run a command of its choosing: `execProviderConfig` (types.go:2486, turned into a client-go
 //!   `ExecConfig` at types.go:4025) is refused unless its `command` is listed in
 //!   `argocd.execProviders` of the server config, since whoever can write Secrets in the Argo CD
@@ -139,6 +146,21 @@ pub enum SecretProblem {
         #[source]
         source: crate::config::InvalidNamespaces,
     },
+    /// No credentials of its own: this server never lends its own to a Secret.
+    #[error(
+        "data.config gives no credentials (bearerToken, username/password, tlsClientConfig \
+         certData/keyData, execProviderConfig or awsAuthConfig); rollouts-dispatch never reaches \
+         a cluster Secret's server with its own credentials: put a token for it in the Secret (the \
+         cluster Argo CD runs on is the implicit in-cluster destination, argocd.inClusterNamespaces)"
+    )]
+    NoCredentials,
+    /// The server `https://kubernetes.default.svc`: the cluster of whoever reads it.
+    #[error(
+        "data.server is {IN_CLUSTER_SERVER}, the cluster Argo CD runs on: rollouts-dispatch reaches \
+         it only as the implicit in-cluster destination (argocd.inCluster, \
+         argocd.inClusterNamespaces), never through a Secret"
+    )]
+    InClusterServer,
     /// The kubeconfig made from the Secret cannot be used (e.g. an exec command is missing).
     #[error(transparent)]
     Access(#[from] AccessError),
@@ -205,13 +227,8 @@ pub fn destination_name(secret: &Secret) -> String {
 }
 
 /// The destination a cluster Secret of instance `settings` defines; credentials that cannot be
-/// used give a spec whose `config` is the error. `control_plane` is the config of the cluster
-/// the Secret lives on (the instance's).
-pub async fn spec_from_secret(
-    secret: &Secret,
-    settings: &ArgoCdConfig,
-    control_plane: &kube::Config,
-) -> DestinationSpec {
+/// used (or none at all) give a spec whose `config` is the error.
+pub async fn spec_from_secret(secret: &Secret, settings: &ArgoCdConfig) -> DestinationSpec {
     let meta = &secret.metadata;
     let secret_name = meta.name.clone().unwrap_or_default();
     let source = Source::ArgoCd {
@@ -278,14 +295,14 @@ pub async fn spec_from_secret(
         } else {
             serde_json::from_str(&raw).map_err(SecretProblem::ConfigJson)?
         };
-        let no_credentials = cfg.bearer_token.is_none()
-            && cfg.username.is_none()
-            && cfg.password.is_none()
-            && cfg.exec_provider_config.is_none()
-            && cfg.aws_auth_config.is_none();
-        if server == IN_CLUSTER_SERVER && no_credentials {
-            // Argo CD's rest.InClusterConfig(): the cluster this Secret lives on.
-            return Ok(control_plane.clone());
+        // Argo CD reads a Secret for this server without credentials as its own cluster
+        // (rest.InClusterConfig()); here it never becomes a destination (the watch ignores it
+        // first), and nothing lends the server's credentials to a Secret.
+        if server == IN_CLUSTER_SERVER {
+            return Err(SecretProblem::InClusterServer);
+        }
+        if !has_credentials(&cfg) {
+            return Err(SecretProblem::NoCredentials);
         }
         let (cluster, user) = kubeconfig_entries(&server, &cfg, &settings.exec_providers)?;
         if cfg.tls_client_config.insecure {
@@ -313,6 +330,19 @@ pub async fn spec_from_secret(
         fingerprint,
         config,
     }
+}
+
+/// Whether a Secret's `config` brings credentials of its own.
+fn has_credentials(cfg: &ClusterConfig) -> bool {
+    let tls = &cfg.tls_client_config;
+    cfg.bearer_token
+        .as_deref()
+        .is_some_and(|t| !t.trim().is_empty())
+        || cfg.username.is_some()
+        || cfg.password.is_some()
+        || cfg.exec_provider_config.is_some()
+        || cfg.aws_auth_config.is_some()
+        || (tls.cert_data.is_some() && tls.key_data.is_some())
 }
 
 fn kubeconfig_entries(
@@ -481,295 +511,4 @@ pub fn home_spec(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use k8s_openapi::ByteString;
-    use kube::api::ObjectMeta;
-
-    const CA: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
-
-    fn settings() -> ArgoCdConfig {
-        ArgoCdConfig {
-            name: "argocd".into(),
-            location: crate::config::ArgoCdLocation::ControlPlane,
-            shards: crate::config::Shards::Every,
-            namespace: "argocd".into(),
-            in_cluster: true,
-            in_cluster_namespaces: None,
-            default_namespace: "default".into(),
-            exec_providers: vec!["sh".into(), "no-such-helper".into()],
-        }
-    }
-
-    fn cp() -> kube::Config {
-        kube::Config::new("https://127.0.0.1:6443".parse().unwrap())
-    }
-
-    fn secret(data: &[(&str, &str)]) -> Secret {
-        Secret {
-            metadata: ObjectMeta {
-                name: Some("cluster-prod".into()),
-                namespace: Some("argocd".into()),
-                labels: Some(BTreeMap::from([
-                    (SECRET_TYPE_LABEL.to_string(), "cluster".to_string()),
-                    ("env".to_string(), "prod".to_string()),
-                ])),
-                annotations: Some(BTreeMap::from([(
-                    NAMESPACE_ANNOTATION.to_string(),
-                    "verify".to_string(),
-                )])),
-                ..ObjectMeta::default()
-            },
-            data: Some(
-                data.iter()
-                    .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
-                    .collect(),
-            ),
-            ..Secret::default()
-        }
-    }
-
-    fn b64(s: &str) -> String {
-        base64::engine::general_purpose::STANDARD.encode(s)
-    }
-
-    #[tokio::test]
-    async fn bearer_token_and_ca() {
-        let config = json!({"bearerToken": "tok", "tlsClientConfig": {"insecure": false, "caData": b64(CA)}});
-        let s = spec_from_secret(
-            &secret(&[
-                ("name", "prod"),
-                ("server", "https://10.0.0.1:6443/"),
-                ("config", &config.to_string()),
-            ]),
-            &settings(),
-            &cp(),
-        )
-        .await;
-        assert_eq!(s.name, "prod");
-        assert_eq!(s.server, "https://10.0.0.1:6443");
-        assert_eq!(s.namespace, "verify");
-        assert_eq!(s.labels["env"], "prod");
-        let c = s.config.unwrap();
-        assert_eq!(c.cluster_url.to_string(), "https://10.0.0.1:6443/");
-        assert!(c.root_cert.is_some());
-        assert!(!c.accept_invalid_certs);
-    }
-
-    #[tokio::test]
-    async fn an_annotation_limits_the_destination_to_namespaces() {
-        let limited = |namespace: Option<&str>, namespaces: &str| {
-            let mut s = secret(&[("name", "prod"), ("server", IN_CLUSTER_SERVER)]);
-            let a = s.metadata.annotations.as_mut().unwrap();
-            a.remove(NAMESPACE_ANNOTATION);
-            if let Some(ns) = namespace {
-                a.insert(NAMESPACE_ANNOTATION.into(), ns.into());
-            }
-            a.insert(NAMESPACES_ANNOTATION.into(), namespaces.into());
-            s
-        };
-        let s = spec_from_secret(&limited(None, "verify, smoke"), &settings(), &cp()).await;
-        assert_eq!(s.namespaces, Some(vec!["verify".into(), "smoke".into()]));
-        assert_eq!(
-            s.namespace, "verify",
-            "`default` is not listed: the first is"
-        );
-        assert!(s.config.is_ok());
-        let s = spec_from_secret(&limited(Some("smoke"), "verify,smoke"), &settings(), &cp()).await;
-        assert_eq!(s.namespace, "smoke");
-        for (namespace, value, needle) in [
-            (
-                Some("other"),
-                "verify",
-                "does not list the destination's default namespace \"other\"",
-            ),
-            (None, "Verify", "item 0"),
-            (None, " , ", "is empty"),
-        ] {
-            let s = spec_from_secret(&limited(namespace, value), &settings(), &cp()).await;
-            let e = s.config.unwrap_err().to_string();
-            assert!(
-                e.contains(NAMESPACES_ANNOTATION)
-                    && e.contains(needle)
-                    && e.contains("fix the Argo CD cluster Secret argocd/cluster-prod"),
-                "{e}"
-            );
-        }
-        let mut in_cluster = settings();
-        in_cluster.in_cluster_namespaces = Some(vec!["a".into(), "default".into()]);
-        let s = in_cluster_spec(&in_cluster, &cp());
-        assert_eq!(
-            (s.namespace.as_str(), s.namespaces.as_ref().map(Vec::len)),
-            ("default", Some(2))
-        );
-    }
-
-    #[tokio::test]
-    async fn in_cluster_without_credentials_is_the_control_plane() {
-        let s = spec_from_secret(
-            &secret(&[("name", "local"), ("server", IN_CLUSTER_SERVER)]),
-            &settings(),
-            &cp(),
-        )
-        .await;
-        assert_eq!(
-            s.config.unwrap().cluster_url.to_string(),
-            "https://127.0.0.1:6443/"
-        );
-        let implicit = in_cluster_spec(&settings(), &cp());
-        assert_eq!(implicit.name, IN_CLUSTER_NAME);
-        assert_eq!(
-            implicit.source,
-            Source::ArgoCdInCluster {
-                instance: "argocd".into()
-            }
-        );
-    }
-
-    #[tokio::test]
-    async fn unusable_secrets_say_why() {
-        for (data, needle) in [
-            (vec![("server", "https://x")], "data.name is missing"),
-            (vec![("name", "x")], "data.server is missing"),
-            (
-                vec![("name", "x"), ("server", "https://x"), ("config", "{")],
-                "not valid JSON",
-            ),
-            (
-                vec![
-                    ("name", "x"),
-                    ("server", "https://x"),
-                    ("config", r#"{"tlsClientConfig":{"caData":"%%%"}}"#),
-                ],
-                "caData is not base64",
-            ),
-            (
-                vec![
-                    ("name", "x"),
-                    ("server", "https://x"),
-                    (
-                        "config",
-                        r#"{"awsAuthConfig":{"clusterName":"prod","roleARN":"arn:x"}}"#,
-                    ),
-                ],
-                "\"argocd-k8s-auth\" is not installed",
-            ),
-            (
-                vec![
-                    ("name", "x"),
-                    ("server", "https://x"),
-                    (
-                        "config",
-                        r#"{"execProviderConfig":{"command":"no-such-helper","installHint":"get it"}}"#,
-                    ),
-                ],
-                "get it",
-            ),
-            (
-                vec![
-                    ("name", "x"),
-                    ("server", "https://x"),
-                    ("config", r#"{"proxyUrl":"http://p"}"#),
-                ],
-                "proxyUrl",
-            ),
-        ] {
-            let s = spec_from_secret(&secret(&data), &settings(), &cp()).await;
-            let e = s.config.unwrap_err().to_string();
-            assert!(e.contains(needle), "{e}");
-            assert!(
-                e.contains("Argo CD cluster Secret argocd/cluster-prod"),
-                "{e}"
-            );
-        }
-    }
-
-    #[tokio::test]
-    async fn exec_with_a_present_command_works() {
-        let config =
-            r#"{"execProviderConfig":{"command":"sh","args":["-c","exit 1"],"env":{"A":"b"}}}"#;
-        let s = spec_from_secret(
-            &secret(&[("name", "x"), ("server", "https://x"), ("config", config)]),
-            &settings(),
-            &cp(),
-        )
-        .await;
-        assert!(s.config.is_ok(), "{:?}", s.config.err());
-    }
-
-    #[tokio::test]
-    async fn exec_outside_the_allowlist_is_refused_and_insecure_is_kept() {
-        for (config, allowed) in [
-            (
-                r#"{"execProviderConfig":{"command":"/bin/sh","args":["-c","id"]}}"#,
-                vec!["sh".to_string()],
-            ),
-            (r#"{"execProviderConfig":{"command":"sh"}}"#, vec![]),
-            (
-                r#"{"execProviderConfig":{"command":"sh "}}"#,
-                vec!["sh".to_string()],
-            ),
-        ] {
-            let mut settings = settings();
-            settings.exec_providers = allowed;
-            let s = spec_from_secret(
-                &secret(&[("name", "x"), ("server", "https://x"), ("config", config)]),
-                &settings,
-                &cp(),
-            )
-            .await;
-            let e = s.config.unwrap_err().to_string();
-            assert!(e.contains("inside the rollouts-dispatch server"), "{e}");
-            assert!(e.contains("argocd.execProviders"), "{e}");
-            assert!(
-                e.contains("Argo CD cluster Secret argocd/cluster-prod"),
-                "{e}"
-            );
-        }
-        let s = spec_from_secret(
-            &secret(&[
-                ("name", "x"),
-                ("server", "https://x"),
-                (
-                    "config",
-                    r#"{"bearerToken":"t","tlsClientConfig":{"insecure":true}}"#,
-                ),
-            ]),
-            &settings(),
-            &cp(),
-        )
-        .await;
-        assert!(s.config.unwrap().accept_invalid_certs);
-    }
-
-    #[test]
-    fn the_destination_name_is_data_name_else_the_secret_name() {
-        assert_eq!(destination_name(&secret(&[("name", " prod ")])), "prod");
-        assert_eq!(destination_name(&secret(&[("name", "")])), "cluster-prod");
-        assert_eq!(destination_name(&secret(&[])), "cluster-prod");
-    }
-
-    #[tokio::test]
-    async fn fingerprints_follow_the_data() {
-        let a = spec_from_secret(
-            &secret(&[("name", "x"), ("server", "https://x")]),
-            &settings(),
-            &cp(),
-        )
-        .await;
-        let b = spec_from_secret(
-            &secret(&[("name", "x"), ("server", "https://x")]),
-            &settings(),
-            &cp(),
-        )
-        .await;
-        let c = spec_from_secret(
-            &secret(&[("name", "x"), ("server", "https://y")]),
-            &settings(),
-            &cp(),
-        )
-        .await;
-        assert_eq!(a.fingerprint, b.fingerprint);
-        assert_ne!(a.fingerprint, c.fingerprint);
-    }
-}
+mod tests;

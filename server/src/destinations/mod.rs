@@ -3,13 +3,15 @@
 //! A destination is a name, labels (for `destinationSelector`), a default namespace, a server
 //! URL and a kube client, plus two watch caches selected by `rollouts-dispatch.io/managed=true`:
 //! our Jobs (indexed by run UID) and their Pods (indexed by Job), so that a status lookup costs
-//! no API call. Sources, merged by name with this precedence:
+//! no API call. Sources, merged by name (and, for an Application's server URL, by server) with
+//! this precedence:
 //!
-//! 1. the config file's `destinations` ([`Source::Config`]);
-//! 2. Argo CD cluster Secrets, watched live on the cluster of each Argo CD instance
-//!    ([`argocd`]); the cluster an instance with `kubeconfig` runs on, named after it, comes
-//!    first like a configured destination;
-//! 3. the implicit Argo CD `in-cluster` destination, the control plane itself;
+//! 1. the config file's `destinations` ([`Source::Config`]) and agents; the cluster an Argo CD
+//!    instance with `kubeconfig` runs on, named after it, like a configured destination;
+//! 2. the implicit Argo CD `in-cluster` destination, the control plane itself;
+//! 3. Argo CD cluster Secrets, watched live on the cluster of each Argo CD instance
+//!    ([`argocd`]): whoever may write them never shadows what the platform team configured, nor
+//!    `in-cluster` (#27); the Secret is ignored with a warning naming both;
 //! 4. kubeconfig contexts ([`Source::Kubeconfig`], the embedded default on a laptop).
 //!
 //! Agent destinations (`agents.destinations` of the config, [`Source::Agent`]) are
@@ -99,13 +101,15 @@ pub enum Source {
 }
 
 impl Source {
-    /// Lower wins when two sources define the same name.
+    /// Lower wins when two sources define the same name (or, for an Application, the same
+    /// server): what the platform team configured, then `in-cluster`, then Argo CD cluster
+    /// Secrets, which whoever may write Secrets in the Argo CD namespace controls.
     fn priority(&self) -> u8 {
         match self {
             // An instance's own cluster is configured like a destination: no Secret replaces it.
             Self::Config { .. } | Self::Agent { .. } | Self::Local | Self::ArgoCdHome { .. } => 0,
-            Self::ArgoCd { .. } => 1,
-            Self::ArgoCdInCluster { .. } => 2,
+            Self::ArgoCdInCluster { .. } => 1,
+            Self::ArgoCd { .. } => 2,
             Self::Kubeconfig { .. } => 3,
         }
     }
@@ -528,7 +532,9 @@ impl Registry {
             .collect()
     }
 
-    /// Entries with API server `server`, Argo CD's first.
+    /// Entries with API server `server`, by precedence: a configured destination before an
+    /// Argo CD cluster Secret for the same server (#27: a Secret, which another team may write,
+    /// never takes an Application's cluster from the destination the platform team configured).
     pub fn by_server(&self, server: &str) -> Vec<Entry> {
         let server = server.trim_end_matches('/');
         let mut found: Vec<Entry> = self
@@ -536,7 +542,7 @@ impl Registry {
             .into_iter()
             .filter(|e| e.server() == server)
             .collect();
-        found.sort_by_key(|e| (!e.source().is_argocd(), e.source().priority()));
+        found.sort_by_key(|e| e.source().priority());
         found
     }
 
@@ -565,7 +571,7 @@ impl Registry {
                 let existing = slot.entry.source();
                 if existing.priority() < spec.source.priority() {
                     tracing::warn!(destination = %spec.name, kept = %existing, ignored = %spec.source,
-                                   "two sources define this destination; keeping the one with precedence");
+                                   "two sources define this destination; keeping the one with precedence (a configured destination, then in-cluster, then Argo CD cluster Secrets)");
                     return false;
                 }
                 if *existing == spec.source && slot.fingerprint == spec.fingerprint {

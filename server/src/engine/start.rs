@@ -44,6 +44,9 @@ impl Engine {
         if let Some(w) = policy.warning() {
             tracing::warn!("{w}");
         }
+        for w in policy.namespace_warnings() {
+            tracing::warn!(origin = %origin, "{w}");
+        }
         let registry = Arc::new(Registry::new(settings, !argocd.is_empty()));
         let control_plane = tokio::sync::OnceCell::new();
         for (i, d) in destinations.iter().enumerate() {

@@ -4,8 +4,9 @@
 //!
 //! * Agent tokens serve one destination's work (`/v1/agents/{dest}/…`) and nothing else: on a
 //!   measurement route they are refused outright, whatever the request says.
-//! * A caller bound to projects ([`Projects::Only`]: a JWT `projects` claim, a `policy.callers`
-//!   entry) may only act for AnalysisRuns in those namespaces.
+//! * Every other caller is bound to projects ([`Projects`]: a JWT `projects` claim, a
+//!   `policy.callers` entry; `"*"` for the Rollouts controller) and may only act for
+//!   AnalysisRuns in those namespaces.
 //!
 //! The refusal is a 403 `forbidden`, which the plugin turns into an `Error` measurement; its
 //! message names the project and what to change (the token, or the config entry).
@@ -66,9 +67,7 @@ pub fn measurement_caller(caller: &Principal, run: &RunRef) -> Result<(), Dispat
     if caller.projects.allows(project) {
         return Ok(());
     }
-    let Projects::Only { globs, bound_by } = &caller.projects else {
-        return Ok(());
-    };
+    let Projects { globs, bound_by } = &caller.projects;
     tracing::warn!(subject = %caller.subject, %project, bound_to = ?globs,
                    "refused: caller not bound to the run's project");
     let fix = match bound_by {
@@ -113,13 +112,7 @@ pub fn application_caller(
             .into(),
         ));
     }
-    let only_one = match &caller.projects {
-        Projects::Only { globs, .. } if globs.len() == 1 && !globs[0].contains(['*', '?']) => {
-            Some(globs[0].as_str())
-        }
-        _ => None,
-    };
-    let Some(project) = named.or(only_one) else {
+    let Some(project) = named.or(caller.projects.only_one()) else {
         return Err(DispatchError::Forbidden(
             format!(
                 "{} may act for more than one project: name the Kargo project the request is for \
@@ -135,12 +128,11 @@ pub fn application_caller(
     }
     tracing::warn!(subject = %caller.subject, %project, destination,
                    "refused: caller not bound to the project it names");
-    let fix = match &caller.projects {
-        Projects::Only {
-            bound_by: ScopeSource::Config { index, origin },
-            ..
-        } => format!("add {project:?} to policy.callers[{index}] in {origin}"),
-        _ => {
+    let fix = match &caller.projects.bound_by {
+        ScopeSource::Config { index, origin } => {
+            format!("add {project:?} to policy.callers[{index}] in {origin}")
+        }
+        ScopeSource::TokenClaim => {
             format!("use a token issued for it (rollouts-dispatch token issue --project {project})")
         }
     };
@@ -175,10 +167,7 @@ mod tests {
         assert!(e.contains("agent token for destination \"edge\""), "{e}");
 
         let mut p = Principal::plugin("ci");
-        p.projects = Projects::Only {
-            globs: vec!["team-a".into()],
-            bound_by: ScopeSource::TokenClaim,
-        };
+        p.projects = Projects::claimed(vec!["team-a".into()]);
         measurement_caller(&p, &run("team-a")).unwrap();
         let e = measurement_caller(&p, &run("team-b"))
             .unwrap_err()
@@ -187,7 +176,7 @@ mod tests {
             e.contains("project \"team-b\"") && e.contains("token issue --project team-b"),
             "{e}"
         );
-        p.projects = Projects::Only {
+        p.projects = Projects {
             globs: vec!["team-a".into()],
             bound_by: ScopeSource::Config {
                 index: 2,

@@ -1,7 +1,8 @@
 //! People of the control plane ([`ControlPlanePeople`], the [`People`](super::viewer::People)
 //! of `serve` with a control plane): who they are, from their own Kubernetes bearer token (a
 //! TokenReview with no audiences: the apiserver's own, as `kubectl` tokens are) or from the
-//! headers of a trusted authenticating proxy (oauth2-proxy `--pass-user-headers`), and what they
+//! headers of a trusted authenticating proxy (oauth2-proxy `--pass-user-headers`; never a user
+//! or group under Kubernetes' own `system:`), and what they
 //! may see: a SubjectAccessReview of `get analysisruns.argoproj.io` in the run's namespace, the
 //! rule Kargo users already live under.
 //!
@@ -144,12 +145,13 @@ fn lock<V>(m: &Mutex<Lru<V>>) -> MutexGuard<'_, Lru<V>> {
 }
 
 /// The person `proxy`'s headers name, when `peer` is one of its addresses; `None` otherwise
-/// (headers from anyone else are not looked at beyond a debug line).
+/// (headers from anyone else are not looked at beyond a debug line); an error for a user under
+/// `system:`.
 fn proxied_person(
     proxy: &ProxyConfig,
     headers: &HeaderMap,
     peer: Option<SocketAddr>,
-) -> Option<Person> {
+) -> Option<Result<Person, AuthError>> {
     let header = |name: &str| {
         headers
             .get(name)
@@ -169,21 +171,41 @@ fn proxied_person(
         return None;
     }
     let user = header(&proxy.user_header)?;
+    // `system:` is Kubernetes' own namespace of users and groups (system:masters,
+    // system:nodes, system:serviceaccount:…): an identity provider behind the proxy may let
+    // people name their own groups (a GitHub team, an LDAP group), so a name there is never
+    // taken as a Kubernetes identity. Such a user is refused; such groups are dropped and the
+    // person is reviewed with the rest (fewer groups only ever show less).
+    if user.starts_with(SYSTEM_PREFIX) {
+        tracing::warn!(peer = ?peer, user, "proxy user under `system:` refused");
+        return Some(Err(AuthError::SystemIdentity(user.to_string())));
+    }
     let groups = header(&proxy.groups_header)
         .map(|g| {
             g.split(',')
                 .map(str::trim)
                 .filter(|g| !g.is_empty())
+                .filter(|g| {
+                    let system = g.starts_with(SYSTEM_PREFIX);
+                    if system {
+                        tracing::warn!(peer = ?peer, user, group = g,
+                                       "proxy group under `system:` dropped");
+                    }
+                    !system
+                })
                 .map(String::from)
                 .collect()
         })
         .unwrap_or_default();
-    Some(Person {
+    Some(Ok(Person {
         user: user.to_string(),
         groups,
         via: PersonSource::Proxy,
-    })
+    }))
 }
+
+/// Kubernetes' reserved prefix of users and groups: never accepted from a proxy.
+const SYSTEM_PREFIX: &str = "system:";
 
 impl ControlPlanePeople {
     /// The person the configured proxy vouches for (see [`People::by_proxy`](super::viewer::People::by_proxy)).
@@ -192,11 +214,11 @@ impl ControlPlanePeople {
         headers: &HeaderMap,
         peer: Option<SocketAddr>,
     ) -> Result<Option<Person>, AuthError> {
-        Ok(self
-            .config
+        self.config
             .proxy
             .as_ref()
-            .and_then(|p| proxied_person(p, headers, peer)))
+            .and_then(|p| proxied_person(p, headers, peer))
+            .transpose()
     }
 
     /// The person `token` belongs to, by a TokenReview (cached); `Ok(None)` when people's tokens

@@ -7,7 +7,10 @@
 //! most [`NEGATIVE_MAX`], in their own LRU so that garbage can never evict a good result).
 //! Tokens whose header says `alg: HS256` are our own JWTs, never Kubernetes ServiceAccount
 //! tokens: they are refused here without a review (see [`is_ours`]).
-//! A user matching a `policy.callers` entry may act only for that entry's projects.
+//! A user matching a `policy.callers` entry may act only for that entry's projects; a user no
+//! entry matches is refused (403 naming the entry to add: callers fail closed, #27). The review
+//! asks for our audience, and the answer must name it in `status.audiences` (see
+//! [`audience_checked`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, RandomState};
@@ -146,6 +149,32 @@ pub fn is_ours(token: &str) -> bool {
     super::auth::header_alg(token).as_deref() == Some("HS256")
 }
 
+/// Refuses a review whose `status.audiences` names none of the `asked` audiences. Kubernetes
+/// says a client that sets `spec.audiences` "should validate that a compatible audience
+/// identifier is returned in the status.audiences field to ensure that the TokenReview server
+/// is audience aware", and an empty `status.audiences` with `authenticated: true` means the
+/// token is valid for the apiserver's own audience (k8s.io/api authentication/v1/types.go:91-102
+/// at v0.34.5, `TokenReviewStatus.Audiences`), not ours: a token made for the apiserver (a
+/// kubeconfig or `kubectl create token` token) or a webhook authenticator that ignores
+/// audiences would otherwise be taken for the Rollouts controller's projected token. (People's
+/// reviews ask for no audience, the apiserver's own, and are not checked this way.)
+fn audience_checked(asked: &[String], answered: Option<&[String]>) -> Result<(), AuthError> {
+    let answered = answered.unwrap_or_default();
+    if answered.iter().any(|a| asked.contains(a)) {
+        return Ok(());
+    }
+    let answered = if answered.is_empty() {
+        "none (the token is for the apiserver itself, or the authenticator is not audience-aware)"
+            .to_string()
+    } else {
+        answered.join(", ")
+    };
+    Err(AuthError::NotOurAudience {
+        ours: asked.join(", "),
+        answered,
+    })
+}
+
 /// TokenReview-backed authenticator with an allow-list of usernames.
 pub struct TokenReviewAuthenticator {
     client: kube::Client,
@@ -187,29 +216,36 @@ impl TokenReviewAuthenticator {
     }
 
     /// Binds the users matching a `policy.callers` entry of config file `origin` to its
-    /// projects (the first matching entry applies; users no entry matches: every project).
+    /// projects (the first matching entry applies; a user no entry matches is refused).
     pub fn with_callers(mut self, callers: Vec<CallerBinding>, origin: &str) -> Self {
         self.callers = callers;
         self.origin = origin.to_string();
         self
     }
 
-    /// The projects user `user` may act for.
-    fn projects_of(&self, user: &str) -> Projects {
-        match self
+    /// The allowed users no `policy.callers` entry matches: each would be refused on every
+    /// request, so `serve` refuses to start with them.
+    pub fn unbound(&self) -> Vec<&str> {
+        self.allowed
+            .iter()
+            .map(String::as_str)
+            .filter(|u| self.projects_of(u).is_none())
+            .collect()
+    }
+
+    /// The projects user `user` may act for: its first matching `policy.callers` entry's.
+    fn projects_of(&self, user: &str) -> Option<Projects> {
+        let index = self
             .callers
             .iter()
-            .position(|c| crate::policy::glob_match(&c.subject, user))
-        {
-            None => Projects::All,
-            Some(index) => Projects::Only {
-                globs: self.callers[index].projects.clone(),
-                bound_by: ScopeSource::Config {
-                    index,
-                    origin: self.origin.clone(),
-                },
+            .position(|c| crate::policy::glob_match(&c.subject, user))?;
+        Some(Projects {
+            globs: self.callers[index].projects.clone(),
+            bound_by: ScopeSource::Config {
+                index,
+                origin: self.origin.clone(),
             },
-        }
+        })
     }
 
     async fn review(&self, token: &str) -> Result<Principal, AuthError> {
@@ -235,12 +271,21 @@ impl TokenReviewAuthenticator {
                 "the apiserver rejected the token: {why}"
             )));
         }
+        audience_checked(&self.audiences, status.audiences.as_deref())?;
         let user = status.user.and_then(|u| u.username).unwrap_or_default();
         if !self.allowed.iter().any(|a| a == &user) {
             return Err(AuthError::NotAllowed(user));
         }
+        let Some(projects) = self.projects_of(&user) else {
+            tracing::warn!(user = %user, origin = %self.origin,
+                           "refused: TokenReview identity with no policy.callers entry");
+            return Err(AuthError::Unbound {
+                user,
+                origin: self.origin.clone(),
+            });
+        };
         Ok(Principal {
-            projects: self.projects_of(&user),
+            projects,
             subject: user,
             destination: None,
         })
@@ -304,7 +349,8 @@ mod tests {
                 async move {
                     let mut answer = review.clone();
                     answer["status"] = if token.starts_with("good-") {
-                        json!({"authenticated": true, "user": {"username": "system:serviceaccount:argo-rollouts:argo-rollouts"}})
+                        json!({"authenticated": true, "audiences": review["spec"]["audiences"],
+                               "user": {"username": "system:serviceaccount:argo-rollouts:argo-rollouts"}})
                     } else {
                         json!({"authenticated": false, "error": "invalid bearer token"})
                     };
@@ -319,12 +365,28 @@ mod tests {
         (client, reviews)
     }
 
-    fn authenticator(client: kube::Client) -> TokenReviewAuthenticator {
+    /// Allows the controller, bound by one `policy.callers` entry (`subject` to `projects`).
+    fn controller_bound_by(
+        client: kube::Client,
+        subject: &str,
+        projects: &str,
+    ) -> TokenReviewAuthenticator {
         TokenReviewAuthenticator::new(
             client,
             Vec::new(),
             vec!["system:serviceaccount:argo-rollouts:argo-rollouts".into()],
         )
+        .with_callers(
+            vec![CallerBinding {
+                subject: subject.into(),
+                projects: vec![projects.into()],
+            }],
+            "config file c.yaml",
+        )
+    }
+
+    fn authenticator(client: kube::Client) -> TokenReviewAuthenticator {
+        controller_bound_by(client, "system:serviceaccount:argo-rollouts:*", "*")
     }
 
     /// A JWT-shaped token with header `alg` and a unique body (its signature is garbage).
@@ -433,11 +495,11 @@ mod tests {
             ],
             "config file c.yaml",
         );
-        let a = auth.projects_of("system:serviceaccount:team-a:ci");
+        let a = auth.projects_of("system:serviceaccount:team-a:ci").unwrap();
         assert!(a.allows("team-a") && !a.allows("shared-x"));
         assert_eq!(
             a,
-            Projects::Only {
+            Projects {
                 globs: vec!["team-a".into()],
                 bound_by: ScopeSource::Config {
                     index: 0,
@@ -445,8 +507,61 @@ mod tests {
                 }
             }
         );
-        let other = auth.projects_of("system:serviceaccount:argo-rollouts:argo-rollouts");
+        let other = auth
+            .projects_of("system:serviceaccount:argo-rollouts:argo-rollouts")
+            .unwrap();
         assert!(other.allows("shared-1") && !other.allows("team-a"));
-        assert_eq!(auth.projects_of("alice"), Projects::All);
+        // Fail closed (#27): no entry, no project (it once meant every project).
+        assert_eq!(auth.projects_of("alice"), None);
+    }
+
+    #[tokio::test]
+    async fn an_identity_without_a_callers_entry_is_refused_with_the_entry_to_add() {
+        let (client, _) = apiserver().await;
+        let auth = controller_bound_by(client, "system:serviceaccount:team-a:*", "team-a");
+        assert_eq!(
+            auth.unbound(),
+            ["system:serviceaccount:argo-rollouts:argo-rollouts"]
+        );
+        let e = auth.authenticate("good-controller").await.unwrap_err();
+        assert_eq!(e.status(), axum::http::StatusCode::FORBIDDEN);
+        let message = e.to_string();
+        assert!(
+            message.contains(
+                "system:serviceaccount:argo-rollouts:argo-rollouts matches no `policy.callers` \
+                 entry in config file c.yaml"
+            ) && message.contains(
+                "`policy: {callers: [{subject: \"system:serviceaccount:argo-rollouts:argo-rollouts\", \
+                 projects: [\"*\"]}]}`"
+            ),
+            "{message}"
+        );
+        assert!(authenticator(kube_client()).unbound().is_empty());
+    }
+
+    fn kube_client() -> kube::Client {
+        kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap()
+    }
+
+    #[test]
+    fn the_answer_must_name_an_audience_we_asked_for() {
+        let ours = vec![AUDIENCE.to_string()];
+        assert!(audience_checked(&ours, Some(&ours)).is_ok());
+        let both = vec!["other".to_string(), AUDIENCE.to_string()];
+        assert!(audience_checked(&ours, Some(&both)).is_ok());
+        for answered in [
+            None,
+            Some(&[][..]),
+            Some(&["https://kubernetes.default.svc".to_string()][..]),
+        ] {
+            let e = audience_checked(&ours, answered).unwrap_err().to_string();
+            assert!(
+                e.contains("not for audience rollouts-dispatch")
+                    && e.contains("serviceAccountToken.audience: rollouts-dispatch"),
+                "{e}"
+            );
+        }
+        let e = audience_checked(&ours, None).unwrap_err().to_string();
+        assert!(e.contains("not audience-aware"), "{e}");
     }
 }

@@ -132,14 +132,7 @@ pub async fn identify(
     peer: Option<SocketAddr>,
     token: Option<&str>,
 ) -> Result<Viewer, ApiFailure> {
-    let unauthenticated = |e: AuthError| {
-        let status = if matches!(e, AuthError::Unavailable(_)) {
-            StatusCode::SERVICE_UNAVAILABLE
-        } else {
-            StatusCode::UNAUTHORIZED
-        };
-        ApiFailure::new(status, "unauthenticated", e.to_string())
-    };
+    let unauthenticated = |e: AuthError| ApiFailure::new(e.status(), e.code(), e.to_string());
     if let Some(person) = gate
         .people
         .by_proxy(headers, peer)

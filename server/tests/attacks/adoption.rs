@@ -24,7 +24,7 @@ const ATTACKER: (&str, &str, &str) = ("team-b", "run-b1", "uid-b1");
 /// Ensures `m` with the controller's token; the reply's metadata goes into `m`.
 async fn ensure_as_controller(scene: &Scene, m: &mut MeasurementRef) -> Result<()> {
     let reply = scene
-        .post(v1::ENSURE, &plugin_token("argo-rollouts", None), m)
+        .post(v1::ENSURE, &plugin_token("argo-rollouts", Some(&["*"])), m)
         .await?;
     ensure!(reply.status == 200, "ensure: {:?}", reply.body);
     let ensured: Ensured = serde_json::from_value(reply.body)?;
@@ -44,7 +44,7 @@ async fn judge(
     expect: &str,
 ) -> Result<()> {
     let reply = scene
-        .post(route, &plugin_token("argo-rollouts", None), victim)
+        .post(route, &plugin_token("argo-rollouts", Some(&["*"])), victim)
         .await?;
     let text = |k: &str| reply.body[k].as_str().unwrap_or_default().to_string();
     let (phase, message) = (text("phase"), text("message"));

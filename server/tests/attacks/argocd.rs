@@ -245,3 +245,144 @@ async fn an_insecure_secret_is_shown_wherever_destinations_are_listed() -> Resul
     );
     Ok(())
 }
+
+/// What whoever writes Argo CD cluster Secrets tries against the names the platform team owns
+/// (#27): `in-cluster` on.
+const ARGOCD_IN_CLUSTER: &str =
+    "argocd: {namespace: argocd, inCluster: true, defaultNamespace: verify}";
+
+/// Puts the Secret of a destination `sentinel` and waits for it: the watch applies Secrets in
+/// order, so every Secret put before it has been seen.
+async fn seen(scene: &Scene, n: u32) -> Result<()> {
+    let name = format!("sentinel-{n}");
+    let b = scene.world.clusters.b.url().to_string();
+    put_secret(scene, &name, &name, &b, &json!({"bearerToken": "b-token"}));
+    registered(scene, &name, |e| matches!(e, Entry::Ready(_))).await?;
+    Ok(())
+}
+
+/// Job creations on every fake cluster, the control plane included.
+fn all_job_creations(scene: &Scene) -> Vec<String> {
+    let on_cp = scene.world.clusters.cp.calls("POST", "/jobs");
+    let mut created = job_creations(scene);
+    created.extend((0..on_cp).map(|_| "cp: POST jobs".to_string()));
+    created
+}
+
+#[tokio::test]
+async fn a_secret_never_shadows_a_configured_destination_or_in_cluster() -> Result<()> {
+    let scene = Scene::start(&format!("{POLICY}\n{ARGOCD_IN_CLUSTER}")).await?;
+    let (a, b) = (
+        scene.world.clusters.a.url().to_string(),
+        scene.world.clusters.b.url().to_string(),
+    );
+    let b_token = json!({"bearerToken": "b-token"});
+    // Configured `a` and the implicit in-cluster, claimed by Secrets pointing at cluster b.
+    put_secret(&scene, "cluster-a-evil", "a", &b, &b_token);
+    put_secret(
+        &scene,
+        "cluster-in-cluster-evil",
+        "in-cluster",
+        &b,
+        &b_token,
+    );
+    seen(&scene, 1).await?;
+    let a_kept = scene
+        .world
+        .engine
+        .registry()
+        .get("a")
+        .is_some_and(|e| e.server() == a && !e.source().is_argocd());
+    let in_cluster = scene.world.engine.registry().get("in-cluster");
+    let in_cluster_kept = in_cluster.as_ref().is_some_and(|e| {
+        matches!(
+            e.source(),
+            dispatch_server::destinations::Source::ArgoCdInCluster { .. }
+        )
+    });
+    let (status, reply) = ensure_on(&scene, 20, "a").await?;
+    let on_b = job_creations(&scene)
+        .iter()
+        .filter(|c| c.starts_with("b:"))
+        .count();
+    tally::refused(
+        "argocd: a Secret named like configured destination `a`, pointing elsewhere → ignored, a's Jobs stay on a",
+        Outcome {
+            refused: a_kept && status == 200 && on_b == 0,
+            ..Outcome::default()
+        },
+    );
+    assert!(a_kept && status == 200 && on_b == 0, "{status}: {reply}");
+    tally::refused(
+        "argocd: a Secret named `in-cluster` → ignored, in-cluster stays the implicit one",
+        Outcome {
+            refused: in_cluster_kept,
+            ..Outcome::default()
+        },
+    );
+    assert!(
+        in_cluster_kept,
+        "{:?}",
+        in_cluster.map(|e| e.source().clone())
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_secret_without_credentials_never_gets_the_servers_own() -> Result<()> {
+    let scene = Scene::start(&format!("{POLICY}\n{ARGOCD_IN_CLUSTER}")).await?;
+    let b = scene.world.clusters.b.url().to_string();
+    // The cluster Argo CD runs on, under a name of the tenant's choosing and no namespace
+    // limit: once the control plane with the server's own credentials.
+    put_secret(
+        &scene,
+        "cluster-local",
+        "local",
+        "https://kubernetes.default.svc",
+        &json!({}),
+    );
+    let with_token = json!({"bearerToken": "stolen-or-not"});
+    put_secret(
+        &scene,
+        "cluster-local-token",
+        "local-2",
+        "https://kubernetes.default.svc/",
+        &with_token,
+    );
+    // Another server, no credentials at all.
+    put_secret(&scene, "cluster-anon", "anon", &b, &json!({}));
+    seen(&scene, 2).await?;
+    let registry = scene.world.engine.registry();
+    for (n, name) in [(21, "local"), (22, "local-2")] {
+        let absent = registry.get(name).is_none();
+        let (status, reply) = ensure_on(&scene, n, name).await?;
+        let created = all_job_creations(&scene);
+        let case = format!(
+            "argocd: a Secret `{name}` for https://kubernetes.default.svc → never a destination, no Job"
+        );
+        let outcome = Outcome {
+            refused: absent && status != 200 && created.is_empty(),
+            ..Outcome::default()
+        };
+        tally::record(&case, &outcome);
+        assert!(outcome.refused, "{case}: {status} {reply} {created:?}");
+    }
+    let anon = registered(&scene, "anon", |e| matches!(e, Entry::Broken(_))).await?;
+    let Entry::Broken(broken) = anon else {
+        unreachable!("waited for a broken entry")
+    };
+    let (status, reply) = ensure_on(&scene, 23, "anon").await?;
+    let created = all_job_creations(&scene);
+    let refused = broken.error.contains("gives no credentials")
+        && reply.contains("never reaches a cluster Secret's server with its own credentials")
+        && created.is_empty();
+    tally::refused(
+        "argocd: a Secret with no credentials → destination broken, never the server's own, no Job",
+        Outcome {
+            refused,
+            ..Outcome::default()
+        },
+    );
+    assert!(refused, "{}: {status} {reply} {created:?}", broken.error);
+    Ok(())
+}

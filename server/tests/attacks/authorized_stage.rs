@@ -308,7 +308,11 @@ async fn a_namespace_granted_for_jobs_is_not_one_for_applications() -> Result<()
     let mut m = crate::scene::measurement(("team-a", "run", "uid-1"), "m", 1, "a");
     m.block["namespace"] = json!("argocd");
     let placed = scene
-        .post(dispatch_api::v1::ENSURE, &plugin_token("plugin", None), &m)
+        .post(
+            dispatch_api::v1::ENSURE,
+            &plugin_token("plugin", Some(&["team-a"])),
+            &m,
+        )
         .await?;
     let calls = scene.destination_calls();
     let outcome = Outcome {

@@ -49,7 +49,7 @@ fn tokens() -> [String; 6] {
     [
         plugin_token("ci-team-a", Some(&["team-a"])),
         plugin_token("ci-team-b", Some(&["team-b", "team-b-*"])),
-        plugin_token("argo-rollouts", None),
+        plugin_token("argo-rollouts", Some(&["*"])),
         agent_token("edge"),
         agent_token("edge2"),
         agent_token("nowhere"),
@@ -186,7 +186,7 @@ fn namespaced_calls(scene: &Scene, before: (usize, usize)) -> Vec<(String, Strin
 #[tokio::test]
 async fn no_request_reaches_a_placement_the_policy_denies() -> Result<()> {
     let scene = Scene::start(PROPERTY_POLICY).await?;
-    let controller = plugin_token("argo-rollouts", None);
+    let controller = plugin_token("argo-rollouts", Some(&["*"]));
     let mut rng = Lcg(0x5eed_0014);
     let projects = ["team-a", "team-b", "team-c", "team-x"];
     let targets = ["a", "b", "a,b"];
@@ -302,29 +302,46 @@ async fn no_request_reaches_a_placement_the_policy_denies() -> Result<()> {
     Ok(())
 }
 
-/// [`TENANTS_POLICY`] plus a `policy.callers` entry binding team-a's ServiceAccounts to team-a.
-const CALLERS_POLICY: &str = "policy: {rules: [\
+/// [`TENANTS_POLICY`] plus `policy.callers` entries binding team-a's ServiceAccounts to team-a
+/// and the Rollouts controller to every project (which it must be given: callers fail closed).
+pub(crate) const CALLERS_POLICY: &str = "policy: {rules: [\
     {projects: [team-a], destinations: [a], namespaces: [verify]}, \
     {projects: [team-b], destinations: [b], namespaces: [verify]}], \
-    callers: [{subject: 'system:serviceaccount:team-a:*', projects: [team-a]}]}";
+    callers: [{subject: 'system:serviceaccount:team-a:*', projects: [team-a]}, \
+    {subject: 'system:serviceaccount:argo-rollouts:argo-rollouts', projects: ['*']}]}";
 
 /// The Kubernetes users behind the bearer tokens the fake TokenReview API knows.
-const USERS: &[(&str, &str)] = &[
+pub(crate) const USERS: &[(&str, &str)] = &[
     ("sa-team-a", "system:serviceaccount:team-a:ci"),
     (
         "sa-controller",
         "system:serviceaccount:argo-rollouts:argo-rollouts",
     ),
     ("sa-stranger", "system:serviceaccount:elsewhere:tool"),
+    ("sa-unbound", "system:serviceaccount:tools:unbound"),
+    // The controller's own identity, in a token made for the apiserver (a kubeconfig token):
+    // the review answers with no audience of ours.
+    (
+        "sa-controller-apiserver-audience",
+        "system:serviceaccount:argo-rollouts:argo-rollouts",
+    ),
 ];
 
 /// A control plane that answers TokenReviews from [`USERS`] (any other token: not
-/// authenticated), for the real TokenReview authenticator.
-async fn token_review_api() -> Result<kube::Client> {
+/// authenticated), for the real TokenReview authenticator. As an audience-aware apiserver does,
+/// it answers with the audiences asked for in `status.audiences`, except for
+/// `sa-controller-apiserver-audience`, valid for the apiserver's own audience only.
+pub(crate) async fn token_review_api() -> Result<kube::Client> {
     async fn review(axum::Json(body): axum::Json<Value>) -> axum::Json<Value> {
         let token = body["spec"]["token"].as_str().unwrap_or_default();
+        let audiences = if token == "sa-controller-apiserver-audience" {
+            json!(["https://kubernetes.default.svc"])
+        } else {
+            body["spec"]["audiences"].clone()
+        };
         let status = match USERS.iter().find(|(t, _)| *t == token) {
-            Some((_, user)) => json!({"authenticated": true, "user": {"username": user}}),
+            Some((_, user)) => json!({"authenticated": true, "audiences": audiences,
+                                      "user": {"username": user}}),
             None => json!({"authenticated": false, "error": "unknown token"}),
         };
         axum::Json(json!({
@@ -344,20 +361,37 @@ async fn token_review_api() -> Result<kube::Client> {
     Ok(kube::Client::try_from(kube::Config::new(url.parse()?))?)
 }
 
-#[tokio::test]
-async fn tokenreview_identities_act_only_for_the_projects_policy_callers_gives_them() -> Result<()>
-{
-    use dispatch_server::http::auth::{Chain, JwtAuthenticator};
-    use dispatch_server::http::tokenreview::TokenReviewAuthenticator;
-    use std::sync::Arc;
-
+/// The real TokenReview authenticator against [`token_review_api`], for the users of the first
+/// `allowed` [`USERS`], bound by the `policy.callers` of [`CALLERS_POLICY`] (config file
+/// `attacks.yaml`).
+pub(crate) async fn callers_review(
+    allowed: usize,
+) -> Result<dispatch_server::http::tokenreview::TokenReviewAuthenticator> {
     let origin = "config file attacks.yaml";
     let config = dispatch_server::config::ServerConfig::parse(CALLERS_POLICY, origin)
         .map_err(anyhow::Error::msg)?;
     let callers = config.policy.map(|p| p.callers).unwrap_or_default();
-    let allowed = USERS[..2].iter().map(|(_, u)| u.to_string()).collect();
-    let review = TokenReviewAuthenticator::new(token_review_api().await?, Vec::new(), allowed)
-        .with_callers(callers, origin);
+    let allowed = USERS[..allowed]
+        .iter()
+        .map(|(_, u)| u.to_string())
+        .collect();
+    Ok(
+        dispatch_server::http::tokenreview::TokenReviewAuthenticator::new(
+            token_review_api().await?,
+            Vec::new(),
+            allowed,
+        )
+        .with_callers(callers, origin),
+    )
+}
+
+#[tokio::test]
+async fn tokenreview_identities_act_only_for_the_projects_policy_callers_gives_them() -> Result<()>
+{
+    use dispatch_server::http::auth::{Chain, JwtAuthenticator};
+    use std::sync::Arc;
+
+    let review = callers_review(2).await?;
     let jwt = JwtAuthenticator::new(&[crate::scene::KEY.to_vec()], []);
     let scene = Scene::start_with_auth(
         CALLERS_POLICY,
@@ -370,7 +404,7 @@ async fn tokenreview_identities_act_only_for_the_projects_policy_callers_gives_t
     // Bound to team-a: its own project works.
     let own = scene.post(v1::ENSURE, "sa-team-a", &team_a).await?;
     ensure!(own.status == 200, "{:?}", own.body);
-    // The controller matches no entry: every project.
+    // The controller's entry: every project.
     let controller = scene.post(v1::ENSURE, "sa-controller", &team_b).await?;
     ensure!(controller.status == 200, "{:?}", controller.body);
     let gc_b = v1::GcRequest {

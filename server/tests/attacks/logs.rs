@@ -17,7 +17,7 @@ use crate::world::World;
 
 /// A control plane whose apiserver knows `alice-token` (user alice, group team-a) and
 /// `bob-token` (bob, no group), and allows `get analysisruns.argoproj.io` in namespace team-a
-/// to group team-a only.
+/// to group team-a, and everything to group system:masters.
 pub(crate) async fn control_plane() -> Result<kube::Client> {
     let app = Router::new()
         .route(
@@ -38,11 +38,16 @@ pub(crate) async fn control_plane() -> Result<kube::Client> {
             "/apis/authorization.k8s.io/v1/subjectaccessreviews",
             post(|Json(mut review): Json<Value>| async move {
                 let spec = &review["spec"];
-                let allowed = spec["resourceAttributes"]["namespace"] == "team-a"
-                    && spec["resourceAttributes"]["resource"] == "analysisruns"
-                    && spec["groups"]
+                let in_group = |name: &str| {
+                    spec["groups"]
                         .as_array()
-                        .is_some_and(|g| g.iter().any(|g| g == "team-a"));
+                        .is_some_and(|g| g.iter().any(|g| g == name))
+                };
+                // system:masters passes every authorization check, as in Kubernetes.
+                let allowed = in_group("system:masters")
+                    || (spec["resourceAttributes"]["namespace"] == "team-a"
+                        && spec["resourceAttributes"]["resource"] == "analysisruns"
+                        && in_group("team-a"));
                 review["status"] = json!({"allowed": allowed});
                 Json(review)
             }),
@@ -243,6 +248,61 @@ async fn proxy_headers_count_only_from_the_proxy() -> Result<()> {
     tally::refused(name, outcome);
     assert!(scene.destination_calls().is_empty() && trusted.destination_calls().is_empty());
     Ok(())
+}
+
+#[tokio::test]
+async fn a_trusted_proxy_never_vouches_for_a_system_identity() -> Result<()> {
+    let trusted = scene_from_loopback().await?;
+    // A group under `system:` is dropped: mallory is reviewed without system:masters, which
+    // would have passed every check.
+    for groups in [
+        "system:masters",
+        "team-b, system:masters",
+        "system:nodes,system:masters",
+    ] {
+        let headers = [
+            ("X-Forwarded-User", "mallory"),
+            ("X-Forwarded-Groups", groups),
+        ];
+        let (status, answer) = trusted.raw_get_text(&logs("team-b"), &headers).await?;
+        let name = format!("logs: proxy asserts groups [{groups}] for mallory → 403");
+        proxied(&name, (status, &answer), 403);
+    }
+    // A user under `system:` is refused outright, naming why.
+    for user in [
+        "system:admin",
+        "system:serviceaccount:argo-rollouts:argo-rollouts",
+        "system:kube-controller-manager",
+    ] {
+        let headers = [("X-Forwarded-User", user), ("X-Forwarded-Groups", "team-a")];
+        let (status, answer) = trusted.raw_get_text(&logs("team-a"), &headers).await?;
+        let name = format!("logs: proxy asserts user {user} → 401");
+        proxied(&name, (status, &answer), 401);
+        assert!(
+            answer.contains("reserved `system:` prefix"),
+            "{name}: {answer}"
+        );
+    }
+    // The control: the same proxy's person of team-a gets past every check.
+    let carol = [
+        ("X-Forwarded-User", "carol"),
+        ("X-Forwarded-Groups", "team-a"),
+    ];
+    assert_eq!(trusted.raw_get(&logs("team-a"), &carol).await?, 404);
+    assert!(trusted.destination_calls().is_empty());
+    Ok(())
+}
+
+/// Asserts a proxied request was answered `want` and records it as case `name`; a 404 (past
+/// every check, to a run the scene does not have) or 200 is a cross-tenant read.
+fn proxied(name: &str, (status, answer): (u16, &str), want: u16) {
+    let outcome = Outcome {
+        refused: status == want,
+        cross_tenant_read: status == 404 || status == 200,
+        ..Outcome::default()
+    };
+    assert_eq!(status, want, "{name}: {answer}");
+    tally::refused(name, outcome);
 }
 
 /// A scene whose proxy is on loopback, where the test's requests come from.

@@ -16,7 +16,9 @@
 //!   metric labels are bounded, placements per measurement, long polls per agent, agent report
 //!   strings and reply bodies read by the plugin and the agent are capped.
 //! * [`argocd`]: Argo CD cluster Secret abuse — a duplicated name, an exec provider outside the
-//!   allowlist, `insecure` TLS: refused or surfaced, and no Job through a broken destination.
+//!   allowlist, `insecure` TLS: refused or surfaced, and no Job through a broken destination; a
+//!   Secret named like a configured destination or `in-cluster` → ignored; one for
+//!   `https://kubernetes.default.svc` or without credentials → never the server's own.
 //! * [`topologies`]: Kargo topologies — a Stage whose shard no Argo CD instance serves (or whose
 //!   shard label contradicts `spec.shard`) is refused without reading any Argo CD, and a remote
 //!   instance's Secret cannot take the control plane's Argo CD destination names or `in-cluster`.
@@ -29,6 +31,9 @@
 //!   their own, another or an unknown destination) → the exact status code; TokenReview users
 //!   bound by `policy.callers`; a seeded property that no request reaches a placement the policy
 //!   denies.
+//! * [`callers`]: callers fail closed — a JWT without `projects`, a TokenReview identity with
+//!   no `policy.callers` entry, a token reviewed for the apiserver's audience instead of ours →
+//!   401/403 naming the fix on every measurement route, no destination call.
 //! * [`podsecurity`]: escalating Job templates (privileged, host namespaces, hostPath, nodeName,
 //!   selectors, service accounts, API tokens, reserved labels) → refused with the field, no
 //!   destination call; no policy → refused; and the agent's own re-check.
@@ -72,7 +77,8 @@
 //!   certificate of the replicas' CA for their name → 503, no byte of the agent's token sent.
 //! * [`logs`]: the log route — people without `get analysisruns` in the namespace (by
 //!   SubjectAccessReview), agent tokens, JWTs of another project → 403; proxy headers from an
-//!   untrusted address → ignored (401); `..`, `%2F` and unknown query fields → 400; no token →
+//!   untrusted address → ignored (401); a trusted proxy asserting a `system:` user → 401, a
+//!   `system:` group (system:masters) → dropped (403); `..`, `%2F` and unknown query fields → 400; no token →
 //!   401; none of them costs a destination call.
 //! * [`tls`]: plain HTTP to the TLS port, clients refusing `http://`, the agent's pinned CA,
 //!   certificate, JWT key and revocation rotation on disk without a restart.
@@ -102,6 +108,7 @@ mod authn;
 mod authorized_stage;
 mod authz;
 mod budgets;
+mod callers;
 mod deadlines;
 mod logs;
 mod namespaces;

@@ -49,7 +49,7 @@ async fn started() -> Result<(Scene, String, MeasurementRef)> {
     let a = &scene.world.clusters.a;
     put_rollout(a, "web", "shop/web:1");
     put_rollout(a, "payments", "shop/web:2");
-    let controller = plugin_token("argo-rollouts", None);
+    let controller = plugin_token("argo-rollouts", Some(&["*"]));
     let mut req = observing(
         ("team-a", "run-o1", "uid-o1"),
         json!({"name": "web", "image": "shop/web:2"}),
@@ -130,7 +130,7 @@ async fn a_reference_edited_to_observe_another_rollout_is_refused() -> Result<()
 #[tokio::test]
 async fn observing_a_namespace_the_policy_does_not_give_is_refused_at_ensure() -> Result<()> {
     let scene = Scene::start(TENANTS_POLICY).await?;
-    let controller = plugin_token("argo-rollouts", None);
+    let controller = plugin_token("argo-rollouts", Some(&["*"]));
     for (case, check) in [
         (
             "rollout",

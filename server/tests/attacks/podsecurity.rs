@@ -426,7 +426,7 @@ fn record(scene: &Scene, reply: &Reply) -> Result<dispatch_server::store::Dispat
 async fn the_agent_refuses_what_its_own_flags_do_not_allow() -> Result<()> {
     // The server's policy lets team-lab run privileged Jobs anywhere on edge.
     let scene = Scene::start(&format!(
-        "{AGENTS}\npolicy: {{rules: [{{projects: [team-lab], destinations: [edge], podSecurity: privileged}}]}}"
+        "{AGENTS}\npolicy: {{rules: [{{projects: [team-lab], destinations: [edge], namespaces: ['*'], podSecurity: privileged}}]}}"
     ))
     .await?;
     let guard = agent_guard(&scene);

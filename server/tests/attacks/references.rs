@@ -25,7 +25,7 @@ struct Tenants {
 
 async fn tenants() -> Result<Tenants> {
     let scene = Scene::start(TENANTS_POLICY).await?;
-    let controller = plugin_token("argo-rollouts", None);
+    let controller = plugin_token("argo-rollouts", Some(&["*"]));
     let mut runs = Vec::new();
     for (run, dest) in [
         (("team-a", "run-a1", "uid-a1"), "a"),

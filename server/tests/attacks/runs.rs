@@ -58,7 +58,7 @@ async fn requests_about_runs_that_do_not_exist_are_refused_before_any_destinatio
     let world = World::start(TENANTS_POLICY).await?;
     create_run(&world);
     let scene = Scene::serve_confirming(world, TENANTS_POLICY).await?;
-    let controller = plugin_token("argo-rollouts", None);
+    let controller = plugin_token("argo-rollouts", Some(&["*"]));
     let (ns, name, uid) = RUN;
     let cases = [
         (
@@ -158,7 +158,7 @@ async fn before_the_runs_are_listed_every_request_is_retried_not_decided() -> Re
     // The server may not list analysisruns (its RBAC lacks them): the watch never syncs.
     world.clusters.cp.fail("GET", "/analysisruns", 403, 100_000);
     let scene = Scene::serve_confirming(world, TENANTS_POLICY).await?;
-    let controller = plugin_token("argo-rollouts", None);
+    let controller = plugin_token("argo-rollouts", Some(&["*"]));
     let m = measurement(RUN, "smoke", 1, "a");
     // All at once: each waits `runs::CONFIRM_WAIT` for the watch before it answers.
     let replies = futures::future::join_all(ROUTES.map(|route| {

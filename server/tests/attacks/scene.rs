@@ -202,8 +202,9 @@ pub(crate) fn signer() -> dispatch_server::signing::Signer {
         .expect("the scene key is usable")
 }
 
-/// A token signed with the scene's key: subject `sub`, valid for ten minutes, with `edit`
-/// applied to its claims (an agent's destination, an expiry in the past …).
+/// A token signed with the scene's key: subject `sub`, valid for ten minutes, for every
+/// project (`projects: ["*"]`, the Rollouts controller's), with `edit` applied to its claims
+/// (an agent's destination, an expiry in the past, no `projects` …).
 pub(crate) fn token(sub: &str, edit: impl FnOnce(&mut Claims)) -> String {
     let now = jsonwebtoken::get_current_timestamp();
     let mut claims = Claims {
@@ -213,13 +214,14 @@ pub(crate) fn token(sub: &str, edit: impl FnOnce(&mut Claims)) -> String {
         iat: now,
         jti: format!("{sub}-jti"),
         destination: None,
-        projects: None,
+        projects: Some(vec!["*".into()]),
     };
     edit(&mut claims);
     auth::issue(KEY, &claims).expect("signing a test token")
 }
 
-/// A plugin token bound to `projects` (`None`: every project, the Rollouts controller's).
+/// A plugin token bound to `projects` (`Some(&["*"])`: every project, the Rollouts
+/// controller's; `None`: no `projects` claim, which the server refuses since #27).
 pub(crate) fn plugin_token(sub: &str, projects: Option<&[&str]>) -> String {
     token(sub, |c| {
         c.projects = projects.map(|p| p.iter().map(|s| s.to_string()).collect());
@@ -230,6 +232,7 @@ pub(crate) fn plugin_token(sub: &str, projects: Option<&[&str]>) -> String {
 pub(crate) fn agent_token(destination: &str) -> String {
     token(&format!("agent:{destination}"), |c| {
         c.destination = Some(destination.to_string());
+        c.projects = None;
     })
 }
 
@@ -427,6 +430,15 @@ impl Scene {
     /// `GET path` sent as written (no URL normalisation: `..` stays), with `headers`; the
     /// status code of the reply.
     pub(crate) async fn raw_get(&self, path: &str, headers: &[(&str, &str)]) -> Result<u16> {
+        Ok(self.raw_get_text(path, headers).await?.0)
+    }
+
+    /// [`Self::raw_get`], with the whole answer after the status line (headers and body).
+    pub(crate) async fn raw_get_text(
+        &self,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<(u16, String)> {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut tcp = tokio::net::TcpStream::connect(self.addr).await?;
         let mut req = format!(
@@ -438,11 +450,13 @@ impl Scene {
         }
         req.push_str("\r\n");
         tcp.write_all(req.as_bytes()).await?;
-        let mut head = vec![0u8; 12];
-        tcp.read_exact(&mut head).await?;
-        let line = String::from_utf8_lossy(&head);
-        line.get(9..12)
+        let mut answer = Vec::new();
+        tcp.read_to_end(&mut answer).await?;
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        let status = answer
+            .get(9..12)
             .and_then(|s| s.parse().ok())
-            .with_context(|| format!("no status line: {line:?}"))
+            .with_context(|| format!("no status line: {answer:?}"))?;
+        Ok((status, answer))
     }
 }

@@ -154,8 +154,9 @@ async fn another_projects_application_is_neither_read_nor_synced() -> Result<()>
         403,
         "may not act for project",
     );
-    // An unbound token acts for the project it names, and only where the policy lets it.
-    let unbound = plugin_token("kargo", None);
+    // A token for every project (`*`) acts for the project it names, and only where the
+    // policy lets it.
+    let unbound = plugin_token("kargo", Some(&["*"]));
     let r = scene
         .post(
             &sync("b", "argocd", "web"),

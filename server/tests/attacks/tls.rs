@@ -353,7 +353,7 @@ async fn a_jwt_key_rotated_on_disk_retires_its_tokens_without_a_restart() -> Res
             iat: now,
             jti: "after-rotation".into(),
             destination: None,
-            projects: None,
+            projects: Some(vec!["*".into()]),
         };
         auth::issue(NEW_KEY, &claims)?
     };

@@ -148,10 +148,11 @@ impl Rig {
         Ok(dispatch_server::token::issue_token(KEY, &subject, Some(destination), ttl)?.0)
     }
 
-    /// A plugin token acting for every project.
+    /// A plugin token acting for every project (`projects: ["*"]`).
     pub(crate) fn plugin_token() -> Result<String> {
         let ttl = Duration::from_secs(600);
-        Ok(dispatch_server::token::issue_token(KEY, "plugin", None, ttl)?.0)
+        let every = ["*".to_string()];
+        Ok(dispatch_server::token::issue_token_for(KEY, "plugin", None, Some(&every), ttl)?.0)
     }
 
     /// An agent's client of the rig, with the agent token of `destination`.

@@ -244,7 +244,8 @@ mod through_an_agent {
         let me = Principal {
             subject: "agent:edge".into(),
             destination: Some("edge".into()),
-            projects: Projects::All,
+            // An agent acts for no project.
+            projects: Projects::claimed(Vec::new()),
         };
         let reply = features
             .agents

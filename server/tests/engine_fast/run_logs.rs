@@ -99,7 +99,8 @@ async fn job_with_log(w: &World, n: u32, lines: usize) -> Result<String> {
 
 /// Every project everywhere, and the Jobs' pods may read Secret `db` (the policy allows no
 /// Secret by default).
-const READS_DB: &str = "policy: {rules: [{projects: ['*'], destinations: ['*'], secrets: [db]}]}";
+const READS_DB: &str =
+    "policy: {rules: [{projects: ['*'], destinations: ['*'], namespaces: ['*'], secrets: [db]}]}";
 
 fn put_db_secret(w: &World) {
     let b64 = base64::engine::general_purpose::STANDARD.encode(PASSWORD);

@@ -12,7 +12,7 @@ use dispatch_server::logs::Redactor;
 use dispatch_server::{EngineError, Phase};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::ByteString;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::cluster_side::job;
 use crate::fake_api::{FakeApi, Res};
@@ -58,8 +58,8 @@ pub(crate) fn cluster_secret(cp: &FakeApi, name: &str, server: &str) -> Result<(
 }
 
 /// Stage `uat` of [`PROJECT`], last promoted through Application `argocd/app-uat`, which
-/// deploys to `server`.
-fn stage_and_application(cp: &FakeApi, server: &str) {
+/// deploys to `destination` (`{"server": …}` or `{"name": …}`).
+fn stage_and_application(cp: &FakeApi, destination: Value) {
     cp.put(
         &Res::new("kargo.akuity.io/v1alpha1", "stages"),
         json!({
@@ -74,7 +74,7 @@ fn stage_and_application(cp: &FakeApi, server: &str) {
         json!({
             "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
             "metadata": {"name": "app-uat", "namespace": "argocd"},
-            "spec": {"destination": {"server": server, "namespace": "uat"}}
+            "spec": {"destination": destination}
         }),
     );
 }
@@ -84,7 +84,8 @@ async fn stage_runs_the_job_where_the_stage_promoted_to() -> Result<()> {
     let clusters = Clusters::start().await?;
     let a_url = clusters.a.url().to_string();
     cluster_secret(&clusters.cp, "prod-a", &a_url)?;
-    stage_and_application(&clusters.cp, &a_url);
+    // By name: by server, configured `a` (the same server) would win over the Secret (#27).
+    stage_and_application(&clusters.cp, json!({"name": "prod-a", "namespace": "uat"}));
     let w = clusters.engine("", ARGOCD, true).await?;
 
     let run = run(1);
@@ -93,7 +94,6 @@ async fn stage_runs_the_job_where_the_stage_promoted_to() -> Result<()> {
         .engine
         .ensure(&request(&run, "smoke", 1, config.clone()))
         .await?;
-    // The Argo CD destination wins over configured `a`, which has the same server.
     assert_eq!(ensured.outcomes, vec![("prod-a".into(), Outcome::Created)]);
     let created = job(w.api("a"), &ensured.job.name)?;
     let labels = created.metadata.labels.unwrap_or_default();
@@ -151,7 +151,10 @@ async fn a_stage_that_cannot_be_resolved_says_why() -> Result<()> {
     );
 
     // Promoted to a cluster no Secret registers.
-    stage_and_application(&w.clusters.cp, "https://elsewhere.example:6443");
+    stage_and_application(
+        &w.clusters.cp,
+        json!({"server": "https://elsewhere.example:6443", "namespace": "uat"}),
+    );
     let e = w
         .engine
         .ensure(&request(&run(4), "smoke", 1, config))

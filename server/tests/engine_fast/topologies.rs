@@ -111,9 +111,10 @@ async fn each_shard_reads_its_own_argo_cd() -> Result<()> {
     );
     let w = clusters.engine("", ARGOCD, true).await?;
 
+    // By server: configured `a` wins over the Secret main-a for the same server (#27).
     assert_eq!(
         resolve(&w, 1, "uat").await?,
-        vec![("main-a".into(), Outcome::Created)]
+        vec![("a".into(), Outcome::Created)]
     );
     // Shard far: its Secret, and kubernetes.default.svc / in-cluster are b, where far runs —
     // not the control plane.

@@ -96,7 +96,7 @@ fn server_yaml(control: &Cluster, a: &Cluster, store: Store, extra_yaml: &str) -
          destinations:\n- name: cluster-a\n  kubeconfig: {}\n\
          agents:\n  {store}\n  offlineAfter: 20s\n  \
          destinations:\n  - name: cluster-b\n    labels: {{env: edge}}\n\
-         policy:\n  rules:\n  - projects: [\"{PROJECT}\"]\n    destinations: [\"cluster-*\"]\n    {RULE_ALLOWS}\n    {RULE_APPLICATIONS}\n\
+         policy:\n  rules:\n  - projects: [\"{PROJECT}\"]\n    destinations: [\"cluster-*\"]\n    namespaces: [\"*\"]\n    {RULE_ALLOWS}\n    {RULE_APPLICATIONS}\n\
          {extra_yaml}",
         control.kubeconfig.display(),
         a.kubeconfig.display(),
@@ -383,8 +383,9 @@ pub async fn call_as(url: &str, token_file: &Path, ca: &Path, path: &str) -> Res
     })
 }
 
-/// A token signed with [`KEY`] for `subject` (an agent token when `destination` is set) that
-/// expires `exp_offset` seconds from now (negative: already expired).
+/// A token signed with [`KEY`] for `subject` (an agent token when `destination` is set, else
+/// one for every project, `projects: ["*"]`) that expires `exp_offset` seconds from now
+/// (negative: already expired).
 pub fn token(destination: Option<&str>, subject: &str, exp_offset: i64) -> Result<String> {
     let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs() as i64;
     let claims = dispatch_server::http::auth::Claims {
@@ -394,7 +395,8 @@ pub fn token(destination: Option<&str>, subject: &str, exp_offset: i64) -> Resul
         iat: (now - 7200).max(0) as u64,
         jti: format!("{subject}-{now}"),
         destination: destination.map(str::to_string),
-        projects: None,
+        // Not an agent's: every project, written out (no claim is refused since #27).
+        projects: destination.is_none().then(|| vec!["*".to_string()]),
     };
     Ok(dispatch_server::http::auth::issue(KEY.as_bytes(), &claims)?)
 }

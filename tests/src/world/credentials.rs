@@ -81,8 +81,9 @@ impl<D: Credentials> World<D> {
         &self.dispatch.tls().ca
     }
 
-    /// A token for `subject` (bound to the Kargo projects `projects` when given), signed with
-    /// [`Self::signing_key`], valid for an hour.
+    /// A token for `subject` bound to the Kargo projects `projects` (`None`: an error, as the
+    /// server refuses a plugin token without projects), signed with [`Self::signing_key`],
+    /// valid for an hour.
     pub fn issue_token(&self, subject: &str, projects: Option<&[String]>) -> Result<String> {
         let key = self.signing_key();
         let (token, _) =

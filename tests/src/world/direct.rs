@@ -71,10 +71,12 @@ impl World<Direct> {
         let config = dir.join("server.yaml");
         let kubeconfigs = [&control, &a, &b].map(|c| c.kubeconfig.as_path());
         std::fs::write(&config, server_yaml(kubeconfigs, &options))?;
-        let (token, _) = dispatch_server::token::issue_token(
+        // The Rollouts controller serves every namespace: `projects: ["*"]`, written out.
+        let (token, _) = dispatch_server::token::issue_token_for(
             DIRECT_KEY.as_bytes(),
             "argo-rollouts-controller",
             None,
+            Some(&["*".to_string()]),
             Duration::from_secs(3600),
         )?;
         let plugin_token = dir.join("plugin.token");
@@ -153,7 +155,7 @@ fn server_yaml([control, a, b]: [&Path; 3], options: &DirectOptions) -> String {
          - name: cluster-a\n  kubeconfig: {}\n  labels: {{env: e2e}}\n\
          - name: cluster-b\n  kubeconfig: {}\n  labels: {{env: e2e}}\n\
          {}\
-         policy:\n  rules:\n  - projects: [\"{PROJECT}\", \"{TENANT_B}\"]\n    destinations: [\"cluster-*\"]\n    {RULE_ALLOWS}\n    {RULE_APPLICATIONS}\n\
+         policy:\n  rules:\n  - projects: [\"{PROJECT}\", \"{TENANT_B}\"]\n    destinations: [\"cluster-*\"]\n    namespaces: [\"*\"]\n    {RULE_ALLOWS}\n    {RULE_APPLICATIONS}\n\
          {}",
         control.display(),
         a.display(),

@@ -116,7 +116,7 @@ pub async fn engine(yaml: &str) -> Result<Engine> {
         yaml.to_string()
     } else {
         format!(
-            "{yaml}\npolicy: {{rules: [{{projects: ['*'], destinations: ['*'], \
+            "{yaml}\npolicy: {{rules: [{{projects: ['*'], destinations: ['*'], namespaces: ['*'], \
              scheduling: [nodeSelector], {RULE_ALLOWS}}}]}}\n"
         )
     };

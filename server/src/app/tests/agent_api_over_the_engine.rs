@@ -26,7 +26,7 @@ fn agent_token(destination: &str) -> String {
 async fn engine_app() -> (Router, Arc<Measurements>) {
     let mut config = crate::config::ServerConfig::parse(
         "agents: {destinations: [{name: cluster-b, namespace: verify}, {name: cluster-c}]}\n\
-         policy: {rules: [{projects: ['*'], destinations: [cluster-b, cluster-c]}]}",
+         policy: {rules: [{projects: ['*'], destinations: [cluster-b, cluster-c], namespaces: ['*']}]}",
         "config file t.yaml",
     )
     .unwrap();

@@ -169,7 +169,9 @@ mod tests {
     use crate::podsecurity::{Allowlists, JobLimits, Quantity, SchedulingField};
 
     fn rule(keys: &str) -> Result<Allowlists, String> {
-        let text = format!("policy: {{rules: [{{projects: [a], destinations: [b], {keys}}}]}}");
+        let text = format!(
+            "policy: {{rules: [{{projects: [a], destinations: [b], namespaces: [n], {keys}}}]}}"
+        );
         let c = ServerConfig::parse(&text, "config file t.yaml").map_err(|e| e.to_string())?;
         Ok(c.policy.unwrap().rules[0].allow.clone())
     }
@@ -180,7 +182,7 @@ mod tests {
 
     #[test]
     fn a_rule_without_allowlist_keys_allows_nothing_more() {
-        assert_eq!(rule("namespaces: [v]").unwrap(), Allowlists::default());
+        assert_eq!(rule("podLabels: []").unwrap(), Allowlists::default());
     }
 
     #[test]

@@ -86,19 +86,32 @@ fn every_mistake_names_file_and_field() {
             "policy.callers[0].subject",
         ),
         (
-            "policy: {rules: [{projects: [a], destinations: [b], podSecurity: Privileged}]}",
+            "policy: {rules: [{projects: [a], destinations: [b]}]}",
+            "policy.rules[0]: name its namespaces (`namespaces: [verification]`); write `\"*\"` \
+             to allow every namespace",
+        ),
+        (
+            "policy: {rules: [{projects: [a], destinations: [b], namespaces: []}]}",
+            "policy.rules[0]: name its namespaces",
+        ),
+        (
+            "policy: {rules: [{projects: [a], destinations: [b], namespaces: [n, ' ']}]}",
+            "policy.rules[0].namespaces[1]: empty glob",
+        ),
+        (
+            "policy: {rules: [{projects: [a], destinations: [b], namespaces: [n], podSecurity: Privileged}]}",
             "policy.rules[0].podSecurity: \"Privileged\" is not a pod security level",
         ),
         (
-            "policy: {rules: [{projects: [a], destinations: [b], serviceAccounts: []}]}",
+            "policy: {rules: [{projects: [a], destinations: [b], namespaces: [n], serviceAccounts: []}]}",
             "policy.rules[0].serviceAccounts: empty list",
         ),
         (
-            "policy: {rules: [{projects: [a], destinations: [b], applicationNamespaces: [argocd, ' ']}]}",
+            "policy: {rules: [{projects: [a], destinations: [b], namespaces: [n], applicationNamespaces: [argocd, ' ']}]}",
             "policy.rules[0].applicationNamespaces[1]",
         ),
         (
-            "policy: {allowAll: true, rules: [{projects: [a], destinations: [b]}]}",
+            "policy: {allowAll: true, rules: [{projects: [a], destinations: [b], namespaces: [n]}]}",
             "policy.allowAll: `allowAll: true` and `rules` are mutually exclusive",
         ),
         ("engine: {connectTimeout: soon}", "engine.connectTimeout"),

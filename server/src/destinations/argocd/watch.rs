@@ -10,8 +10,12 @@
 //! redirect a destination's Jobs (and its credentials' reach) to a cluster of their choosing.
 //! The claims of all instances are kept together ([`Claims`], shared by their watches), so the
 //! same holds across instances: a Secret of one instance never takes over a name another's
-//! Secret registered. A Secret of an instance off the control plane that claims `in-cluster`
-//! (the control plane's implicit destination) is ignored: there, Applications naming
+//! Secret registered. A Secret that claims `in-cluster`, or describes
+//! `https://kubernetes.default.svc`, is ignored, whatever its instance (#27): the cluster an
+//! instance runs on is its implicit `in-cluster` (on the control plane, with this server's
+//! credentials and `argocd.inClusterNamespaces`) or its own cluster's destination, never a
+//! Secret's; whoever may write Secrets in the Argo CD namespace could otherwise reach the
+//! control plane with the server's credentials, or shadow `in-cluster`. Applications naming
 //! `in-cluster` go to the instance's own cluster (`destinations::stage`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -38,8 +42,8 @@ use crate::job::fnv1a;
 pub struct WatchedInstance {
     /// its settings (`argocd[]`)
     pub settings: ArgoCdConfig,
-    /// the client config of the cluster it runs on: a Secret for
-    /// `https://kubernetes.default.svc` without credentials means that cluster
+    /// the client config of the cluster it runs on (the implicit `in-cluster`'s, on the control
+    /// plane; never lent to a Secret)
     pub cluster: kube::Config,
     /// whether that cluster is the control plane (the implicit `in-cluster` is registered only
     /// there)
@@ -87,13 +91,10 @@ impl Claims {
         };
         let key = (instance.to_string(), secret_name);
         let name = destination_name(&secret);
-        let remote = !self
-            .instances
-            .get(instance)
-            .is_some_and(|i| i.on_control_plane);
-        if remote && name == IN_CLUSTER_NAME {
-            tracing::warn!(instance, secret = %key.1,
-                           "cluster Secret claims `in-cluster`, the control plane's implicit destination; ignored (this instance's Applications naming in-cluster go to its own cluster)");
+        if name == IN_CLUSTER_NAME || secret_server(&secret) == IN_CLUSTER_SERVER {
+            tracing::warn!(instance, secret = %key.1, destination = %name,
+                           server = %secret_server(&secret),
+                           "cluster Secret claims `in-cluster` or https://kubernetes.default.svc, the cluster Argo CD runs on; ignored: that cluster is the implicit in-cluster destination (argocd.inCluster, argocd.inClusterNamespaces) or the instance's own, never a Secret's");
             return self
                 .secrets
                 .remove(&key)
@@ -132,7 +133,7 @@ impl Claims {
                 }
                 return;
             }
-            [(instance, one)] => spec_from_secret(one, &instance.settings, &instance.cluster).await,
+            [(instance, one)] => spec_from_secret(one, &instance.settings).await,
             many => duplicate_spec(name, many),
         };
         if let Some(old) = self.registered.get(name) {
@@ -146,18 +147,6 @@ impl Claims {
         self.registry.insert(spec);
     }
 
-    /// Whether a Secret of `instance` registers the server `https://kubernetes.default.svc`.
-    fn has_in_cluster_server(&self, instance: &str) -> bool {
-        self.secrets.iter().any(|((i, _), (_, s))| {
-            i == instance
-                && s.data
-                    .as_ref()
-                    .and_then(|d| d.get("server"))
-                    .and_then(|b| std::str::from_utf8(&b.0).ok())
-                    .is_some_and(|v| v.trim().trim_end_matches('/') == IN_CLUSTER_SERVER)
-        })
-    }
-
     /// Records that `instance` listed its Secrets; the registry's live sources are synced once
     /// every instance did.
     fn listed(&mut self, instance: &str) {
@@ -167,25 +156,31 @@ impl Claims {
         }
     }
 
-    /// Registers or removes the implicit `in-cluster` of `instance` (only on the control plane,
-    /// with `inCluster`): a Secret of its own for the local server replaces it.
+    /// Registers the implicit `in-cluster` of `instance` (only on the control plane, with
+    /// `inCluster`). No Secret replaces it: those for its server are ignored ([`Self::apply`]).
     fn implicit_in_cluster(&self, instance: &str) {
         let Some(i) = self.instances.get(instance) else {
             return;
         };
-        if !(i.on_control_plane && i.settings.in_cluster) {
-            return;
-        }
-        if self.has_in_cluster_server(instance) {
-            let source = Source::ArgoCdInCluster {
-                instance: instance.to_string(),
-            };
-            self.registry.remove(IN_CLUSTER_NAME, &source);
-        } else if self.registry.get(IN_CLUSTER_NAME).is_none() {
+        if i.on_control_plane
+            && i.settings.in_cluster
+            && self.registry.get(IN_CLUSTER_NAME).is_none()
+        {
             self.registry
                 .insert(in_cluster_spec(&i.settings, &i.cluster));
         }
     }
+}
+
+/// The `data.server` of a Secret, without a trailing `/` ("" when absent).
+fn secret_server(secret: &Secret) -> String {
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("server"))
+        .and_then(|b| std::str::from_utf8(&b.0).ok())
+        .map(|v| v.trim().trim_end_matches('/').to_string())
+        .unwrap_or_default()
 }
 
 /// `namespace/name` of a Secret of `instance`, for messages.

@@ -2,13 +2,14 @@
 //! instance the Application lives in.
 //!
 //! * `server: https://kubernetes.default.svc` / `name: in-cluster` is the cluster that instance
-//!   runs on: a cluster Secret of that instance for that server, else its [`Home`] — the
-//!   implicit `in-cluster` on the control plane, the instance's `destination`, or the
-//!   destination named after an instance with `kubeconfig`. Never a configured destination
+//!   runs on: its [`Home`] — the implicit `in-cluster` on the control plane, the instance's
+//!   `destination`, or the destination named after an instance with `kubeconfig` (a cluster
+//!   Secret for that server or name is never registered, #27). Never a configured destination
 //!   whose server happens to be `kubernetes.default.svc` for an instance off the control plane
 //!   (that URL means the cluster of whoever reads it).
-//! * another server or name: a destination of that instance's Secrets, or one not from Argo CD
-//!   (`destinations`, `kubeconfigContexts`, agents) as before topologies; another instance's
+//! * another server or name: a destination not from Argo CD (`destinations`, agents, then
+//!   `kubeconfigContexts`: what the platform team configured wins, #27), else one of that
+//!   instance's Secrets; another instance's
 //!   destination is refused ([`StageError::OtherInstance`], with that destination's own error
 //!   when it is broken, e.g. a name two instances' Secrets claim).
 
@@ -207,7 +208,8 @@ mod tests {
     async fn applications_map_to_destinations() {
         let r = registry();
         let main = instance("argocd", true, Home::InCluster);
-        // The Argo CD cluster Secret wins over a configured destination with the same server.
+        // A configured destination wins over the Argo CD cluster Secret with the same server
+        // (#27: whoever writes Secrets never takes a cluster from the platform team's name).
         assert_eq!(
             destination_of(
                 &r,
@@ -216,7 +218,7 @@ mod tests {
                 &main
             )
             .unwrap(),
-            "prod"
+            "static-prod"
         );
         assert_eq!(
             destination_of(&r, &app(json!({"name": "prod"})), "argocd/a", &main).unwrap(),
@@ -269,10 +271,11 @@ mod tests {
         let r = registry();
         let eu = instance("eu", false, Home::Destination("eu".into()));
         let map = |d: Value| destination_of(&r, &app(d), "argocd/a (eu)", &eu);
-        // Its Secret for the server, not the other instance's nor the configured one.
+        // The configured destination for the server first (#27), never the other instance's
+        // Secret.
         assert_eq!(
             map(json!({"server": "https://10.0.0.1:6443"})).unwrap(),
-            "eu-prod"
+            "static-prod"
         );
         // kubernetes.default.svc: its own Secret for that server, else its own cluster; never
         // the control plane's in-cluster nor `here`.

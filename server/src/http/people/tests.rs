@@ -232,3 +232,20 @@ async fn proxy_headers_count_only_from_the_proxy() {
     assert_eq!(none.by_proxy(&h, peer("10.9.3.4:5000")).unwrap(), None);
     assert_eq!(seen.token_reviews.load(Ordering::SeqCst), 0);
 }
+
+#[tokio::test]
+async fn a_proxy_never_vouches_for_system_users_or_groups() {
+    let (client, _) = apiserver().await;
+    let p = people(client, true);
+    let from_proxy = Some("10.9.3.4:5000".parse::<SocketAddr>().unwrap());
+    let h = headers(&[
+        ("x-forwarded-user", "dave"),
+        ("x-forwarded-groups", "system:masters, team-a,system:nodes"),
+    ]);
+    let dave = p.by_proxy(&h, from_proxy).unwrap().unwrap();
+    assert_eq!(dave.groups, ["team-a"], "system: groups are dropped");
+    let root = headers(&[("x-forwarded-user", "system:admin")]);
+    let e = p.by_proxy(&root, from_proxy).unwrap_err();
+    assert_eq!(e, AuthError::SystemIdentity("system:admin".into()));
+    assert!(e.to_string().contains("reserved `system:` prefix"), "{e}");
+}
