@@ -107,6 +107,7 @@ impl Features {
                 relay,
                 engine.agent_offline_after(),
                 engine.jobs_settings(),
+                engine.job_marker(),
             )),
             applications: Arc::new(Applications::new(engine.clone())),
             engine,

@@ -4,9 +4,12 @@
 //! The run is named by people, who do not know its uid: the watch of the control plane's
 //! AnalysisRuns gives it ([`Runs::uid_of`]), so the log API needs `controlPlane` (and
 //! `confirmRuns` left on). Its Jobs are found without an API call: on a direct destination in
-//! the Job watch cache (label `rollouts-dispatch.io/run-uid`, only Jobs that are ours for that
-//! run, metric from `job::ANN_METRIC`), on an agent destination from the store's records of the
-//! run, whose log the agent streams (`agent_job_log`).
+//! the Job watch cache (label `rollouts-dispatch.io/run-uid`, metric from `job::ANN_METRIC`),
+//! on an agent destination from the store's records of the run, whose log the agent streams
+//! (`agent_job_log`). Labels are public: anyone who may create Jobs in the namespace can put
+//! ours on a Job of theirs, so a Job is shown only when it also carries the server's mark for
+//! this run and its pod template (`job::mark::verify`); one with our labels and not our mark is
+//! named in a note and its log is not read.
 //!
 //! Each Job's log is [`job_log`], redacted of the values of every Secret its containers can read
 //! (`logs::secrets`); a container whose Secret cannot be read is withheld with a note rather than
@@ -33,6 +36,7 @@ use crate::destinations::{Destination, Entry, Registry};
 use crate::http::{DispatchError, RunName};
 use crate::job::{self, Ownership, ANN_MEASUREMENT, ANN_METRIC};
 use crate::runs::Runs;
+use crate::signing::Signer;
 use crate::store::{random_id, Store};
 
 /// How long reading one Secret (to redact its values) may take.
@@ -57,11 +61,14 @@ pub struct RunLogs {
     pub(super) offline_after: Duration,
     /// how long finished Jobs are kept, for the notes
     jobs: JobsSettings,
+    /// the keys of the engine's Job marks: only a Job marked with them is shown
+    marker: Arc<Signer>,
 }
 
 impl RunLogs {
     /// The logs of the Jobs on `registry`'s destinations (agent destinations' records in
-    /// `store`), runs found in `runs`, agents' logs through `relay`.
+    /// `store`), runs found in `runs`, agents' logs through `relay`; a direct destination's Job
+    /// only when `marker` made its mark (`Engine::job_marker`).
     pub fn new(
         registry: Arc<Registry>,
         store: Option<Arc<Store>>,
@@ -69,6 +76,7 @@ impl RunLogs {
         relay: Arc<LogRelay>,
         offline_after: Duration,
         jobs: JobsSettings,
+        marker: Arc<Signer>,
     ) -> Self {
         Self {
             registry,
@@ -77,6 +85,7 @@ impl RunLogs {
             relay,
             offline_after,
             jobs,
+            marker,
         }
     }
 
@@ -102,7 +111,7 @@ impl RunLogs {
         let mut parts: Vec<BoxStream<'static, LogEvent>> = Vec::new();
         for entry in entries {
             let part = match entry {
-                Entry::Ready(d) => direct_logs(&d, &uid, &query, self.jobs),
+                Entry::Ready(d) => direct_logs(&d, &uid, &query, self.jobs, &self.marker),
                 Entry::Agent(a) => self.agent_logs(&a.name, &uid, &query),
                 Entry::Broken(b) => (query.destination.is_some()).then(|| {
                     note(
@@ -213,12 +222,13 @@ fn run_uid(runs: Option<&Runs>, run: &RunName) -> Result<String, DispatchError> 
 }
 
 /// The logs of the run's Jobs on direct destination `d` (`None`: none of them there and the
-/// query did not name it).
+/// query did not name it); a Job with our labels but not `marker`'s mark gets a note instead.
 fn direct_logs(
     d: &Arc<Destination>,
     uid: &str,
     query: &LogsQuery,
     jobs: JobsSettings,
+    marker: &Signer,
 ) -> Option<BoxStream<'static, LogEvent>> {
     if !d.jobs().is_authoritative() {
         return Some(note(
@@ -233,7 +243,7 @@ fn direct_logs(
             ),
         ));
     }
-    let mut found: Vec<Arc<Job>> = d
+    let (mut found, unmarked): (Vec<Arc<Job>>, Vec<Arc<Job>>) = d
         .jobs()
         .group(uid)
         .into_iter()
@@ -244,7 +254,35 @@ fn direct_logs(
                 .as_ref()
                 .is_none_or(|m| annotation(j, ANN_METRIC) == Some(m.as_str()))
         })
+        .partition(|j| {
+            let value = serde_json::to_value(&**j).unwrap_or_default();
+            job::mark::verify(&value, marker, uid).is_ok()
+        });
+    let refused: Vec<BoxStream<'static, LogEvent>> = unmarked
+        .iter()
+        .map(|j| {
+            let what = format!(
+                "{}/{}",
+                j.metadata.namespace.as_deref().unwrap_or_default(),
+                j.metadata.name.as_deref().unwrap_or_default()
+            );
+            tracing::warn!(destination = %d.name, job = %what,
+                           "log not shown: a job with this run's labels but not our mark");
+            note(
+                &d.name,
+                None,
+                format!(
+                    "Job {what} carries this run's labels but not this server's mark \
+                     ({}): it was not created by this server for this run, or was changed \
+                     since, so its log is not shown",
+                    job::mark::ANN_MARK
+                ),
+            )
+        })
         .collect();
+    if found.is_empty() && !refused.is_empty() {
+        return Some(combine(refused, false));
+    }
     if found.is_empty() {
         return query.destination.is_some().then(|| {
             note(
@@ -266,9 +304,9 @@ fn direct_logs(
             j.metadata.name.clone().unwrap_or_default(),
         )
     });
-    let parts = found
-        .iter()
-        .map(|j| one_job(d, j, query))
+    let parts = refused
+        .into_iter()
+        .chain(found.iter().map(|j| one_job(d, j, query)))
         .collect::<Vec<_>>();
     Some(combine(parts, query.follow))
 }
