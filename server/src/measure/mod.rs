@@ -241,6 +241,12 @@ impl Measurements {
             run_namespace: &req.run.namespace,
             run_name: &req.run.name,
             metric: &req.metric,
+            // As the Job name's `n` (`Self::request`): a reference of another measurement of
+            // this metric is refused. The index (count + error + 1) holds still while a
+            // measurement runs: Argo counts a measurement only once it completed
+            // (argo-rollouts analysis/analysis.go:378-405), so Resume and Terminate send the
+            // index that Run did.
+            measurement: req.index.max(1),
         };
         let refused = |why: Reason| {
             tracing::warn!(run = %format!("{}/{}", req.run.namespace, req.run.name),
