@@ -25,7 +25,7 @@ use crate::logs::board::LogBoard;
 use crate::logs::peers::{LogPeers, PeerTransport};
 use crate::logs::relay::LogRelay;
 use crate::logs::routes as log_routes;
-use crate::logs::run::RunLogs;
+use crate::logs::run::{RunLogs, Scope};
 use crate::measure::agents::{self, AgentChannel};
 use crate::measure::{routes as measure_routes, Measure, Measurements};
 use crate::runs::Runs;
@@ -107,7 +107,10 @@ impl Features {
                 relay,
                 engine.agent_offline_after(),
                 engine.jobs_settings(),
-                engine.job_marker(),
+                Scope {
+                    policy: engine.policy().clone(),
+                    marker: engine.job_marker(),
+                },
             )),
             applications: Arc::new(Applications::new(engine.clone())),
             engine,

@@ -35,6 +35,7 @@ use crate::config::JobsSettings;
 use crate::destinations::{Destination, Entry, Registry};
 use crate::http::{DispatchError, RunName};
 use crate::job::{self, Ownership, ANN_MEASUREMENT, ANN_METRIC};
+use crate::policy::Policy;
 use crate::runs::Runs;
 use crate::signing::Signer;
 use crate::store::{random_id, Store};
@@ -61,14 +62,24 @@ pub struct RunLogs {
     pub(super) offline_after: Duration,
     /// how long finished Jobs are kept, for the notes
     jobs: JobsSettings,
-    /// the keys of the engine's Job marks: only a Job marked with them is shown
-    marker: Arc<Signer>,
+    /// what may be shown
+    scope: Scope,
+}
+
+/// What the log view may show of a run: the destinations its project may use, the Jobs the
+/// engine marked.
+#[derive(Clone)]
+pub struct Scope {
+    /// the policy: only destinations the run's project may use are read (and named in notes)
+    pub policy: Policy,
+    /// the keys of the engine's Job marks (`Engine::job_marker`): only a Job marked with them
+    /// is shown
+    pub marker: Arc<Signer>,
 }
 
 impl RunLogs {
     /// The logs of the Jobs on `registry`'s destinations (agent destinations' records in
-    /// `store`), runs found in `runs`, agents' logs through `relay`; a direct destination's Job
-    /// only when `marker` made its mark (`Engine::job_marker`).
+    /// `store`), runs found in `runs`, agents' logs through `relay`, within `scope`.
     pub fn new(
         registry: Arc<Registry>,
         store: Option<Arc<Store>>,
@@ -76,7 +87,7 @@ impl RunLogs {
         relay: Arc<LogRelay>,
         offline_after: Duration,
         jobs: JobsSettings,
-        marker: Arc<Signer>,
+        scope: Scope,
     ) -> Self {
         Self {
             registry,
@@ -85,7 +96,7 @@ impl RunLogs {
             relay,
             offline_after,
             jobs,
-            marker,
+            scope,
         }
     }
 
@@ -101,17 +112,25 @@ impl RunLogs {
         query: LogsQuery,
     ) -> Result<BoxStream<'static, LogEvent>, DispatchError> {
         let uid = run_uid(self.runs.as_ref(), &run)?;
+        // The notes name destinations: only those the run's project may use (another tenant's
+        // is as unknown here as a missing one).
+        let usable = |e: &Entry| {
+            self.scope
+                .policy
+                .allows_destination(&run.namespace, e.name())
+        };
         let entries: Vec<Entry> = match &query.destination {
             Some(d) => vec![self
                 .registry
                 .get(d)
+                .filter(usable)
                 .ok_or_else(|| DispatchError::UnknownDestination(d.clone().into()))?],
-            None => self.registry.entries(),
+            None => self.registry.entries().into_iter().filter(usable).collect(),
         };
         let mut parts: Vec<BoxStream<'static, LogEvent>> = Vec::new();
         for entry in entries {
             let part = match entry {
-                Entry::Ready(d) => direct_logs(&d, &uid, &query, self.jobs, &self.marker),
+                Entry::Ready(d) => direct_logs(&d, &uid, &query, self.jobs, &self.scope.marker),
                 Entry::Agent(a) => self.agent_logs(&a.name, &uid, &query),
                 Entry::Broken(b) => (query.destination.is_some()).then(|| {
                     note(

@@ -33,7 +33,8 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::destinations::{Entry, Source};
 use crate::engine::{Engine, EngineError, Expected, JobRef, MeasureRequest, TerminateReport};
-use crate::http::{DispatchError, Reason};
+use crate::http::auth::Projects;
+use crate::http::{DispatchError, Principal, Reason};
 use crate::job::RunContext;
 use crate::logs::Redactor;
 use crate::runs::{RunError, Runs, CONFIRM_WAIT};
@@ -284,6 +285,7 @@ fn engine_error(e: EngineError) -> DispatchError {
             DispatchError::UnknownDestination(Reason::of(e))
         }
         EngineError::Denied(_)
+        | EngineError::DestinationDenied(_)
         | EngineError::PodSecurity { .. }
         | EngineError::OutsideNamespaces { .. } => DispatchError::Forbidden(Reason::of(e)),
         EngineError::Stage(_) | EngineError::StageControlPlane(_) => {
@@ -444,9 +446,19 @@ impl Measurements {
         Ok(terminated(&report))
     }
 
-    /// Every known destination (`/v1/destinations`).
-    pub fn destinations(&self) -> Vec<DestinationInfo> {
+    /// The known destinations `caller` may be shown (`/v1/destinations`): every one to a caller
+    /// of all projects, its own to an agent, and to a caller bound to projects only those the
+    /// policy lets one of them use (another tenant's names and labels are none of its business).
+    pub fn destinations(&self, caller: &Principal) -> Vec<DestinationInfo> {
+        let policy = self.engine.policy();
         destination_rows(&self.engine)
+            .into_iter()
+            .filter(|row| match (&caller.destination, &caller.projects) {
+                (Some(own), _) => *own == row.name,
+                (None, Projects::All) => true,
+                (None, Projects::Only { globs, .. }) => policy.shows_destination(globs, &row.name),
+            })
+            .collect()
     }
 
     /// Deletes the oldest Jobs of a run beyond `limit`; returns how many were deleted.
