@@ -139,6 +139,7 @@ fn gate() -> Gate {
     Gate {
         auth: Arc::new(Chain(vec![jwt])),
         people: Arc::new(crate::http::viewer::People::Nobody),
+        sessions: Arc::default(),
     }
 }
 
