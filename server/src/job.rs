@@ -29,6 +29,18 @@ pub const LABEL_ARGO_RUN_UID: &str = "analysisrun.argoproj.io/uid";
 pub const LABEL_MANAGED: &str = "rollouts-dispatch.io/managed";
 /// Label: the destination name, made label-safe (see [`destination_label_value`]).
 pub const LABEL_DESTINATION: &str = "rollouts-dispatch.io/destination";
+/// Label prefixes (and whole keys) that belong to rollouts-dispatch and the Job controller: a pod
+/// carrying them could pass for one of ours, or for another Job's pod (and match its Services).
+/// Argo Rollouts' run-uid key is reserved too: its job provider's `GarbageCollect` would count a
+/// Job carrying it as one of that run's and delete it (see [`LABEL_RUN_UID`]). `podsecurity`
+/// refuses them in a tenant's template; the mark's digest leaves them out (`mark`).
+pub const RESERVED_LABEL_PREFIXES: &[&str] = &[
+    "rollouts-dispatch.io/",
+    LABEL_ARGO_RUN_UID,
+    "batch.kubernetes.io/",
+    "controller-uid",
+    "job-name",
+];
 /// The label selector of the watch caches.
 pub const MANAGED_SELECTOR: &str = "rollouts-dispatch.io/managed=true";
 

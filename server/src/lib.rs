@@ -43,6 +43,7 @@ pub mod measure;
 pub mod observe;
 pub mod podsecurity;
 pub mod policy;
+pub mod quantity;
 pub mod runs;
 pub mod runtime;
 pub mod signing;

@@ -26,7 +26,7 @@ use crate::logs::board::LogBoard;
 use crate::logs::peers::{LogPeers, PeerTransport};
 use crate::logs::relay::{self, LogRelay};
 use crate::logs::routes as log_routes;
-use crate::logs::run::{log_quotas, RunLogs};
+use crate::logs::run::{log_quotas, RunLogs, Scope};
 use crate::measure::agents::{self, AgentChannel};
 use crate::measure::{routes as measure_routes, Measure, Measurements};
 use crate::runs::Runs;
@@ -133,6 +133,10 @@ impl Features {
                     relay,
                     engine.agent_offline_after(),
                     engine.jobs_settings(),
+                    Scope {
+                        policy: engine.policy().clone(),
+                        marker: engine.job_marker(),
+                    },
                 )
                 .with_quotas(log_quotas),
             ),

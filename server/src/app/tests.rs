@@ -17,7 +17,7 @@ use dispatch_api::v1::{self as api, DestinationInfo};
 
 use super::Features;
 use crate::http::auth::{self, issue, Chain, Claims, JwtAuthenticator};
-use crate::http::{Authenticator, DispatchError, Gate, MAX_BODY};
+use crate::http::{Authenticator, DispatchError, Gate, Principal, MAX_BODY};
 use crate::measure::Measure;
 use crate::runtime::admin::{self, Readiness};
 use crate::runtime::listener::{serve, tls_config, HEADER_READ_TIMEOUT};
@@ -69,7 +69,7 @@ impl Measure for Scripted {
     async fn gc(&self, req: GcRequest) -> Result<u32, DispatchError> {
         Ok(req.limit)
     }
-    fn destinations(&self) -> Vec<DestinationInfo> {
+    fn destinations(&self, _caller: &Principal) -> Vec<DestinationInfo> {
         vec![DestinationInfo {
             name: "a".into(),
             source: "config".into(),
@@ -139,6 +139,7 @@ fn gate() -> Gate {
     Gate {
         auth: Arc::new(Chain(vec![jwt])),
         people: Arc::new(crate::http::viewer::People::Nobody),
+        sessions: Arc::default(),
     }
 }
 

@@ -147,7 +147,8 @@ impl Applications {
                     format!(
                         "unknown destination {:?} (known: {}); add it to `destinations` in {}",
                         app.destination,
-                        self.engine.registry().names().join(", "),
+                        // Only what the project may use: never another tenant's names.
+                        self.engine.usable_destinations(&app.project).join(", "),
                         self.engine.origin()
                     )
                     .into(),

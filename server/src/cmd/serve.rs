@@ -267,7 +267,14 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
         .instrument(info_span!("release_polls_at_shutdown"))
     });
-    let router = app::router(&features, Gate { auth, people }, metrics.clone());
+    // The pages' logins live in this replica's memory (`http::sessions`).
+    let sessions = Arc::new(http::sessions::Sessions::new(ui.sessions));
+    let gate = Gate {
+        auth,
+        people,
+        sessions,
+    };
+    let router = app::router(&features, gate, metrics.clone());
     let router = limits::Budgets::new(&budgets, metrics.clone()).around(router);
     open_files_for(budgets.max_connections);
     let api = tokio::spawn(

@@ -155,6 +155,31 @@ pub struct UiConfig {
     pub external_url: Option<String>,
     /// who people are
     pub people: PeopleConfig,
+    /// how long a login to the pages lasts, and how many may be open
+    pub sessions: SessionSettings,
+}
+
+/// The default of `ui.sessionLifetime`: a working day.
+pub const DEFAULT_SESSION_LIFETIME: Duration = Duration::from_secs(8 * 3600);
+/// The default of `ui.maxSessions`.
+pub const DEFAULT_MAX_SESSIONS: usize = 10_000;
+
+/// The server-side sessions of the pages (`ui.sessionLifetime`, `ui.maxSessions`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionSettings {
+    /// how long a session lasts after login (then the person logs in again)
+    pub lifetime: Duration,
+    /// the most sessions held at once; a login beyond ends the one that expires first
+    pub max: usize,
+}
+
+impl Default for SessionSettings {
+    fn default() -> Self {
+        Self {
+            lifetime: DEFAULT_SESSION_LIFETIME,
+            max: DEFAULT_MAX_SESSIONS,
+        }
+    }
 }
 
 /// How people of the control plane are recognised (`ui.people`).

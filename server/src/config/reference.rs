@@ -140,6 +140,8 @@ pub fn reference() -> Vec<FieldDoc> {
         f("agents.destinations[].namespace", "string", Value("default"), "default namespace of Jobs there"),
         f("applicationSync.destinations", "list of globs", Unset("none: every sync is refused (403 naming this key)"), "globs (`*`, `?`) over the destinations whose Applications a plugin token may sync (on top of `policy.rules`: project × destination × `applicationNamespaces`, and the Application's `kargo.akuity.io/authorized-stage`). The server patches the Application itself on a direct destination (needs `patch` on `applications.argoproj.io` there); an agent destination's agent does it, only when started with `--argocd-sync`"),
         f("ui.externalURL", "string", Unset("no link in messages"), "where people open the pages (absolute `http(s)://` URL, no query): every measurement message ends with ` — logs: <externalURL>/ui/runs/<namespace>/<name>`, so Kargo's verification tab shows where the full logs are"),
+        f("ui.sessionLifetime", "duration", Value("8h"), "how long a login to the pages lasts (1m to 168h): the session cookie holds a random id, the token stays in the memory of the replica that took the login (with several replicas, route people to one replica, e.g. `sessionAffinity: ClientIP`, or they log in again on another); logout ends it at once"),
+        f("ui.maxSessions", "integer", Value("10000"), "the most logins to the pages held at once (1 to 1000000); a login beyond ends the session that expires first"),
         f("ui.people", "object", Unset("the defaults below"), "how people of the control plane are recognised; what a person sees is what a SubjectAccessReview allows (`get analysisruns.argoproj.io` in the run's namespace on the control plane)"),
         f("ui.people.tokenReview", "bool", Value("true"), "with `controlPlane`: accept people's Kubernetes bearer tokens of the control plane (TokenReview without audiences: the apiserver's own, e.g. `kubectl create token`); needs `create` on `tokenreviews` and `subjectaccessreviews` there. Without `controlPlane` the default is false and `true` is an error"),
         f("ui.people.proxy", "object", Unset("unset: no proxy is trusted, user headers are ignored"), "an authenticating proxy in front of the server (oauth2-proxy with `--pass-user-headers`) whose user and group headers name the person; needs `controlPlane`"),
@@ -517,6 +519,8 @@ ui: {people: {proxy: {trustedAddresses: ["10.0.0.1"]}}}
                 "budgets.pendingLogRequestsPerDestination" => {
                     v == c.budgets.pending_log_requests_per_destination.to_string()
                 }
+                "ui.sessionLifetime" => dur(v) == c.ui.sessions.lifetime,
+                "ui.maxSessions" => v == c.ui.sessions.max.to_string(),
                 "ui.people.proxy.userHeader" => {
                     v.eq_ignore_ascii_case(&c.ui.people.proxy.as_ref().unwrap().user_header)
                 }
@@ -535,7 +539,7 @@ ui: {people: {proxy: {trustedAddresses: ["10.0.0.1"]}}}
             );
             checked += 1;
         }
-        assert_eq!(checked, 36);
+        assert_eq!(checked, 38);
         // without a file, or without an `engine:` section, the engine defaults are the same
         assert_eq!(ServerConfig::embedded_default().engine, c.engine);
         assert_eq!(ServerConfig::parse("", "test").unwrap().engine, c.engine);

@@ -222,6 +222,7 @@ impl Engine {
         req: &MeasureRequest,
     ) -> Result<Vec<(Entry, String)>, EngineError> {
         let registry = &self.inner.registry;
+        let project = &req.run.namespace;
         let too_many = |count: usize| EngineError::TooManyPlacements {
             target: match &req.config.target {
                 Target::Names(_) => "`destination`".to_string(),
@@ -237,19 +238,22 @@ impl Engine {
                 if names.len() > MAX_PLACEMENTS {
                     return Err(too_many(names.len()));
                 }
-                let mut out = Vec::new();
-                for n in names {
-                    out.push(self.lookup(n).await?);
-                }
-                (out, None)
+                (self.lookup_all(names, project).await?, None)
             }
             Target::Selector(sel) => {
                 registry.wait_sources(self.sources_wait()).await;
-                let found = registry.matching(sel);
+                // Only what the project may use: a selector matching other tenants'
+                // destinations alone matches nothing, and the error names none of them.
+                let found: Vec<Entry> = registry
+                    .matching(sel)
+                    .into_iter()
+                    .filter(|e| self.inner.policy.allows_destination(project, e.name()))
+                    .collect();
                 if found.is_empty() {
                     let known = registry
                         .entries()
                         .iter()
+                        .filter(|e| self.inner.policy.allows_destination(project, e.name()))
                         .map(|e| format!("{} {:?}", e.name(), e.labels()))
                         .collect::<Vec<_>>()
                         .join(", ");
@@ -273,14 +277,9 @@ impl Engine {
                 if names.len() > MAX_PLACEMENTS {
                     return Err(too_many(names.len()));
                 }
-                let mut out = Vec::new();
-                for n in &names {
-                    out.push(self.lookup(n).await?);
-                }
-                (out, None)
+                (self.lookup_all(&names, project).await?, None)
             }
         };
-        let project = &req.run.namespace;
         let mut allowed = Vec::new();
         let mut denied: Vec<EngineError> = Vec::new();
         for e in candidates {
@@ -360,7 +359,20 @@ impl Engine {
             .min(Duration::from_secs(10))
     }
 
-    pub(super) async fn lookup(&self, name: &str) -> Result<Entry, EngineError> {
+    /// The entries of `names` for `project`: each one the policy lets it use somewhere (refused
+    /// by name otherwise, before any lookup), then known to the registry.
+    async fn lookup_all(&self, names: &[String], project: &str) -> Result<Vec<Entry>, EngineError> {
+        let mut out = Vec::new();
+        for n in names {
+            self.inner.policy.check_destination(project, n)?;
+            out.push(self.lookup(n, project).await?);
+        }
+        Ok(out)
+    }
+
+    /// Destination `name`, or the error naming the destinations `project` may use (never
+    /// another tenant's).
+    pub(super) async fn lookup(&self, name: &str, project: &str) -> Result<Entry, EngineError> {
         let registry = &self.inner.registry;
         if let Some(e) = registry.get(name) {
             return Ok(e);
@@ -371,7 +383,7 @@ impl Engine {
                 return Ok(e);
             }
         }
-        let names = registry.names();
+        let names = self.usable_destinations(project);
         Err(EngineError::UnknownDestination {
             name: name.to_string(),
             known: if names.is_empty() {
@@ -381,6 +393,17 @@ impl Engine {
             },
             origin: self.inner.origin.clone(),
         })
+    }
+
+    /// The destinations of the registry that the policy lets `project` use: all that an error
+    /// or a note may name to a caller acting for it.
+    pub fn usable_destinations(&self, project: &str) -> Vec<String> {
+        self.inner
+            .registry
+            .names()
+            .into_iter()
+            .filter(|n| self.inner.policy.allows_destination(project, n))
+            .collect()
     }
 
     pub(super) async fn control_plane(&self) -> Result<kube::Client, ControlPlaneError> {

@@ -7,8 +7,11 @@
 //! So the server signs every reference it hands out ([`JobRef::signed`], HMAC under domain
 //! [`signing::JOB_REF`] over the canonical JSON without the signature) and
 //! [`JobRef::from_request`] accepts one back only when the signature verifies, it names the
-//! request's run (uid, namespace, name) and metric, and its Job name is the one the formula
-//! gives. The policy is checked again on its placements by the engine
+//! request's run (uid, namespace, name), metric and measurement index, and its Job name is the
+//! one the formula gives. The index matters: without it, the signed reference of a measurement
+//! that passed could be copied into a later measurement of the same metric, which would then
+//! read the earlier Job's verdict as its own. The index is in the signed bytes already (it always
+//! was), so references signed before the check, and by any key still in force, verify as before. The policy is checked again on its placements by the engine
 //! ([`super::Engine::check_placements`]).
 
 use std::collections::BTreeMap;
@@ -56,7 +59,7 @@ pub enum RefRefused {
          signed its references ends here too: run the analysis again. No Job was read or deleted"
     )]
     Signature(#[source] SignatureError),
-    /// signed, but for another run or metric
+    /// signed, but for another run, metric or measurement
     #[error(
         "refusing the measurement's {REF_KEY}: it belongs to run {found} and not to this \
          measurement's run {expected}; it was copied from another measurement. No Job was read \
@@ -158,6 +161,8 @@ pub struct Expected<'a> {
     pub run_name: &'a str,
     /// the metric
     pub metric: &'a str,
+    /// the measurement index the request is for (`MeasurementRef::index`, at least 1)
+    pub measurement: u32,
 }
 
 impl JobRef {
@@ -255,18 +260,26 @@ impl JobRef {
         let same = r.run_uid == expected.run_uid
             && r.run_namespace == expected.run_namespace
             && r.run_name == expected.run_name
-            && r.metric == expected.metric;
+            && r.metric == expected.metric
+            && r.measurement == expected.measurement;
         if !same {
-            let show = |ns: &str, name: &str, uid: &str, metric: &str| {
-                format!("{ns}/{name} (uid {uid}), metric {metric:?}")
+            let show = |ns: &str, name: &str, uid: &str, metric: &str, n: u32| {
+                format!("{ns}/{name} (uid {uid}), metric {metric:?}, measurement {n}")
             };
             return Err(RefRefused::OtherMeasurement {
-                found: show(&r.run_namespace, &r.run_name, &r.run_uid, &r.metric),
+                found: show(
+                    &r.run_namespace,
+                    &r.run_name,
+                    &r.run_uid,
+                    &r.metric,
+                    r.measurement,
+                ),
                 expected: show(
                     expected.run_namespace,
                     expected.run_name,
                     expected.run_uid,
                     expected.metric,
+                    expected.measurement,
                 ),
             });
         }
@@ -318,6 +331,7 @@ mod tests {
             run_namespace: "team-a",
             run_name: "r",
             metric: "m",
+            measurement: 2,
         }
     }
 
@@ -409,14 +423,40 @@ mod tests {
             |r| r.run_namespace = "team-b".into(),
             |r| r.run_name = "other".into(),
             |r| r.metric = "m2".into(),
+            |r| r.measurement = 1,
+            |r| r.measurement = 3,
         ] {
             let mut r = genuine();
             edit(&mut r);
             r.name = job::job_name(&r.run_uid, &r.metric, r.measurement);
             let e = check(&r.signed(&signer)).unwrap_err();
             assert!(matches!(e, RefRefused::OtherMeasurement { .. }), "{e:?}");
-            assert!(e.to_string().contains("team-a/r (uid u1)"), "{e}");
+            assert!(
+                e.to_string()
+                    .contains("team-a/r (uid u1), metric \"m\", measurement 2"),
+                "{e}"
+            );
         }
+        // A reference signed by a key rotated out of first place still verifies, and is bound
+        // to its measurement all the same.
+        let old = genuine().signed(&signer);
+        let rotated = Signer::new(&[
+            b"new-job-ref-key-0123456789abcdef0123456789".to_vec(),
+            KEY.to_vec(),
+        ])
+        .unwrap();
+        assert_eq!(
+            JobRef::from_request(&old.metadata(), &rotated, expected()).unwrap(),
+            Some(old.clone())
+        );
+        let later = Expected {
+            measurement: 3,
+            ..expected()
+        };
+        assert!(matches!(
+            JobRef::from_request(&old.metadata(), &rotated, later).unwrap_err(),
+            RefRefused::OtherMeasurement { .. }
+        ));
         let mut foreign = genuine();
         foreign.name = "someone-elses-job".into();
         let e = check(&foreign.signed(&signer)).unwrap_err();

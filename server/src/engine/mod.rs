@@ -153,7 +153,7 @@ pub enum EngineError {
     UnknownDestination {
         /// the name asked for
         name: String,
-        /// the known names
+        /// the known names the project may use (never another tenant's)
         known: String,
         /// the config file
         origin: String,
@@ -166,7 +166,7 @@ pub enum EngineError {
     NoMatch {
         /// the selector
         selector: String,
-        /// known names and labels
+        /// names and labels of the destinations the project may use (never another tenant's)
         known: String,
         /// the config file
         origin: String,
@@ -174,6 +174,9 @@ pub enum EngineError {
     /// the policy does not allow it
     #[error(transparent)]
     Denied(#[from] Denied),
+    /// the policy lets the project use that destination nowhere
+    #[error(transparent)]
+    DestinationDenied(#[from] crate::policy::DestinationDenied),
     /// `destination: stage` could not be resolved
     #[error("destination \"stage\": {0}")]
     Stage(#[source] crate::destinations::stage::StageError),
@@ -524,7 +527,8 @@ mod tests {
 
     #[tokio::test]
     async fn an_empty_engine_reports_unknown_destinations() {
-        let mut config = ServerConfig::parse("", "config file t.yaml").unwrap();
+        let mut config =
+            ServerConfig::parse("policy: {allowAll: true}", "config file t.yaml").unwrap();
         config.kubeconfig_contexts = None;
         let engine = Engine::start(config).await.unwrap();
         let req = MeasureRequest {

@@ -248,8 +248,17 @@ impl Engine {
         }
     }
 
+    /// The signer of Job marks, shared: for the log view, which shows only Jobs it marked.
+    pub fn job_marker(&self) -> Arc<Signer> {
+        self.marker_cell().clone()
+    }
+
     /// The signer of Job marks.
     pub(super) fn marker(&self) -> &Signer {
+        self.marker_cell()
+    }
+
+    fn marker_cell(&self) -> &Arc<Signer> {
         self.inner.marker.get_or_init(|| {
             let mut key = [0u8; 32];
             // A process-local key: only this engine can adopt what it created.

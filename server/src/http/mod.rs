@@ -12,6 +12,7 @@ pub mod auth;
 pub mod authz;
 mod error;
 pub mod people;
+pub mod sessions;
 pub mod tokenreview;
 pub mod viewer;
 
@@ -44,6 +45,8 @@ pub struct Gate {
     pub auth: Arc<auth::Chain>,
     /// people of the control plane (logs, pages); [`viewer::People::Nobody`] without one
     pub people: Arc<viewer::People>,
+    /// the pages' logins on this replica (`sessions`)
+    pub sessions: Arc<sessions::Sessions>,
 }
 
 /// The largest request body accepted: a plugin block plus run metadata is a few KiB.

@@ -17,23 +17,28 @@ use super::auth::{AuthError, Principal};
 use super::people::ControlPlanePeople;
 use super::{ApiFailure, Gate};
 
-/// The browser session cookie: its value is the bearer token the login page was given
-/// (HttpOnly, SameSite=Strict, Secure over TLS, Path=/).
-pub const SESSION_COOKIE: &str = "rollouts-dispatch-session";
+pub use super::sessions::SESSION_COOKIE;
 
-/// The bearer token of a request: `Authorization: Bearer …`, else the [`SESSION_COOKIE`].
-pub fn request_token(headers: &HeaderMap) -> Option<&str> {
-    super::auth::bearer_token(headers).or_else(|| {
-        headers
-            .get_all(axum::http::header::COOKIE)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(';'))
-            .filter_map(|c| c.trim().split_once('='))
-            .find(|(name, _)| *name == SESSION_COOKIE)
-            .map(|(_, value)| value.trim().trim_matches('"'))
-            .filter(|t| !t.is_empty())
-    })
+/// The bearer token of a request: `Authorization: Bearer …`, else the token of the session the
+/// [`SESSION_COOKIE`] names (a cookie holding anything but an open session's id gives none).
+pub fn request_token(gate: &Gate, headers: &HeaderMap) -> Option<String> {
+    if let Some(bearer) = super::auth::bearer_token(headers) {
+        return Some(bearer.to_string());
+    }
+    gate.sessions.token(session_id(headers)?)
+}
+
+/// The session id in the [`SESSION_COOKIE`] of a request, if any.
+pub fn session_id(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get_all(axum::http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|c| c.trim().split_once('='))
+        .find(|(name, _)| *name == SESSION_COOKIE)
+        .map(|(_, value)| value.trim().trim_matches('"'))
+        .filter(|t| !t.is_empty())
 }
 
 /// A person of the control plane.
@@ -182,25 +187,45 @@ mod tests {
 
     use super::*;
 
+    fn gate() -> Gate {
+        Gate {
+            auth: std::sync::Arc::new(super::super::auth::Chain(Vec::new())),
+            people: std::sync::Arc::new(People::Nobody),
+            sessions: std::sync::Arc::default(),
+        }
+    }
+
     #[test]
-    fn the_token_is_the_bearer_else_the_session_cookie() {
+    fn the_token_is_the_bearer_else_the_sessions_token() {
+        let gate = gate();
+        let id = gate.sessions.open("from-session").unwrap();
         let mut h = HeaderMap::new();
-        assert_eq!(request_token(&h), None);
+        assert_eq!(request_token(&gate, &h), None);
         h.append(
             axum::http::header::COOKIE,
-            HeaderValue::from_static("theme=dark; rollouts-dispatch-session=from-cookie"),
+            HeaderValue::from_str(&format!("theme=dark; {SESSION_COOKIE}={id}")).unwrap(),
         );
-        assert_eq!(request_token(&h), Some("from-cookie"));
+        assert_eq!(request_token(&gate, &h).as_deref(), Some("from-session"));
         h.insert(
             axum::http::header::AUTHORIZATION,
             HeaderValue::from_static("Bearer from-header"),
         );
-        assert_eq!(request_token(&h), Some("from-header"));
-        let mut other = HeaderMap::new();
-        other.insert(
-            axum::http::header::COOKIE,
-            HeaderValue::from_static("rollouts-dispatch-sessionx=no; session=no"),
-        );
-        assert_eq!(request_token(&other), None);
+        assert_eq!(request_token(&gate, &h).as_deref(), Some("from-header"));
+        // A token put in the cookie is no session; nor is the old cookie, nor a lookalike name.
+        for cookie in [
+            format!("{SESSION_COOKIE}=a-bearer-token"),
+            format!("rollouts-dispatch-session={id}"),
+            format!("{SESSION_COOKIE}x={id}; session={id}"),
+        ] {
+            let mut other = HeaderMap::new();
+            other.insert(
+                axum::http::header::COOKIE,
+                HeaderValue::from_str(&cookie).unwrap(),
+            );
+            assert_eq!(request_token(&gate, &other), None, "{cookie}");
+        }
+        gate.sessions.close(&id);
+        h.remove(axum::http::header::AUTHORIZATION);
+        assert_eq!(request_token(&gate, &h), None, "logged out");
     }
 }

@@ -8,18 +8,22 @@
 //! (`signing::JOB_MARK`): it cannot be guessed before we create the Job, and copying the mark of
 //! a Job we did create onto another spec fails the digest.
 //!
-//! The digest covers what decides what the Job runs and that the API server does not default
-//! (so the Job read back hashes like the one we sent): every container's and init container's
-//! name, image, command, args and environment (plain values and the sources of `valueFrom`), the
-//! service account, and the host namespaces. Security context fields are left out: the agent
-//! fills the same restricted defaults in again (`podsecurity`), and they do not change what runs.
+//! The digest covers the whole pod template (every field of the pod spec: volumes, mounts,
+//! security contexts, service account, scheduling, resources, containers; the template's labels
+//! and annotations) and the Job fields that decide how it runs and when it passes
+//! (`parallelism`, `completions`, `backoffLimit`, `activeDeadlineSeconds`, `podFailurePolicy`,
+//! `successPolicy` …), canonicalised so that the Job the API server gives back, defaults filled
+//! in, digests like the one we sent ([`digest`] says how and why that design). A Job whose
+//! template an admission webhook edits is therefore not ours: refused, never adopted.
 //!
 //! The agent holds no signing key: it compares the mark the server sent with the record against
 //! the Job it finds, and the digest of both, which is the same check without the key.
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use crate::signing::{self, SignatureError, Signer};
+
+mod digest;
 
 /// Annotation: the adoption mark.
 pub const ANN_MARK: &str = "rollouts-dispatch.io/mark";
@@ -38,10 +42,10 @@ pub enum MarkMismatch {
     Different,
     /// our mark, on a pod template that is not the one we created
     #[error(
-        "its pod template (containers, images, commands, environment, service account) is not \
-         the one this measurement asks for: it was replaced after we created it"
+        "its pod template is not the one this measurement asks for (`{0}` differs): it was \
+         replaced after we created it, or edited on its way in (a mutating admission webhook)"
     )]
-    SpecChanged,
+    SpecChanged(String),
     /// a mark that does not verify with the server's keys for this run and this pod template
     #[error(
         "its {ANN_MARK} annotation does not verify for this run and this pod template: {0} \
@@ -53,72 +57,15 @@ pub enum MarkMismatch {
     NothingToCompare,
 }
 
-/// The digest of the parts of `job`'s pod template that decide what runs (hex SHA-256).
+/// The digest of `job`'s whole pod template and the Job fields that decide how it runs, in the
+/// canonical form the API server's defaulting does not change (hex SHA-256; see [`digest`]).
 pub fn spec_digest(job: &Value) -> String {
-    let pod = &job["spec"]["template"]["spec"];
-    let containers = |field: &str| -> Vec<Value> {
-        pod[field]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|c| {
-                json!({
-                    "name": c["name"],
-                    "image": c["image"],
-                    "command": non_empty(&c["command"]),
-                    "args": non_empty(&c["args"]),
-                    "env": c["env"].as_array().into_iter().flatten().map(env_var).collect::<Vec<_>>(),
-                    "envFrom": c["envFrom"].as_array().into_iter().flatten().map(env_from).collect::<Vec<_>>(),
-                })
-            })
-            .collect()
-    };
-    let projection = json!({
-        "initContainers": containers("initContainers"),
-        "containers": containers("containers"),
-        "serviceAccountName": text(&pod["serviceAccountName"]),
-        "hostNetwork": pod["hostNetwork"].as_bool().unwrap_or(false),
-        "hostPID": pod["hostPID"].as_bool().unwrap_or(false),
-        "hostIPC": pod["hostIPC"].as_bool().unwrap_or(false),
-    });
-    let d = ring::digest::digest(&ring::digest::SHA256, projection.to_string().as_bytes());
-    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// An absent list and an empty one are the same to the API server (it drops empty lists).
-fn non_empty(v: &Value) -> Value {
-    match v.as_array() {
-        Some(a) if !a.is_empty() => v.clone(),
-        _ => Value::Null,
-    }
+    digest::digest(job)
 }
 
 /// An absent string and an empty one are the same (`omitempty`).
 fn text(v: &Value) -> &str {
     v.as_str().unwrap_or("")
-}
-
-/// One `env` entry: its name, plain value and where `valueFrom` reads (without the defaulted
-/// `fieldRef.apiVersion` and `optional`).
-fn env_var(e: &Value) -> Value {
-    let from = &e["valueFrom"];
-    json!({
-        "name": e["name"],
-        "value": text(&e["value"]),
-        "secret": [text(&from["secretKeyRef"]["name"]), text(&from["secretKeyRef"]["key"])],
-        "configMap": [text(&from["configMapKeyRef"]["name"]), text(&from["configMapKeyRef"]["key"])],
-        "field": text(&from["fieldRef"]["fieldPath"]),
-        "resource": [text(&from["resourceFieldRef"]["containerName"]), text(&from["resourceFieldRef"]["resource"])],
-    })
-}
-
-/// One `envFrom` entry: its prefix and source.
-fn env_from(e: &Value) -> Value {
-    json!({
-        "prefix": text(&e["prefix"]),
-        "secret": text(&e["secretRef"]["name"]),
-        "configMap": text(&e["configMapRef"]["name"]),
-    })
 }
 
 /// The bytes under the mark's MAC.
@@ -175,8 +122,8 @@ pub fn check(existing: &Value, ours: &Value) -> Result<(), MarkMismatch> {
     if Some(found) != of(ours) {
         return Err(MarkMismatch::Different);
     }
-    if spec_digest(existing) != spec_digest(ours) {
-        return Err(MarkMismatch::SpecChanged);
+    if let Some(at) = digest::first_difference(existing, ours) {
+        return Err(MarkMismatch::SpecChanged(at));
     }
     Ok(())
 }
@@ -184,6 +131,7 @@ pub fn check(existing: &Value, ours: &Value) -> Result<(), MarkMismatch> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     const KEY: &[u8] = b"mark-key-0123456789abcdef0123456789abcdef";
 
@@ -191,9 +139,22 @@ mod tests {
         json!({
             "apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": "j-1", "namespace": "verify", "labels": {"rollouts-dispatch.io/managed": "true"}},
-            "spec": {"template": {"spec": {
+            "spec": {"activeDeadlineSeconds": 600, "template": {
+                "metadata": {"labels": {"rollouts-dispatch.io/managed": "true"}},
+                "spec": {
                 "restartPolicy": "Never",
+                "serviceAccountName": "smoke",
+                "hostNetwork": false,
+                "volumes": [{"name": "cfg", "secret": {"secretName": "smoke-config"}},
+                            {"name": "scratch"}],
                 "containers": [{"name": "smoke", "image": "busybox:1.36", "command": ["sh", "-c", "exit 0"],
+                                "args": [],
+                                "resources": {"limits": {"cpu": "0.5"}},
+                                "ports": [{"containerPort": 8080}],
+                                "readinessProbe": {"httpGet": {"path": "/", "port": 8080}},
+                                "volumeMounts": [{"name": "cfg", "mountPath": "/cfg", "readOnly": false}],
+                                "securityContext": {"allowPrivilegeEscalation": false,
+                                                    "capabilities": {"drop": ["ALL"]}},
                                 "env": [{"name": "A", "value": "1"},
                                         {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}],
             }}}
@@ -206,16 +167,48 @@ mod tests {
         j
     }
 
-    /// What the API server gives back: defaults filled in, empty fields dropped.
+    /// What the API server gives back: defaults filled in, empty fields dropped, value structs
+    /// written empty, the service account alias, quantities canonical, the Job controller's
+    /// labels on the template (`digest` cites where each comes from).
     fn as_read_back(mut j: Value) -> Value {
-        let c = &mut j["spec"]["template"]["spec"]["containers"][0];
+        let t = &mut j["spec"]["template"];
+        t["metadata"]["creationTimestamp"] = Value::Null;
+        t["metadata"]["labels"]["batch.kubernetes.io/controller-uid"] = json!("0f1e");
+        t["metadata"]["labels"]["job-name"] = json!("j-1");
+        let p = &mut t["spec"];
+        p["dnsPolicy"] = json!("ClusterFirst");
+        p["schedulerName"] = json!("default-scheduler");
+        p["terminationGracePeriodSeconds"] = json!(30);
+        p["securityContext"] = json!({});
+        p["enableServiceLinks"] = json!(true);
+        p["serviceAccount"] = p["serviceAccountName"].clone();
+        p["volumes"][0]["secret"]["defaultMode"] = json!(420);
+        p["volumes"][1]["emptyDir"] = json!({});
+        if let Some(a) = p.as_object_mut() {
+            a.remove("hostNetwork");
+        }
+        let c = &mut p["containers"][0];
         c["imagePullPolicy"] = json!("IfNotPresent");
         c["terminationMessagePath"] = json!("/dev/termination-log");
-        c["resources"] = json!({});
+        c["terminationMessagePolicy"] = json!("File");
+        c["resources"]["limits"]["cpu"] = json!("500m");
         c["env"][1]["valueFrom"]["fieldRef"]["apiVersion"] = json!("v1");
-        c["securityContext"] = json!({"runAsNonRoot": true});
-        j["spec"]["template"]["spec"]["dnsPolicy"] = json!("ClusterFirst");
+        c["ports"][0]["protocol"] = json!("TCP");
+        c["readinessProbe"]["timeoutSeconds"] = json!(1);
+        c["readinessProbe"]["periodSeconds"] = json!(10);
+        c["readinessProbe"]["successThreshold"] = json!(1);
+        c["readinessProbe"]["failureThreshold"] = json!(3);
+        c["readinessProbe"]["httpGet"]["scheme"] = json!("HTTP");
+        c["volumeMounts"][0]
+            .as_object_mut()
+            .map(|m| m.remove("readOnly"));
+        c.as_object_mut().map(|m| m.remove("args"));
+        c["securityContext"]["capabilities"]["add"] = json!([]);
         j["spec"]["backoffLimit"] = json!(6);
+        j["spec"]["completions"] = json!(1);
+        j["spec"]["parallelism"] = json!(1);
+        j["spec"]["completionMode"] = json!("NonIndexed");
+        j["spec"]["suspend"] = json!(false);
         j
     }
 
@@ -271,12 +264,16 @@ mod tests {
         );
     }
 
+    fn push(list: &mut Value, item: Value) {
+        list.as_array_mut().expect("a list").push(item);
+    }
+
     #[test]
     fn a_copied_mark_on_another_spec_is_refused() {
         let signer = Signer::new(&[KEY.to_vec()]).unwrap();
         let ours = marked(&signer);
         type Edit = fn(&mut Value);
-        let edits: [(&str, Edit); 6] = [
+        let edits: [(&str, Edit); 16] = [
             ("command", |j| {
                 j["spec"]["template"]["spec"]["containers"][0]["command"] = json!(["true"])
             }),
@@ -296,13 +293,59 @@ mod tests {
                 j["spec"]["template"]["spec"]["initContainers"] =
                     json!([{"name": "x", "image": "evil:1"}])
             }),
+            ("a volume", |j| {
+                push(
+                    &mut j["spec"]["template"]["spec"]["volumes"],
+                    json!({"name": "host", "hostPath": {"path": "/"}}),
+                )
+            }),
+            ("a volume's source", |j| {
+                j["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"] =
+                    json!("argocd-secret")
+            }),
+            ("a mount", |j| {
+                push(
+                    &mut j["spec"]["template"]["spec"]["containers"][0]["volumeMounts"],
+                    json!({"name": "scratch", "mountPath": "/var/run"}),
+                )
+            }),
+            ("a mount made writable elsewhere", |j| {
+                j["spec"]["template"]["spec"]["containers"][0]["volumeMounts"][0]["subPath"] =
+                    json!("..")
+            }),
+            ("allowPrivilegeEscalation dropped", |j| {
+                let sc = &mut j["spec"]["template"]["spec"]["containers"][0]["securityContext"];
+                sc.as_object_mut()
+                    .map(|m| m.remove("allowPrivilegeEscalation"));
+            }),
+            ("privileged", |j| {
+                j["spec"]["template"]["spec"]["containers"][0]["securityContext"]["privileged"] =
+                    json!(true)
+            }),
+            ("a pod security context", |j| {
+                j["spec"]["template"]["spec"]["securityContext"] = json!({"runAsUser": 0})
+            }),
+            ("a toleration", |j| {
+                j["spec"]["template"]["spec"]["tolerations"] = json!([{"operator": "Exists"}])
+            }),
+            ("a pod label", |j| {
+                j["spec"]["template"]["metadata"]["labels"]["app"] = json!("payments")
+            }),
+            ("parallelism", |j| j["spec"]["parallelism"] = json!(50)),
         ];
         for (what, edit) in edits {
             let mut forged = ours.clone();
             edit(&mut forged);
-            assert_eq!(
-                check(&forged, &ours),
-                Err(MarkMismatch::SpecChanged),
+            assert!(
+                matches!(check(&forged, &ours), Err(MarkMismatch::SpecChanged(_))),
+                "{what}"
+            );
+            // The server's check, with no spec of ours at hand, refuses it too.
+            assert!(
+                matches!(
+                    verify(&forged, &signer, "uid-1"),
+                    Err(MarkMismatch::Invalid(_))
+                ),
                 "{what}"
             );
         }

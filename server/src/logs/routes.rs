@@ -154,8 +154,8 @@ async fn run_logs(
     query: Result<Query<RawLogsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiFailure> {
     let peer = peer.map(|Extension(ConnectInfo(p))| p);
-    let token = viewer::request_token(&headers);
-    let who = match viewer::identify(&s.gate, &headers, peer, token).await {
+    let token = viewer::request_token(&s.gate, &headers);
+    let who = match viewer::identify(&s.gate, &headers, peer, token.as_deref()).await {
         Ok(who) => who,
         Err(refusal) => {
             tracing::warn!(reason = %refusal.body.message, "log request refused");

@@ -4,9 +4,12 @@
 //! The run is named by people, who do not know its uid: the watch of the control plane's
 //! AnalysisRuns gives it ([`Runs::uid_of`]), so the log API needs `controlPlane` (and
 //! `confirmRuns` left on). Its Jobs are found without an API call: on a direct destination in
-//! the Job watch cache (label `rollouts-dispatch.io/run-uid`, only Jobs that are ours for that
-//! run, metric from `job::ANN_METRIC`), on an agent destination from the store's records of the
-//! run, whose log the agent streams (`agent_job_log`).
+//! the Job watch cache (label `rollouts-dispatch.io/run-uid`, metric from `job::ANN_METRIC`),
+//! on an agent destination from the store's records of the run, whose log the agent streams
+//! (`agent_job_log`). Labels are public: anyone who may create Jobs in the namespace can put
+//! ours on a Job of theirs, so a Job is shown only when it also carries the server's mark for
+//! this run and its pod template (`job::mark::verify`); one with our labels and not our mark is
+//! named in a note and its log is not read.
 //!
 //! Each Job's log is [`job_log`], redacted of the values of every Secret its containers can read
 //! (`logs::secrets`); a container whose Secret cannot be read is withheld with a note rather than
@@ -39,9 +42,11 @@ use crate::config::{BudgetsConfig, JobsSettings};
 use crate::destinations::{AgentDestination, Destination, Entry, Registry};
 use crate::http::{DispatchError, RunName};
 use crate::job::{self, Ownership, ANN_MEASUREMENT, ANN_METRIC};
+use crate::policy::Policy;
 use crate::runs::Runs;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::quota::{Held, Quota};
+use crate::signing::Signer;
 use crate::store::{random_id, Store};
 
 /// How long reading one Secret (to redact its values) may take.
@@ -70,6 +75,8 @@ pub struct RunLogs {
     streams: Quota,
     /// the log requests at agent destinations each project has open
     requests: Quota,
+    /// what may be shown
+    scope: Scope,
 }
 
 /// The per-project quotas of the log API, sized by `budgets`, refusals counted in `metrics`.
@@ -91,9 +98,20 @@ pub fn log_quotas(budgets: &BudgetsConfig, metrics: Option<Arc<Metrics>>) -> (Qu
     (streams, requests)
 }
 
+/// What the log view may show of a run: the destinations its project may use, the Jobs the
+/// engine marked.
+#[derive(Clone)]
+pub struct Scope {
+    /// the policy: only destinations the run's project may use are read (and named in notes)
+    pub policy: Policy,
+    /// the keys of the engine's Job marks (`Engine::job_marker`): only a Job marked with them
+    /// is shown
+    pub marker: Arc<Signer>,
+}
+
 impl RunLogs {
     /// The logs of the Jobs on `registry`'s destinations (agent destinations' records in
-    /// `store`), runs found in `runs`, agents' logs through `relay`.
+    /// `store`), runs found in `runs`, agents' logs through `relay`, within `scope`.
     pub fn new(
         registry: Arc<Registry>,
         store: Option<Arc<Store>>,
@@ -101,6 +119,7 @@ impl RunLogs {
         relay: Arc<LogRelay>,
         offline_after: Duration,
         jobs: JobsSettings,
+        scope: Scope,
     ) -> Self {
         let (streams, requests) = log_quotas(&BudgetsConfig::default(), None);
         Self {
@@ -112,6 +131,7 @@ impl RunLogs {
             jobs,
             streams,
             requests,
+            scope,
         }
     }
 
@@ -136,17 +156,27 @@ impl RunLogs {
     ) -> Result<BoxStream<'static, LogEvent>, DispatchError> {
         let uid = run_uid(self.runs.as_ref(), &run)?;
         let stream = self.streams.take(&run.namespace)?;
+        // The notes name destinations: only those the run's project may use (another tenant's
+        // is as unknown here as a missing one).
+        let usable = |e: &Entry| {
+            self.scope
+                .policy
+                .allows_destination(&run.namespace, e.name())
+        };
         let entries: Vec<Entry> = match &query.destination {
             Some(d) => vec![self
                 .registry
                 .get(d)
+                .filter(usable)
                 .ok_or_else(|| DispatchError::UnknownDestination(d.clone().into()))?],
-            None => self.registry.entries(),
+            None => self.registry.entries().into_iter().filter(usable).collect(),
         };
         let mut found: Vec<Part> = Vec::new();
         for entry in entries {
             let part = match entry {
-                Entry::Ready(d) => direct_logs(&d, &uid, &query, self.jobs).map(Part::Ready),
+                Entry::Ready(d) => {
+                    direct_logs(&d, &uid, &query, self.jobs, &self.scope.marker).map(Part::Ready)
+                }
                 Entry::Agent(a) => self.agent_logs(&a.name, &uid, &query),
                 Entry::Broken(b) => (query.destination.is_some()).then(|| {
                     Part::Ready(note(
@@ -329,12 +359,13 @@ fn run_uid(runs: Option<&Runs>, run: &RunName) -> Result<String, DispatchError> 
 }
 
 /// The logs of the run's Jobs on direct destination `d` (`None`: none of them there and the
-/// query did not name it).
+/// query did not name it); a Job with our labels but not `marker`'s mark gets a note instead.
 fn direct_logs(
     d: &Arc<Destination>,
     uid: &str,
     query: &LogsQuery,
     jobs: JobsSettings,
+    marker: &Signer,
 ) -> Option<BoxStream<'static, LogEvent>> {
     if !d.jobs().is_authoritative() {
         return Some(note(
@@ -349,7 +380,7 @@ fn direct_logs(
             ),
         ));
     }
-    let mut found: Vec<Arc<Job>> = d
+    let (mut found, unmarked): (Vec<Arc<Job>>, Vec<Arc<Job>>) = d
         .jobs()
         .group(uid)
         .into_iter()
@@ -360,7 +391,35 @@ fn direct_logs(
                 .as_ref()
                 .is_none_or(|m| annotation(j, ANN_METRIC) == Some(m.as_str()))
         })
+        .partition(|j| {
+            let value = serde_json::to_value(&**j).unwrap_or_default();
+            job::mark::verify(&value, marker, uid).is_ok()
+        });
+    let refused: Vec<BoxStream<'static, LogEvent>> = unmarked
+        .iter()
+        .map(|j| {
+            let what = format!(
+                "{}/{}",
+                j.metadata.namespace.as_deref().unwrap_or_default(),
+                j.metadata.name.as_deref().unwrap_or_default()
+            );
+            tracing::warn!(destination = %d.name, job = %what,
+                           "log not shown: a job with this run's labels but not our mark");
+            note(
+                &d.name,
+                None,
+                format!(
+                    "Job {what} carries this run's labels but not this server's mark \
+                     ({}): it was not created by this server for this run, or was changed \
+                     since, so its log is not shown",
+                    job::mark::ANN_MARK
+                ),
+            )
+        })
         .collect();
+    if found.is_empty() && !refused.is_empty() {
+        return Some(combine(refused, false));
+    }
     if found.is_empty() {
         return query.destination.is_some().then(|| {
             note(
@@ -382,9 +441,9 @@ fn direct_logs(
             j.metadata.name.clone().unwrap_or_default(),
         )
     });
-    let parts = found
-        .iter()
-        .map(|j| one_job(d, j, query))
+    let parts = refused
+        .into_iter()
+        .chain(found.iter().map(|j| one_job(d, j, query)))
         .collect::<Vec<_>>();
     Some(combine(parts, query.follow))
 }

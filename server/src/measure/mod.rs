@@ -33,7 +33,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::destinations::{Entry, Source};
 use crate::engine::{Engine, EngineError, Expected, JobRef, MeasureRequest, TerminateReport};
-use crate::http::{DispatchError, Reason};
+use crate::http::{DispatchError, Principal, Reason};
 use crate::job::RunContext;
 use crate::logs::Redactor;
 use crate::runs::{RunError, Runs, CONFIRM_WAIT};
@@ -241,6 +241,12 @@ impl Measurements {
             run_namespace: &req.run.namespace,
             run_name: &req.run.name,
             metric: &req.metric,
+            // As the Job name's `n` (`Self::request`): a reference of another measurement of
+            // this metric is refused. The index (count + error + 1) holds still while a
+            // measurement runs: Argo counts a measurement only once it completed
+            // (argo-rollouts analysis/analysis.go:378-405), so Resume and Terminate send the
+            // index that Run did.
+            measurement: req.index.max(1),
         };
         let refused = |why: Reason| {
             tracing::warn!(run = %format!("{}/{}", req.run.namespace, req.run.name),
@@ -278,6 +284,7 @@ fn engine_error(e: EngineError) -> DispatchError {
             DispatchError::UnknownDestination(Reason::of(e))
         }
         EngineError::Denied(_)
+        | EngineError::DestinationDenied(_)
         | EngineError::PodSecurity { .. }
         | EngineError::OutsideNamespaces { .. } => DispatchError::Forbidden(Reason::of(e)),
         EngineError::Stage(_) | EngineError::StageControlPlane(_) => {
@@ -438,9 +445,26 @@ impl Measurements {
         Ok(terminated(&report))
     }
 
-    /// Every known destination (`/v1/destinations`).
-    pub fn destinations(&self) -> Vec<DestinationInfo> {
+    /// The known destinations `caller` may be shown (`/v1/destinations`): every one to a caller
+    /// bound to every project (`"*"`), its own to an agent, and to a caller bound to projects only those the
+    /// policy lets one of them use (another tenant's names and labels are none of its business).
+    pub fn destinations(&self, caller: &Principal) -> Vec<DestinationInfo> {
+        let policy = self.engine.policy();
         destination_rows(&self.engine)
+            .into_iter()
+            .filter(|row| match (&caller.destination, &caller.projects) {
+                (Some(own), _) => *own == row.name,
+                // Bound to every project (the Rollouts controller's `"*"`): every destination.
+                (None, p)
+                    if p.globs
+                        .iter()
+                        .any(|g| !g.is_empty() && g.chars().all(|c| c == '*')) =>
+                {
+                    true
+                }
+                (None, p) => policy.shows_destination(&p.globs, &row.name),
+            })
+            .collect()
     }
 
     /// Deletes the oldest Jobs of a run beyond `limit`; returns how many were deleted.

@@ -41,8 +41,8 @@ pub trait Measure: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Verdict, DispatchError>> + Send;
     /// Deletes the oldest Jobs of a run beyond `limit`; returns how many were deleted.
     fn gc(&self, req: GcRequest) -> impl Future<Output = Result<u32, DispatchError>> + Send;
-    /// Every known destination.
-    fn destinations(&self) -> Vec<DestinationInfo>;
+    /// The known destinations `caller` may be shown (`Measurements::destinations`).
+    fn destinations(&self, caller: &Principal) -> Vec<DestinationInfo>;
 }
 
 impl Measure for Measurements {
@@ -58,8 +58,8 @@ impl Measure for Measurements {
     async fn gc(&self, req: GcRequest) -> Result<u32, DispatchError> {
         Measurements::gc(self, req).await
     }
-    fn destinations(&self) -> Vec<DestinationInfo> {
-        Measurements::destinations(self)
+    fn destinations(&self, caller: &Principal) -> Vec<DestinationInfo> {
+        Measurements::destinations(self, caller)
     }
 }
 
@@ -148,6 +148,9 @@ async fn gc<M: Measure>(
     }))
 }
 
-async fn destinations<M: Measure>(State(s): State<Routes<M>>) -> Json<Vec<DestinationInfo>> {
-    Json(s.measure.destinations())
+async fn destinations<M: Measure>(
+    State(s): State<Routes<M>>,
+    Extension(caller): Extension<Principal>,
+) -> Json<Vec<DestinationInfo>> {
+    Json(s.measure.destinations(&caller))
 }

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
-use super::quantity::Quantity;
+use crate::quantity::Quantity;
 
 /// A pod spec field that decides where a pod runs (or with what priority or runtime): refused
 /// unless the profile lists it, because it lets a tenant's check land on nodes it was not meant

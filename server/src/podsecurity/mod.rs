@@ -25,32 +25,29 @@
 //!   pull Secrets only by allowed name, legacy token Secret names only exactly (`references`);
 //!   scheduling fields only when listed, pod template labels and annotations only by allowed key
 //!   (`placement`); every container's requests and limits filled in and capped, the Job's
-//!   parallelism, completions and retries capped (`resources`, with `quantity`).
+//!   parallelism, completions and retries capped (`resources`, with `crate::quantity`).
 //!
 //! A refusal ([`Refused`]) names the JSON path of the field, the value, the level, where the
 //! profile comes from (a policy rule or the agent's flags) and the fix (the rule key or flag).
 
 mod allowlists;
 mod placement;
-mod quantity;
 mod references;
 mod resources;
 mod standards;
 
+pub use crate::quantity::{BadQuantity, Quantity};
 pub use allowlists::{
     Allowlists, JobLimits, Resources, ResourcesError, SchedulingField, UnknownSchedulingField,
     BUILTIN_DEFAULT, BUILTIN_MAX, KUBERNETES_BACKOFF_LIMIT,
 };
-pub use quantity::{BadQuantity, Quantity};
 
 use std::fmt;
 use std::str::FromStr;
 
 use serde_json::{json, Map, Value};
 
-use crate::job::{
-    destination_label_value, LABEL_ARGO_RUN_UID, LABEL_DESTINATION, LABEL_MANAGED, LABEL_RUN_UID,
-};
+use crate::job::{destination_label_value, LABEL_DESTINATION, LABEL_MANAGED, LABEL_RUN_UID};
 
 /// A Pod Security Standards level, ordered from the strictest to the most permissive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -259,17 +256,7 @@ impl Refused {
     }
 }
 
-/// Label prefixes (and whole keys) that belong to rollouts-dispatch and the Job controller: a pod
-/// carrying them could pass for one of ours, or for another Job's pod (and match its Services).
-/// Argo Rollouts' run-uid key is reserved too: its job provider's `GarbageCollect` would count a
-/// Job carrying it as one of that run's and delete it (see `job::LABEL_RUN_UID`).
-pub const RESERVED_LABEL_PREFIXES: &[&str] = &[
-    "rollouts-dispatch.io/",
-    LABEL_ARGO_RUN_UID,
-    "batch.kubernetes.io/",
-    "controller-uid",
-    "job-name",
-];
+pub use crate::job::RESERVED_LABEL_PREFIXES;
 
 /// The labels `job::build` puts on the Job and its pods, with their values: the only reserved
 /// labels [`enforce`] lets through.

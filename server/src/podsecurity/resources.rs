@@ -15,8 +15,8 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value};
 
 use super::allowlists::{JobLimits, Resources, KUBERNETES_BACKOFF_LIMIT};
-use super::quantity::Quantity;
 use super::{list, shown, violation, yaml_scalar, Needs, Violation};
+use crate::quantity::Quantity;
 
 const POD: &str = "spec.template.spec";
 

@@ -4,9 +4,10 @@
 //! (`/v1/runs/{ns}/{name}/logs?follow=true`), which the session cookie authenticates.
 //!
 //! Who is looking is decided as for the log API ([`crate::http::viewer::identify`]): a person a
-//! trusted proxy names, else the token in the session cookie [`SESSION_COOKIE`] (a service
-//! token of ours — never an agent's — or a person's Kubernetes token). Without either, every
-//! page redirects to `/ui/login`. What a viewer sees is [`crate::http::viewer::may_see`] per
+//! trusted proxy names, else the token of the server-side session the cookie
+//! [`SESSION_COOKIE`] names (`http::sessions`: the login keeps the token — a service token of
+//! ours, never an agent's, or a person's Kubernetes token — and the cookie carries a random
+//! id; logout ends the session). Without either, every page redirects to `/ui/login`. What a viewer sees is [`crate::http::viewer::may_see`] per
 //! namespace (a SubjectAccessReview for a person), asked once per namespace per request.
 //!
 //! Every page carries a strict Content-Security-Policy (only our own style and script, by
@@ -146,8 +147,8 @@ impl FromRequestParts<Pages> for PageViewer {
             .extensions
             .get::<ConnectInfo<SocketAddr>>()
             .map(|ConnectInfo(addr)| *addr);
-        let token = viewer::request_token(&parts.headers);
-        viewer::identify(&state.gate, &parts.headers, peer, token)
+        let token = viewer::request_token(&state.gate, &parts.headers);
+        viewer::identify(&state.gate, &parts.headers, peer, token.as_deref())
             .await
             .map(PageViewer)
             .map_err(refusal)
@@ -323,30 +324,13 @@ fn cross_site(what: &str) -> Response {
         .into_response()
 }
 
-/// Whether the browser reached us over TLS (directly or through a proxy that says so): the
-/// cookie is then `Secure`.
-fn over_tls(headers: &HeaderMap) -> bool {
-    let says = |name: header::HeaderName, prefix: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with(prefix))
-    };
-    says(header::ORIGIN, "https://")
-        || says(
-            header::HeaderName::from_static("x-forwarded-proto"),
-            "https",
-        )
-}
-
-fn cookie(value: &str, max_age: Option<u64>, secure: bool) -> HeaderValue {
-    let mut c = format!("{SESSION_COOKIE}={value}; HttpOnly; SameSite=Strict; Path=/");
-    if let Some(age) = max_age {
-        c.push_str(&format!("; Max-Age={age}"));
-    }
-    if secure {
-        c.push_str("; Secure");
-    }
+/// The session cookie with `value` (an id of `http::sessions`), or its removal (`max_age` 0).
+/// Always `Secure`: a `__Host-` cookie must be, so the pages need HTTPS (browsers treat
+/// `localhost` as secure too).
+fn cookie(value: &str, max_age: u64) -> HeaderValue {
+    let c = format!(
+        "{SESSION_COOKIE}={value}; Max-Age={max_age}; Secure; HttpOnly; SameSite=Strict; Path=/"
+    );
     HeaderValue::from_str(&c).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
@@ -377,11 +361,28 @@ async fn login(
     }
     match viewer::identify(&state.gate, &HeaderMap::new(), peer_of(peer), Some(token)).await {
         Ok(viewer) => {
-            tracing::info!(viewer = viewer.name(), "logged in to the pages");
+            let sessions = &state.gate.sessions;
+            let id = match sessions.open(token) {
+                Ok(id) => id,
+                Err(e) => {
+                    tracing::error!(error = %e, "login to the pages failed");
+                    return (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        Html(render::login(Some(&e.to_string()))),
+                    )
+                        .into_response();
+                }
+            };
+            tracing::info!(
+                viewer = viewer.name(),
+                sessions = sessions.len(),
+                "logged in to the pages"
+            );
             let mut response = Redirect::to("/ui").into_response();
-            response
-                .headers_mut()
-                .insert(header::SET_COOKIE, cookie(token, None, over_tls(&headers)));
+            response.headers_mut().insert(
+                header::SET_COOKIE,
+                cookie(&id, sessions.lifetime().as_secs()),
+            );
             response
         }
         Err(e) => {
@@ -391,14 +392,18 @@ async fn login(
     }
 }
 
-async fn logout(headers: HeaderMap) -> Response {
+async fn logout(State(state): State<Pages>, headers: HeaderMap) -> Response {
     if !same_origin(&headers) {
         return cross_site("logout");
+    }
+    // The session ends here, not only in this browser: a copy of the cookie is worth nothing.
+    if let Some(id) = viewer::session_id(&headers) {
+        state.gate.sessions.close(id);
     }
     let mut response = Redirect::to("/ui/login").into_response();
     response
         .headers_mut()
-        .insert(header::SET_COOKIE, cookie("", Some(0), over_tls(&headers)));
+        .insert(header::SET_COOKIE, cookie("", 0));
     response
 }
 
@@ -415,16 +420,17 @@ mod tests {
             header::ORIGIN,
             HeaderValue::from_static("https://dispatch.example"),
         );
-        assert!(same_origin(&h) && over_tls(&h));
+        assert!(same_origin(&h));
         h.insert(
             header::ORIGIN,
             HeaderValue::from_static("https://evil.example"),
         );
         assert!(!same_origin(&h));
-        let c = cookie("t", None, true);
+        let c = cookie("id", 28800);
         assert_eq!(
             c.to_str().unwrap(),
-            "rollouts-dispatch-session=t; HttpOnly; SameSite=Strict; Path=/; Secure"
+            "__Host-rollouts-dispatch-session=id; Max-Age=28800; Secure; HttpOnly; \
+             SameSite=Strict; Path=/"
         );
     }
 }

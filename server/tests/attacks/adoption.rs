@@ -137,35 +137,75 @@ async fn the_mark_of_the_attackers_own_job_does_not_carry_over() -> Result<()> {
 
 #[tokio::test]
 async fn our_job_replaced_with_another_command_keeps_no_verdict() -> Result<()> {
+    // Replaced under the same name, labels and mark: only the command differs.
+    replaced_with(
+        "our Job replaced with another command",
+        v1::STATUS,
+        |j| j["spec"]["template"]["spec"]["containers"][0]["command"] = json!(["true"]),
+        "\"command\":[\"true\"]",
+    )
+    .await
+}
+
+/// Replaces the victim's Job (same name, labels and mark) with `edit` applied, waits until the
+/// cache holds the replacement (`shows` is in its JSON: the verdict is asked of what the cache
+/// sees), then asks `route` as the victim's controller.
+async fn replaced_with(case: &str, route: &str, edit: fn(&mut Value), shows: &str) -> Result<()> {
     let scene = Scene::start(SHARED_NAMESPACE).await?;
     let mut victim = measurement(VICTIM, "smoke", 1, "a");
     ensure_as_controller(&scene, &mut victim).await?;
     let name = job::job_name(VICTIM.2, "smoke", 1);
-    // Replaced under the same name, labels and mark: only the command differs.
-    let replaced = scene.world.api("a").update(&jobs(), "verify", &name, |j| {
-        j["spec"]["template"]["spec"]["containers"][0]["command"] = json!(["true"]);
-    });
+    let replaced = scene.world.api("a").update(&jobs(), "verify", &name, edit);
     ensure!(replaced.is_some(), "the victim's Job exists");
     finish_job(scene.world.api("a"), &name, "Complete", "Completed", "");
-    // The cache sees the replacement before the verdict is asked for.
     let d = scene.world.destination("a")?;
     crate::world::eventually("the replaced Job in the cache", || {
         let cached = d.jobs().get("verify", &name);
         async move {
-            let command = cached
-                .and_then(|j| j.spec.clone())
-                .and_then(|s| s.template.spec)
-                .and_then(|p| p.containers[0].command.clone());
-            Ok((command == Some(vec!["true".to_string()])).then_some(()))
+            let text = cached.map(|j| serde_json::to_string(&*j).unwrap_or_default());
+            Ok(text.filter(|t| t.contains(shows)).map(|_| ()))
         }
     })
     .await?;
-    judge(
-        &scene,
-        v1::STATUS,
-        "our Job replaced with another command",
-        &victim,
-        "does not verify",
-    )
-    .await
+    judge(&scene, route, case, &victim, "does not verify").await
+}
+
+/// Our mark copied onto a spec that differs from ours only where the old digest did not look
+/// (volumes, mounts, security contexts, the API token): neither reported (`status`) nor adopted
+/// (`ensure`).
+#[tokio::test]
+async fn our_mark_on_a_spec_with_other_volumes_or_privileges_is_not_ours() -> Result<()> {
+    type Case = (&'static str, &'static str, fn(&mut Value), &'static str);
+    let cases: [Case; 3] = [
+        (
+            "our mark on a spec with an added hostPath volume",
+            v1::STATUS,
+            |j| {
+                let pod = &mut j["spec"]["template"]["spec"];
+                pod["volumes"] = json!([{"name": "host", "hostPath": {"path": "/var/run"}}]);
+                pod["containers"][0]["volumeMounts"] =
+                    json!([{"name": "host", "mountPath": "/host"}]);
+            },
+            "/var/run",
+        ),
+        (
+            "our mark on a spec with a root securityContext",
+            v1::ENSURE,
+            |j| {
+                j["spec"]["template"]["spec"]["securityContext"] =
+                    json!({"runAsUser": 0, "runAsNonRoot": false});
+            },
+            "\"runAsUser\":0",
+        ),
+        (
+            "our mark on a spec with the API token mounted",
+            v1::ENSURE,
+            |j| j["spec"]["template"]["spec"]["automountServiceAccountToken"] = json!(true),
+            "\"automountServiceAccountToken\":true",
+        ),
+    ];
+    for (case, route, edit, shows) in cases {
+        replaced_with(case, route, edit, shows).await?;
+    }
+    Ok(())
 }

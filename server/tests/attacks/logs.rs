@@ -309,3 +309,117 @@ fn proxied(name: &str, (status, answer): (u16, &str), want: u16) {
 async fn scene_from_loopback() -> Result<Scene> {
     scene("127.0.0.1/32").await
 }
+
+/// What a tenant's planted Job printed: never shown as the run's log.
+const FORGED: &str = "all checks passed (forged)";
+
+/// A tenant who may create Jobs and pods in the verification namespace puts the run's labels
+/// (public) on Jobs of its own, whose pods print what it likes: without a mark, with the mark of
+/// the run's Job copied on, and the run's own Job replaced with another spec under its mark.
+/// The log view shows none of them as the run's: each is named in a note, its log unread.
+#[tokio::test]
+async fn jobs_with_the_runs_labels_but_not_our_mark_are_not_its_log() -> Result<()> {
+    use crate::cluster_side::{job as stored_job, jobs, pod_for, terminated};
+    use crate::world::{block, request, run, runs_with, NS};
+    use dispatch_api::logs::{LogEvent, LogsQuery};
+    use futures::StreamExt;
+
+    type Plant = fn(&mut Value, &str);
+    let cases: [(&str, Plant); 3] = [
+        ("a Job with the run's labels and no mark", |j, name| {
+            j["metadata"]["name"] = json!(format!("{name}-planted"));
+            j["metadata"]["annotations"]
+                .as_object_mut()
+                .map(|a| a.remove(dispatch_server::job::mark::ANN_MARK));
+        }),
+        (
+            "a Job with the mark of the run's Job copied on",
+            |j, name| {
+                j["metadata"]["name"] = json!(format!("{name}-copied"));
+            },
+        ),
+        ("the run's Job replaced with a hostPath volume", |j, _| {
+            j["spec"]["template"]["spec"]["volumes"] =
+                json!([{"name": "host", "hostPath": {"path": "/"}}]);
+        }),
+    ];
+    for (case, plant) in cases {
+        let w = World::start("").await?;
+        let r = run(61);
+        let ensured = w
+            .engine
+            .ensure(&request(
+                &r,
+                "smoke",
+                1,
+                block(json!({"destination": "a"}))?,
+            ))
+            .await?;
+        let name = ensured.job.name;
+        w.cached("a", &name, true).await?;
+        let api = w.api("a");
+        let mut forged = serde_json::to_value(stored_job(api, &name)?)?;
+        plant(&mut forged, &name);
+        forged.as_object_mut().map(|o| o.remove("status"));
+        let forged_name = forged["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        api.put(&jobs(), forged);
+        let pod = pod_for(api, &forged_name, terminated(0, None), true)?;
+        api.set_log(NS, &pod, "check", &format!("{FORGED}\n"));
+        crate::world::eventually("the planted Job in the cache", || {
+            let cached = w
+                .destination("a")
+                .ok()
+                .and_then(|d| d.jobs().get(NS, &forged_name));
+            let expect_volume = forged_name == name;
+            async move {
+                let seen = cached.is_some_and(|j| {
+                    !expect_volume
+                        || serde_json::to_string(&*j)
+                            .unwrap_or_default()
+                            .contains("hostPath")
+                });
+                Ok(seen.then_some(()))
+            }
+        })
+        .await?;
+
+        let features = dispatch_server::app::Features::new(
+            w.engine.clone(),
+            Arc::new(dispatch_server::runtime::metrics::Metrics::new()),
+            Arc::new(crate::scene::signer()),
+            dispatch_server::app::Options {
+                runs: Some(runs_with(61)?),
+                ..Default::default()
+            },
+        );
+        let run_name = dispatch_server::http::RunName {
+            namespace: r.namespace.clone(),
+            name: r.name.clone(),
+        };
+        let events: Vec<LogEvent> = features
+            .logs
+            .of_run(run_name, LogsQuery::default())
+            .await?
+            .collect()
+            .await;
+        let shown = events
+            .iter()
+            .any(|e| matches!(e, LogEvent::Line { text, .. } if text.contains(FORGED)));
+        let named = events.iter().any(|e| {
+            matches!(e, LogEvent::Note { text, .. }
+                if text.contains(&forged_name) && text.contains("not this server's mark"))
+        });
+        tally::refused(
+            &format!("log view: {case}"),
+            Outcome {
+                refused: named && !shown,
+                ..Outcome::default()
+            },
+        );
+        anyhow::ensure!(!shown, "{case}: forged log shown: {events:?}");
+    }
+    Ok(())
+}

@@ -54,6 +54,9 @@
 //! * [`deadlines`]: a block asking for a 30-day `activeDeadline` (to hold its Stage) → 4xx
 //!   naming the field, its value, `engine.maxMeasurementDeadline` and the key to raise it; no
 //!   destination call, no agent record.
+//! * [`destination_errors`]: an unknown destination, a selector matching only another tenant's
+//!   destination, another tenant's destination by name → refused naming only the caller's own
+//!   destinations (never another tenant's names or labels, nor whether one exists).
 //! * [`observe`]: an observe check (`rollout:`) redirected — the status block naming another
 //!   Rollout still observes the signed reference's; the reference edited to observe another →
 //!   403; an observed namespace outside the project's policy → 403 at ensure; no destination
@@ -110,6 +113,7 @@ mod authz;
 mod budgets;
 mod callers;
 mod deadlines;
+mod destination_errors;
 mod logs;
 mod namespaces;
 mod observe;

@@ -319,3 +319,38 @@ async fn the_genuine_reference_still_reads_and_terminates_exactly_its_job() -> R
     ensure!(b1.body["phase"] == "Running", "{:?}", b1.body);
     Ok(())
 }
+
+/// A tenant copies the signed reference of a measurement that passed into the next measurement
+/// of the same metric (index 2), so that the later one reads the earlier Job's verdict instead of
+/// running its own check. The reference names its measurement index, which is signed: refused.
+#[tokio::test]
+async fn a_passed_measurements_reference_is_no_later_measurements_verdict() -> Result<()> {
+    let t = tenants().await?;
+    let job = reference(&t.a1).name;
+    crate::cluster_side::finish_job(t.scene.world.api("a"), &job, "Complete", "Completed", "");
+    let d = t.scene.world.destination("a")?;
+    crate::world::eventually("the passed Job in the cache", || {
+        let done = d
+            .jobs()
+            .get("verify", &job)
+            .is_some_and(|j| dispatch_server::job::lifecycle::has_ended(&j));
+        async move { Ok(done.then_some(())) }
+    })
+    .await?;
+    let first = t.scene.post(v1::STATUS, &t.controller, &t.a1).await?;
+    ensure!(
+        first.body["phase"] == "Successful",
+        "measurement 1 passed: {:?}",
+        first.body
+    );
+    let mut second = t.a1.clone();
+    second.index = 2;
+    refused_everywhere(
+        &t,
+        "measurement 1's genuine reference in measurement 2",
+        &second,
+        "metric \"smoke\", measurement 1 and not to this measurement's run team-a/run-a1 (uid uid-a1), metric \"smoke\", measurement 2",
+        None,
+    )
+    .await
+}

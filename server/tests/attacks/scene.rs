@@ -125,6 +125,7 @@ impl Scene {
         let gate = Gate {
             auth,
             people: Arc::new(dispatch_server::http::viewer::People::Nobody),
+            sessions: Arc::default(),
         };
         let options = Options {
             runs,
@@ -353,6 +354,7 @@ impl ServedScene {
             Gate {
                 auth: Arc::new(jwt.into()),
                 people: Arc::new(dispatch_server::http::viewer::People::Nobody),
+                sessions: Arc::default(),
             },
         );
         let tls = listener::reloading_tls_config(&files.tls_cert, &files.tls_key, RELOAD_EVERY)?;
@@ -405,6 +407,7 @@ impl Scene {
                 JwtAuthenticator::new(&[KEY.to_vec()], [REVOKED_JTI.to_string()]).into(),
             ),
             people,
+            sessions: Arc::default(),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;

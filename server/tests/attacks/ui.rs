@@ -1,13 +1,18 @@
 //! The pages for people (`/ui`): no session → the login page and nothing else; a session
 //! holding a token bound to another project → 403 on the run page and the run left out of the
-//! list; a session cookie holding an agent token → 403 (at login too: no cookie is set); a login
-//! posted from another site → 403; a hostile run message (XSS) → escaped, under a policy that
-//! allows no script but ours; a person (a Kubernetes token) sees only the runs of the
-//! namespaces a SubjectAccessReview allows them. None of it makes a destination API call.
+//! list; an agent token → no session (its login is 403, sets no cookie; put in the cookie
+//! itself it is no session); a login posted from another site → 403; a hostile run message
+//! (XSS) → escaped, under a policy that allows no script but ours; a person (a Kubernetes
+//! token) sees only the runs of the namespaces a SubjectAccessReview allows them. Sessions are
+//! the server's (`http::sessions`): the cookie carries a random id and never the token, a
+//! session logged out or past its lifetime opens nothing. None of it makes a destination API
+//! call.
 
 use anyhow::{ensure, Result};
 use dispatch_api::block::PLUGIN_NAME;
 use serde_json::json;
+
+use dispatch_server::http::sessions::SESSION_COOKIE;
 
 use crate::fake_api::Res;
 use crate::scene::{agent_token, plugin_token, Scene, TENANTS_POLICY};
@@ -63,13 +68,45 @@ async fn page_at(
     session: Option<&str>,
     form: Option<(&str, &str)>,
 ) -> Result<Page> {
+    let cookie = match session {
+        // The token's login, then its session's cookie; a token the login refuses goes into
+        // the cookie itself (what someone holding one could try: it is no session).
+        Some(token) => Some(match login_at(addr, token).await? {
+            Some(cookie) => cookie,
+            None => format!("{SESSION_COOKIE}={token}"),
+        }),
+        None => None,
+    };
+    request_at(addr, method, path, cookie.as_deref(), form).await
+}
+
+/// The `name=id` of the session cookie a same-origin login with `token` sets (`None`: the
+/// login set none).
+async fn login_at(addr: std::net::SocketAddr, token: &str) -> Result<Option<String>> {
+    let origin = format!("http://{addr}");
+    let p = request_at(addr, "POST", "/ui/login", None, Some((&origin, token))).await?;
+    Ok(p.set_cookie
+        .split(';')
+        .next()
+        .filter(|c| c.starts_with(&format!("{SESSION_COOKIE}=")))
+        .map(str::to_string))
+}
+
+/// One request to the pages at `addr` with the `Cookie` header `cookie`.
+async fn request_at(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    cookie: Option<&str>,
+    form: Option<(&str, &str)>,
+) -> Result<Page> {
     let client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()?;
     let url = format!("http://{addr}{path}");
     let mut req = client.request(reqwest::Method::from_bytes(method.as_bytes())?, &url);
-    if let Some(token) = session {
-        req = req.header("cookie", format!("rollouts-dispatch-session={token}"));
+    if let Some(cookie) = cookie {
+        req = req.header("cookie", cookie);
     }
     if let Some((origin, token)) = form {
         req = req
@@ -198,20 +235,26 @@ async fn another_projects_run_is_forbidden_and_not_listed() -> Result<()> {
 async fn an_agent_token_opens_no_page_and_gets_no_session() -> Result<()> {
     let scene = scene().await?;
     let agent = agent_token("a");
+    let origin = format!("http://{}", scene.addr);
+    let login = page(&scene, "POST", "/ui/login", None, Some((&origin, &agent))).await?;
+    ensure!(login.status == 403, "{} {}", login.status, login.body);
+    ensure!(
+        login.body.contains("agent tokens read no logs or pages"),
+        "{}",
+        login.body
+    );
+    ensure!(login.set_cookie.is_empty(), "{}", login.set_cookie);
+    // Put in the cookie itself, the agent token is no session: the login page, nothing else.
     for path in ["/ui", "/ui/destinations", "/ui/runs/team-a/uat.a.1"] {
         let p = page(&scene, "GET", path, Some(&agent), None).await?;
-        ensure!(p.status == 403, "{path}: {} {}", p.status, p.body);
         ensure!(
-            p.body.contains("agent tokens read no logs or pages"),
-            "{}",
+            p.status == 303 && p.location == "/ui/login",
+            "{path}: {} {}",
+            p.status,
             p.body
         );
         ensure!(!p.body.contains("secret verdict"), "{}", p.body);
     }
-    let origin = format!("http://{}", scene.addr);
-    let login = page(&scene, "POST", "/ui/login", None, Some((&origin, &agent))).await?;
-    ensure!(login.status == 403, "{} {}", login.status, login.body);
-    ensure!(login.set_cookie.is_empty(), "{}", login.set_cookie);
     // The genuine login of a tooling token sets the cookie and sends to the list.
     let tooling = plugin_token("tooling-a", Some(&["team-a"]));
     let ok = page(&scene, "POST", "/ui/login", None, Some((&origin, &tooling))).await?;
@@ -222,8 +265,7 @@ async fn an_agent_token_opens_no_page_and_gets_no_session() -> Result<()> {
         ok.location
     );
     ensure!(
-        ok.set_cookie
-            .starts_with(&format!("rollouts-dispatch-session={tooling};"))
+        ok.set_cookie.starts_with(&format!("{SESSION_COOKIE}="))
             && ok.set_cookie.contains("HttpOnly")
             && ok.set_cookie.contains("SameSite=Strict"),
         "{}",
@@ -231,6 +273,25 @@ async fn an_agent_token_opens_no_page_and_gets_no_session() -> Result<()> {
     );
     no_destination_call(&scene)?;
     tally::refused("ui: agent token as session or login", Outcome::refused());
+    // The cookie is a random id: not the token, nor any part of it worth a bearer's while.
+    let id = ok.set_cookie.split(';').next().unwrap_or_default();
+    let id = id.trim_start_matches(&format!("{SESSION_COOKIE}="));
+    let leaked = ok.set_cookie.contains(&tooling)
+        || tooling
+            .split('.')
+            .any(|part| part.len() > 8 && id.contains(part));
+    tally::refused(
+        "ui: the session cookie carries no token",
+        Outcome {
+            refused: id.len() == 64
+                && id.bytes().all(|b| b.is_ascii_hexdigit())
+                && ok.set_cookie.contains("; Secure")
+                && ok.set_cookie.contains("Path=/")
+                && !ok.set_cookie.contains("Domain"),
+            secret_leak: leaked,
+            ..Outcome::default()
+        },
+    );
     Ok(())
 }
 
@@ -291,7 +352,10 @@ async fn a_hostile_run_message_is_escaped_under_a_strict_policy() -> Result<()> 
 /// The pages as `serve` wires them with a control plane: runs confirmed and summed up from the
 /// fake control plane's AnalysisRuns, people of [`crate::logs::control_plane`] (alice, group
 /// team-a, may get analysisruns in team-a only; bob in none). Returns the world and the address.
-async fn serve_people(world: World) -> Result<(World, std::net::SocketAddr)> {
+async fn serve_people(
+    world: World,
+    sessions: std::sync::Arc<dispatch_server::http::sessions::Sessions>,
+) -> Result<(World, std::net::SocketAddr)> {
     use dispatch_server::app::{router_over, Options};
     use dispatch_server::config::PeopleConfig;
     use dispatch_server::http::{auth::JwtAuthenticator, people::ControlPlanePeople, Gate};
@@ -314,6 +378,7 @@ async fn serve_people(world: World) -> Result<(World, std::net::SocketAddr)> {
     let gate = Gate {
         auth: Arc::new(JwtAuthenticator::new(&[crate::scene::KEY.to_vec()], []).into()),
         people: Arc::new(people.into()),
+        sessions,
     };
     let options = Options {
         runs: Some(runs),
@@ -332,7 +397,7 @@ async fn a_person_sees_only_the_namespaces_kubernetes_allows() -> Result<()> {
     let world = World::start(TENANTS_POLICY).await?;
     put_run(&world, "team-a", "uat.a.1");
     put_run(&world, "team-b", "uat.b.1");
-    let (world, addr) = serve_people(world).await?;
+    let (world, addr) = serve_people(world, Default::default()).await?;
     // alice logs in with her Kubernetes token and sees team-a's run once the watch has it.
     let origin = format!("http://{addr}");
     let login = page_at(
@@ -403,6 +468,80 @@ async fn a_person_sees_only_the_namespaces_kubernetes_allows() -> Result<()> {
         Outcome {
             refused: true,
             cross_tenant_read: read,
+            ..Outcome::default()
+        },
+    );
+    Ok(())
+}
+
+/// A session that was logged out opens nothing: the cookie, kept (or copied) from before the
+/// logout, sends to the login page.
+#[tokio::test]
+async fn a_logged_out_session_opens_nothing() -> Result<()> {
+    let scene = scene().await?;
+    let team_a = plugin_token("tooling-a", Some(&["team-a"]));
+    let cookie = login_at(scene.addr, &team_a)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the login set no cookie"))?;
+    let before = request_at(scene.addr, "GET", "/ui", Some(&cookie), None).await?;
+    ensure!(before.status == 200, "{} {}", before.status, before.body);
+    let origin = format!("http://{}", scene.addr);
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()?;
+    let out = client
+        .post(format!("http://{}/ui/logout", scene.addr))
+        .header("cookie", &cookie)
+        .header("origin", &origin)
+        .send()
+        .await?;
+    ensure!(out.status() == 303, "{}", out.status());
+    let after = request_at(scene.addr, "GET", "/ui", Some(&cookie), None).await?;
+    let run = request_at(
+        scene.addr,
+        "GET",
+        "/ui/runs/team-a/uat.a.1",
+        Some(&cookie),
+        None,
+    )
+    .await?;
+    let refused = [&after, &run]
+        .iter()
+        .all(|p| p.status == 303 && p.location == "/ui/login");
+    tally::refused(
+        "ui: a logged-out session",
+        Outcome {
+            refused,
+            cross_tenant_read: run.body.contains("secret verdict"),
+            ..Outcome::default()
+        },
+    );
+    no_destination_call(&scene)
+}
+
+/// A session past `ui.sessionLifetime` opens nothing (here a lifetime of one second).
+#[tokio::test]
+async fn an_expired_session_opens_nothing() -> Result<()> {
+    use dispatch_server::config::SessionSettings;
+    use dispatch_server::http::sessions::Sessions;
+    let world = World::start(TENANTS_POLICY).await?;
+    put_run(&world, "team-a", "uat.a.1");
+    let sessions = std::sync::Arc::new(Sessions::new(SessionSettings {
+        lifetime: std::time::Duration::from_secs(1),
+        max: 10,
+    }));
+    let (_world, addr) = serve_people(world, sessions).await?;
+    let cookie = login_at(addr, "alice-token")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("alice's login set no cookie"))?;
+    let fresh = request_at(addr, "GET", "/ui", Some(&cookie), None).await?;
+    ensure!(fresh.status == 200, "{} {}", fresh.status, fresh.body);
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    let stale = request_at(addr, "GET", "/ui", Some(&cookie), None).await?;
+    tally::refused(
+        "ui: an expired session",
+        Outcome {
+            refused: stale.status == 303 && stale.location == "/ui/login",
             ..Outcome::default()
         },
     );

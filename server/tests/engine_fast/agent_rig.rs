@@ -93,6 +93,7 @@ impl Replica {
         let gate = Gate {
             auth: Arc::new(JwtAuthenticator::new(&[KEY.to_vec()], []).into()),
             people: Arc::new(dispatch_server::http::viewer::People::Nobody),
+            sessions: Arc::default(),
         };
         let router = app::router(&features, gate, metrics);
         let server = tokio::spawn(async move {

@@ -306,15 +306,30 @@ async fn targets_come_from_names_selectors_and_the_policy() -> Result<()> {
     let other = ensure(json!({"destination": "a", "namespace": "other"}), 2).await??;
     assert_eq!(other.job.placements[0].namespace, "other");
     assert_eq!(w.api("a").calls("POST", "/namespaces/other/jobs"), 1);
-    // Named, b is denied with the key to change.
+    // Named, b is denied with the key to change (by name: a destination the project may use
+    // nowhere is refused alike whether or not it exists).
     let denied = ensure(json!({"destination": "b"}), 3).await?.unwrap_err();
-    assert!(matches!(denied, EngineError::Denied(_)), "{denied}");
+    assert!(
+        matches!(denied, EngineError::DestinationDenied(_)),
+        "{denied}"
+    );
     assert!(denied.to_string().contains("policy.rules"), "{denied}");
-    // Unknown names and empty selections name what is known.
+    // A namespace the project's rule does not list is denied with the namespaces it does.
+    let elsewhere = ensure(json!({"destination": "a", "namespace": "kube-system"}), 3)
+        .await?
+        .unwrap_err();
+    assert!(matches!(elsewhere, EngineError::Denied(_)), "{elsewhere}");
+    // A name no rule of the project lists, known or not, names the project's own rules only.
     let unknown = ensure(json!({"destination": "nowhere"}), 4)
         .await?
         .unwrap_err();
-    assert!(unknown.to_string().contains("known: a, b"), "{unknown}");
+    assert!(
+        matches!(unknown, EngineError::DestinationDenied(_))
+            && unknown
+                .to_string()
+                .contains("the rules for this project allow destinations a;"),
+        "{unknown}"
+    );
     let none = ensure(json!({"destinationSelector": "env=dev"}), 5)
         .await?
         .unwrap_err();

@@ -120,6 +120,7 @@ async fn a_replayed_status_never_writes_an_expired_record_again() -> Result<()> 
             run_namespace: &m.run.namespace,
             run_name: &m.run.name,
             metric: &m.metric,
+            measurement: m.index.max(1),
         },
     )?
     .context("the reference")?;

@@ -14,29 +14,13 @@ use dispatch_server::runs::Runs;
 use dispatch_server::runtime::metrics::Metrics;
 use dispatch_server::signing::Signer;
 use futures::StreamExt;
-use kube::runtime::watcher::Event;
 use serde_json::json;
 
 use crate::cluster_side::{pod_for, terminated};
 use crate::fake_api::Res;
-use crate::world::{block, request, run, World, NS, PROJECT};
+use crate::world::{block, request, run, runs_with, World, NS, PROJECT};
 
 const PASSWORD: &str = "pa55-w0rd-from-a-secret";
-
-/// A synced watch of AnalysisRuns holding run `n` of [`run`].
-fn runs_with(n: u32) -> Result<Runs> {
-    let r = run(n);
-    let object = serde_json::from_value(json!({
-        "apiVersion": "argoproj.io/v1alpha1", "kind": "AnalysisRun",
-        "metadata": {"name": r.name, "namespace": r.namespace, "uid": r.uid},
-        "spec": {"metrics": []}
-    }))?;
-    let runs = Runs::default();
-    runs.apply(Event::Init);
-    runs.apply(Event::InitApply(object));
-    runs.apply(Event::InitDone);
-    Ok(runs)
-}
 
 fn dispatcher(w: &World, runs: Option<Runs>) -> Result<Features> {
     let signer = Signer::new(&[b"run-logs-test-key-0123456789abcdef0123".to_vec()])?;

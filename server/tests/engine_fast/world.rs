@@ -278,3 +278,18 @@ pub(crate) fn request(run: &RunContext, metric: &str, n: u32, config: JobConfig)
         secrets: Vec::new(),
     }
 }
+
+/// A synced watch of AnalysisRuns holding run `n` of [`run`].
+pub(crate) fn runs_with(n: u32) -> Result<dispatch_server::runs::Runs> {
+    let r = run(n);
+    let object = serde_json::from_value(json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "AnalysisRun",
+        "metadata": {"name": r.name, "namespace": r.namespace, "uid": r.uid},
+        "spec": {"metrics": []}
+    }))?;
+    let runs = dispatch_server::runs::Runs::default();
+    runs.apply(kube::runtime::watcher::Event::Init);
+    runs.apply(kube::runtime::watcher::Event::InitApply(object));
+    runs.apply(kube::runtime::watcher::Event::InitDone);
+    Ok(runs)
+}

@@ -273,7 +273,7 @@ async fn agents_see_only_their_own_destination() {
     .await;
     assert_eq!(status, StatusCode::FORBIDDEN);
     // Who polled shows up in /v1/destinations.
-    let rows = measure.destinations();
+    let rows = measure.destinations(&Principal::plugin("operator"));
     let row = |n: &str| rows.iter().find(|r| r.name == n).unwrap().clone();
     assert_eq!(row("cluster-b").source, "agent");
     assert!(row("cluster-b").connected && row("cluster-b").last_contact.is_some());

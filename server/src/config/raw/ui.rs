@@ -1,10 +1,13 @@
 //! The `ui:` section: where people reach the pages (`externalURL`) and how they are recognised
 //! (`people`: their Kubernetes tokens, or the headers of a trusted authenticating proxy).
 
+use std::time::Duration;
+
+use dispatch_api::parse_go_duration;
 use serde::Deserialize;
 
 use super::{invalid, InvalidField};
-use crate::config::{AddressRange, PeopleConfig, ProxyConfig, UiConfig};
+use crate::config::{AddressRange, PeopleConfig, ProxyConfig, SessionSettings, UiConfig};
 
 /// oauth2-proxy's header for the user with `--pass-user-headers`.
 const USER_HEADER: &str = "X-Forwarded-User";
@@ -17,7 +20,16 @@ pub(in crate::config) struct RawUi {
     #[serde(rename = "externalURL")]
     external_url: Option<String>,
     people: Option<RawPeople>,
+    #[serde(rename = "sessionLifetime")]
+    session_lifetime: Option<String>,
+    #[serde(rename = "maxSessions")]
+    max_sessions: Option<usize>,
 }
+
+/// The longest `ui.sessionLifetime`: a login is a person's Kubernetes token held by the server.
+const MAX_SESSION_LIFETIME: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The largest `ui.maxSessions` (each holds a token of a few KiB in memory).
+const MAX_MAX_SESSIONS: usize = 1_000_000;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -64,6 +76,13 @@ pub(crate) enum UiProblem {
     NotAnAddress(String),
     #[error("{0:?} is not an HTTP header name (e.g. {1})")]
     NotAHeader(String, &'static str),
+    #[error(
+        "{0:?} is not a duration between 1m and 168h (e.g. 8h): how long a login to the pages \
+         lasts"
+    )]
+    SessionLifetime(String),
+    #[error("{0} is not between 1 and {MAX_MAX_SESSIONS}: the most logins held at once")]
+    MaxSessions(usize),
 }
 
 /// The typed `ui:` section; `control_plane`: whether the file has `controlPlane`.
@@ -78,6 +97,7 @@ pub(in crate::config) fn validate_ui(
                 token_review: control_plane,
                 proxy: None,
             },
+            sessions: SessionSettings::default(),
         });
     };
     let external_url = raw
@@ -105,12 +125,26 @@ pub(in crate::config) fn validate_ui(
         ));
     }
     let proxy = people.proxy.map(validate_proxy).transpose()?;
+    let mut sessions = SessionSettings::default();
+    if let Some(text) = raw.session_lifetime {
+        sessions.lifetime = parse_go_duration(&text)
+            .ok()
+            .filter(|d| (Duration::from_secs(60)..=MAX_SESSION_LIFETIME).contains(d))
+            .ok_or_else(|| invalid("ui.sessionLifetime", UiProblem::SessionLifetime(text)))?;
+    }
+    if let Some(max) = raw.max_sessions {
+        if !(1..=MAX_MAX_SESSIONS).contains(&max) {
+            return Err(invalid("ui.maxSessions", UiProblem::MaxSessions(max)));
+        }
+        sessions.max = max;
+    }
     Ok(UiConfig {
         external_url,
         people: PeopleConfig {
             token_review,
             proxy,
         },
+        sessions,
     })
 }
 
@@ -185,6 +219,26 @@ mod tests {
         );
         let e = parse("ui: {people: {proxy: {trustedAddresses: ['::1']}}}").unwrap_err();
         assert!(e.contains("ui.people.proxy: needs `controlPlane`"), "{e}");
+    }
+
+    #[test]
+    fn sessions_last_a_bounded_time_and_are_bounded_in_number() {
+        let d = parse("").unwrap().ui.sessions;
+        assert_eq!((d.lifetime.as_secs(), d.max), (8 * 3600, 10_000));
+        let c = parse("ui: {sessionLifetime: 30m, maxSessions: 50}").unwrap();
+        assert_eq!(
+            (c.ui.sessions.lifetime.as_secs(), c.ui.sessions.max),
+            (1800, 50)
+        );
+        for (text, key) in [
+            ("ui: {sessionLifetime: 10s}", "ui.sessionLifetime"),
+            ("ui: {sessionLifetime: 720h}", "ui.sessionLifetime"),
+            ("ui: {sessionLifetime: soon}", "ui.sessionLifetime"),
+            ("ui: {maxSessions: 0}", "ui.maxSessions"),
+        ] {
+            let e = parse(text).unwrap_err();
+            assert!(e.contains(key), "{text}: {e}");
+        }
     }
 
     #[test]

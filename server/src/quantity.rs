@@ -1,5 +1,7 @@
-//! Kubernetes resource quantities (`100m`, `128Mi`, `1.5`, `2e3`), read and compared, for the
-//! resource caps of a profile (`resources.rs`).
+//! Kubernetes resource quantities (`100m`, `128Mi`, `1.5`, `2e3`), read and compared: for the
+//! resource caps of a profile (`podsecurity/resources.rs`), and by value in the Job mark's
+//! digest (`job/mark.rs`), since the API server rewrites them in its canonical form (`0.5` comes
+//! back as `500m`). A leaf module, so that `job` and `podsecurity` can both use it.
 //!
 //! The grammar is apimachinery's (`k8s.io/apimachinery/pkg/api/resource/quantity.go`, the
 //! comment above `type Quantity`): a decimal number, then a binary suffix (`Ki` … `Ei`), a
@@ -38,6 +40,11 @@ impl Quantity {
     /// The quantity as written (`128Mi`), as the Kubernetes type.
     pub fn kube(&self) -> &KubeQuantity {
         &self.text
+    }
+
+    /// The value in nano-units (`1` is 10^9), whatever the suffix.
+    pub fn nanos(&self) -> u128 {
+        self.nanos
     }
 
     /// The text as written.
