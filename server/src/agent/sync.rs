@@ -143,6 +143,8 @@ impl Apps {
             destination,
             namespace: &spec.namespace,
             name: &spec.job_name,
+            // The agent's engine runs with the default settings (`agent::run`).
+            timeout: crate::config::EngineSettings::default().request_timeout,
         };
         let mut app = match target.read().await {
             Ok(app) => app,

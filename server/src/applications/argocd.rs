@@ -76,6 +76,23 @@ pub enum AppError {
         /// what is running
         why: String,
     },
+    /// the destination's API did not answer within the request timeout
+    #[error(
+        "{what} Application {namespace}/{name} on destination {destination:?}: no answer within \
+         {}s (engine.requestTimeout)", .after.as_secs()
+    )]
+    TimedOut {
+        /// `reading` or `patching`
+        what: &'static str,
+        /// the destination
+        destination: String,
+        /// its namespace
+        namespace: String,
+        /// its name
+        name: String,
+        /// the timeout
+        after: std::time::Duration,
+    },
     /// the destination's API refused or failed the call
     #[error("{what} Application {namespace}/{name} on destination {destination:?}: {detail}")]
     Api {
@@ -162,6 +179,9 @@ pub struct AppTarget<'a> {
     pub namespace: &'a str,
     /// its name
     pub name: &'a str,
+    /// the longest a read or a patch may take (`engine.requestTimeout`): a destination that
+    /// hangs must not hold the caller, nor its project's Application calls
+    pub timeout: std::time::Duration,
 }
 
 impl AppTarget<'_> {
@@ -193,6 +213,16 @@ impl AppTarget<'_> {
         }
     }
 
+    fn timed_out(&self, what: &'static str) -> AppError {
+        AppError::TimedOut {
+            what,
+            destination: self.destination.to_string(),
+            namespace: self.namespace.to_string(),
+            name: self.name.to_string(),
+            after: self.timeout,
+        }
+    }
+
     fn not_found(&self) -> AppError {
         AppError::NotFound {
             destination: self.destination.to_string(),
@@ -203,10 +233,9 @@ impl AppTarget<'_> {
 
     /// The Application as JSON.
     pub async fn read(&self) -> Result<Value, AppError> {
-        let app = self
-            .api()
-            .get(self.name)
+        let app = tokio::time::timeout(self.timeout, self.api().get(self.name))
             .await
+            .map_err(|_| self.timed_out("reading"))?
             .map_err(|e| self.api_error("reading", e))?;
         serde_json::to_value(app).map_err(|e| AppError::Api {
             what: "reading",
@@ -238,15 +267,15 @@ impl AppTarget<'_> {
         let rv = app
             .pointer("/metadata/resourceVersion")
             .and_then(Value::as_str);
-        let patched = self
-            .api()
-            .patch(
-                self.name,
-                &PatchParams::default(),
-                &Patch::Merge(sync_patch(order, stage, rv)),
-            )
-            .await
-            .map_err(|e| self.api_error("patching", e))?;
+        let patch = Patch::Merge(sync_patch(order, stage, rv));
+        let api = self.api();
+        let patched = tokio::time::timeout(
+            self.timeout,
+            api.patch(self.name, &PatchParams::default(), &patch),
+        )
+        .await
+        .map_err(|_| self.timed_out("patching"))?
+        .map_err(|e| self.api_error("patching", e))?;
         tracing::info!(destination = self.destination, namespace = self.namespace,
                        application = self.name, sync_id = %order.id, revision = ?order.revision,
                        refresh = %order.refresh, project = %stage.project, stage = %stage.stage,

@@ -31,7 +31,7 @@ pub use routes::AppRef;
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::destinations::{Destination, Entry};
 use crate::engine::Engine;
@@ -74,7 +74,9 @@ fn app_error(e: AppError) -> DispatchError {
             ),
             e,
         )),
-        AppError::Api { .. } => DispatchError::Unavailable(Reason::of(e)),
+        AppError::Api { .. } | AppError::TimedOut { .. } => {
+            DispatchError::Unavailable(Reason::of(e))
+        }
     }
 }
 
@@ -98,12 +100,13 @@ fn authorize(app: &AppRef, read: Result<Value, AppError>) -> Result<Value, Dispa
 }
 
 /// `app` on the direct destination `d`.
-fn target<'a>(d: &'a Destination, app: &'a AppRef) -> AppTarget<'a> {
+fn target<'a>(d: &'a Destination, app: &'a AppRef, timeout: Duration) -> AppTarget<'a> {
     AppTarget {
         client: d.client(),
         destination: &app.destination,
         namespace: &app.namespace,
         name: &app.name,
+        timeout,
     }
 }
 
@@ -182,7 +185,10 @@ impl Applications {
         let _call = self.calls.take(&app.project)?;
         match place {
             Place::Direct(d) => {
-                let found = authorize(&app, target(&d, &app).read().await)?;
+                let found = authorize(
+                    &app,
+                    target(&d, &app, self.engine.request_timeout()).read().await,
+                )?;
                 Ok(state_of(&app.destination, &found))
             }
             Place::Agent => self.agent_application(&app, None).await,
@@ -204,7 +210,7 @@ impl Applications {
         };
         match place {
             Place::Direct(d) => {
-                let target = target(&d, &app);
+                let target = target(&d, &app, self.engine.request_timeout());
                 let found = authorize(&app, target.read().await)?;
                 // Patched at the resourceVersion just read: an annotation changed since fails
                 // the patch (409) instead of being synced past.

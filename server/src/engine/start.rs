@@ -306,6 +306,11 @@ impl Engine {
         self.inner.budgets
     }
 
+    /// The longest any single API call to a destination may take (`engine.requestTimeout`).
+    pub fn request_timeout(&self) -> Duration {
+        self.inner.settings.request_timeout
+    }
+
     /// How long an agent may be silent before it is shown as not connected.
     pub fn agent_offline_after(&self) -> Duration {
         self.inner.offline_after

@@ -147,6 +147,8 @@ impl LogServer {
             job: req.job.clone(),
             container: req.container.clone(),
             follow: req.follow,
+            // Read by name in its own cluster: `job_log` finds its uid.
+            job_uid: None,
         };
         let kube = self.kube.clone();
         stream::once(async move {

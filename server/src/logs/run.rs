@@ -490,6 +490,8 @@ fn one_job(d: &Arc<Destination>, j: &Job, query: &LogsQuery) -> BoxStream<'stati
         job: name,
         container: query.container.clone(),
         follow: query.follow,
+        // The Job of the watch cache, whose mark was checked: only its own pods are read.
+        job_uid: j.metadata.uid.clone(),
     };
     stream::once(async move {
         let mut values = Vec::new();

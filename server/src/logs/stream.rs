@@ -7,7 +7,8 @@
 //! Without `follow` the containers are read one after the other, so the whole log arrives in
 //! order. With `follow` they are read side by side (a sidecar never ends, and a Job's containers
 //! run at once), each container's lines in order; a container still waiting to start is waited
-//! for. Pods created after the stream opened (a retry) are not followed: ask again.
+//! for. Pods created after the stream opened (a retry) are not followed: ask again. Only the
+//! pods whose controller is the Job (by uid) are read, not any pod with its `job-name` label.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +16,7 @@ use std::time::Duration;
 use dispatch_api::logs::LogEvent;
 use futures::stream::{self, BoxStream, StreamExt};
 use futures::{AsyncBufRead, AsyncBufReadExt};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, LogParams};
 
@@ -44,6 +46,10 @@ pub struct JobLog {
     pub container: Option<String>,
     /// keep streaming until the containers end
     pub follow: bool,
+    /// the Job's uid, when the caller read the Job; `None`: read it first. Only pods whose
+    /// controller is the Job of this uid are shown: anyone who can create pods in the namespace
+    /// can give one the Job's `job-name` label, and its lines would pass for the Job's.
+    pub job_uid: Option<String>,
 }
 
 /// The log of `target`'s pods on the cluster of `client`, secret values replaced by `redactor`.
@@ -53,11 +59,31 @@ pub fn job_log(
     target: JobLog,
     redactor: Arc<Redactor>,
 ) -> BoxStream<'static, LogEvent> {
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &target.namespace);
     let pods: Api<Pod> = Api::namespaced(client, &target.namespace);
     let target = Arc::new(target);
     stream::once(async move {
+        let uid = match &target.job_uid {
+            Some(uid) => uid.clone(),
+            None => match jobs.get_opt(&target.job).await {
+                Ok(Some(job)) => job.metadata.uid.unwrap_or_default(),
+                Ok(None) => {
+                    return note(
+                        &target,
+                        None,
+                        format!("Job {}/{} does not exist", target.namespace, target.job),
+                    )
+                    .boxed()
+                }
+                Err(e) => return note(&target, None, format!("cannot read the Job: {e}")).boxed(),
+            },
+        };
         let lp = ListParams::default().labels(&format!("{JOB_NAME_LABEL}={}", target.job));
-        match pods.list(&lp).await {
+        let listed = pods.list(&lp).await.map(|mut list| {
+            list.items.retain(|pod| owned_by(pod, &uid));
+            list
+        });
+        match listed {
             Err(e) => note(&target, None, format!("cannot list the Job's pods: {e}")).boxed(),
             Ok(list) if list.items.is_empty() => note(
                 &target,
@@ -227,6 +253,17 @@ fn is_waiting(e: &kube::Error) -> bool {
         }
         _ => false,
     }
+}
+
+/// Whether `pod`'s controller is the Job of `uid` (as the Job controller sets it).
+fn owned_by(pod: &Pod, uid: &str) -> bool {
+    !uid.is_empty()
+        && pod
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.controller == Some(true) && o.kind == "Job" && o.uid == uid)
 }
 
 fn note(

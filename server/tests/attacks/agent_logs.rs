@@ -206,8 +206,18 @@ async fn an_agent_streams_only_the_jobs_of_its_records_in_its_namespaces() -> Re
             ..Outcome::default()
         },
     );
-    // The genuine request streams (the refusals above are not a broken agent).
+    // The genuine request streams (the refusals above are not a broken agent), and only the
+    // Job's own pods: not the one someone else labelled `job-name` like it.
     let (events, _) = agent_answer(&rig, &server, &request(false), &[record()]).await;
+    let injected = events.iter().any(|e| e.to_text().contains("impostor line"));
+    tally::refused(
+        "agent_logs: a pod not of the Job wearing its job-name label",
+        Outcome {
+            refused: !injected,
+            cross_tenant_read: injected,
+            ..Outcome::default()
+        },
+    );
     assert_eq!(events.len(), 20, "{events:?}");
     Ok(())
 }

@@ -219,8 +219,15 @@ pub(crate) fn record() -> WorkItem {
     }
 }
 
+/// The uid of `JOB` on the agent's cluster.
+const JOB_UID: &str = "0d5c1f7e-job-uid";
+
+/// What the pod that only wears `JOB`'s `job-name` label prints.
+pub(crate) const IMPOSTOR_LINE: &str = "impostor line: not the Job's\n";
+
 /// Two attempts of `JOB` on the agent's cluster (fake `a`), the second reading Secret `db`;
-/// each printed `lines` numbered lines, one of them the Secret's value.
+/// each printed `lines` numbered lines, one of them the Secret's value; and a pod not of the Job
+/// that wears its `job-name` label.
 pub(crate) fn job_pods(w: &World, lines: usize) {
     let api = w.api("a");
     api.put(
@@ -228,13 +235,29 @@ pub(crate) fn job_pods(w: &World, lines: usize) {
         json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db", "namespace": NS},
                "data": {"password": base64::engine::general_purpose::STANDARD.encode(PASSWORD)}}),
     );
+    api.put(
+        &Res::new("batch/v1", "jobs"),
+        json!({"apiVersion": "batch/v1", "kind": "Job",
+               "metadata": {"name": JOB, "namespace": NS, "uid": JOB_UID}}),
+    );
+    // A pod someone else created with the Job's `job-name` label: never part of its log.
+    api.put(
+        &pods(),
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": format!("{JOB}-impostor"), "namespace": NS,
+                            "creationTimestamp": "2026-01-01T00:00:30Z", "labels": {"job-name": JOB}},
+               "spec": {"containers": [{"name": "check", "image": "example.invalid/c:1"}]}}),
+    );
+    api.set_log(NS, &format!("{JOB}-impostor"), "check", IMPOSTOR_LINE);
     for (n, at) in [(1, "2026-01-01T00:00:00Z"), (2, "2026-01-01T00:01:00Z")] {
         let pod = format!("{JOB}-{n}");
         api.put(
             &pods(),
             json!({"apiVersion": "v1", "kind": "Pod",
                    "metadata": {"name": pod, "namespace": NS, "creationTimestamp": at,
-                                "labels": {"job-name": JOB}},
+                                "labels": {"job-name": JOB},
+                                "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
+                                    "name": JOB, "uid": JOB_UID, "controller": true}]},
                    "spec": {"containers": [{"name": "check", "image": "example.invalid/c:1",
                             "env": [{"name": "P", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}]}]}}),
         );

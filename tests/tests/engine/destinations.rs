@@ -546,7 +546,14 @@ fn policy_denies_with_the_config_key() -> Result<()> {
                 .await
                 .unwrap_err();
             let text = e.to_string();
-            ensure!(matches!(e, EngineError::Denied(_)), "{text}");
+            // A destination the project may not use is refused as such, before its namespace.
+            ensure!(
+                matches!(
+                    e,
+                    EngineError::Denied(_) | EngineError::DestinationDenied(_)
+                ),
+                "{text}"
+            );
             ensure!(
                 text.contains(&format!("project {project:?}"))
                     && text.contains(&format!("destination {destination:?}"))

@@ -397,6 +397,37 @@ async fn a_project_at_its_application_calls_leaves_the_plugin_slots_to_the_other
     Ok(())
 }
 
+#[tokio::test]
+async fn an_application_read_on_a_hanging_destination_ends_at_the_request_timeout() -> Result<()> {
+    let pit = tarpit().await?;
+    // The test world's `engine.requestTimeout` is 3 s.
+    let (scene, _) = slow_scene(&pit, "{}", 8).await?;
+    let path = format!("/v1/destinations/slow/applications/argocd/app-1?project={A}&stage=uat");
+    let started = std::time::Instant::now();
+    let answer = tokio::time::timeout(
+        Duration::from_secs(15),
+        send(scene.addr, "GET", &path, &token_of(A), &json!({})),
+    )
+    .await
+    .context("the read still hangs after 15 s")??;
+    let message = answer.body["message"].as_str().unwrap_or_default();
+    let ended = answer.status == 503 && message.contains("engine.requestTimeout");
+    tally::refused(
+        "budgets: an Application read on a destination that never answers holds its call only until engine.requestTimeout",
+        Outcome {
+            refused: ended && pit.got("applications") >= 1,
+            starved_call: !ended,
+            ..Outcome::default()
+        },
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "ended after {:?}",
+        started.elapsed()
+    );
+    Ok(())
+}
+
 /// A scene with agent destinations `edge`, `edge-2` (both connected: polled once), run 1 of
 /// each project known to the log API, and `records` measurements of run 1 of `team-a` on each
 /// destination named (one record each).
