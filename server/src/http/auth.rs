@@ -106,6 +106,14 @@ impl Projects {
         }
     }
 
+    /// Whether the caller is bound to every project (a glob of only `*`: the Rollouts
+    /// controller's `"*"`).
+    pub fn is_every_project(&self) -> bool {
+        self.globs
+            .iter()
+            .any(|g| !g.is_empty() && g.chars().all(|c| c == '*'))
+    }
+
     /// Whether the caller may act for `project`.
     pub fn allows(&self, project: &str) -> bool {
         self.globs

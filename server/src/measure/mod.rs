@@ -455,13 +455,7 @@ impl Measurements {
             .filter(|row| match (&caller.destination, &caller.projects) {
                 (Some(own), _) => *own == row.name,
                 // Bound to every project (the Rollouts controller's `"*"`): every destination.
-                (None, p)
-                    if p.globs
-                        .iter()
-                        .any(|g| !g.is_empty() && g.chars().all(|c| c == '*')) =>
-                {
-                    true
-                }
+                (None, p) if p.is_every_project() => true,
                 (None, p) => policy.shows_destination(&p.globs, &row.name),
             })
             .collect()

@@ -34,6 +34,7 @@ use crate::http::{ApiFailure, Gate};
 use crate::runs::{RunSummary, Runs};
 
 mod load;
+mod scope;
 
 /// What the pages read: who is looking (`gate`), the runs of the control plane's watch, the
 /// destinations of the engine.
@@ -215,11 +216,17 @@ async fn list(
 }
 
 async fn destinations(State(state): State<Pages>, PageViewer(viewer): PageViewer) -> Response {
-    Html(render::destinations(
-        viewer.name(),
-        &state.destination_load(),
-    ))
-    .into_response()
+    let shown = match scope::Shown::of(&state, &viewer).await {
+        Ok(s) => s,
+        Err(e) => return refusal(e),
+    };
+    let policy = state.engine.policy();
+    let rows: Vec<DestinationLoad> = state
+        .destination_load()
+        .into_iter()
+        .filter(|d| shown.shows(policy, &d.info.name))
+        .collect();
+    Html(render::destinations(viewer.name(), &rows)).into_response()
 }
 
 async fn run(

@@ -3,7 +3,8 @@
 //! list; an agent token → no session (its login is 403, sets no cookie; put in the cookie
 //! itself it is no session); a login posted from another site → 403; a hostile run message
 //! (XSS) → escaped, under a policy that allows no script but ours; a person (a Kubernetes
-//! token) sees only the runs of the namespaces a SubjectAccessReview allows them. Sessions are
+//! token) sees only the runs of the namespaces a SubjectAccessReview allows them, and the
+//! destinations page lists only the destinations of the projects the viewer may see. Sessions are
 //! the server's (`http::sessions`): the cookie carries a random id and never the token, a
 //! session logged out or past its lifetime opens nothing. None of it makes a destination API
 //! call.
@@ -219,6 +220,14 @@ async fn another_projects_run_is_forbidden_and_not_listed() -> Result<()> {
     let listed = list.body.contains("team-a");
     let filtered = page(&scene, "GET", "/ui?project=team-a", Some(&team_b), None).await?;
     let listed = listed || filtered.body.contains("uat.a.1");
+    // The destinations page lists team-b's destination, not team-a's.
+    let dest = page(&scene, "GET", "/ui/destinations", Some(&team_b), None).await?;
+    ensure!(
+        dest.status == 200 && dest.body.contains("<td>b</td>"),
+        "{}",
+        dest.body
+    );
+    let listed = listed || dest.body.contains("<td>a</td>");
     no_destination_call(&scene)?;
     tally::refused(
         "ui: another project's run page and list",
@@ -457,6 +466,25 @@ async fn a_person_sees_only_the_namespaces_kubernetes_allows() -> Result<()> {
     )
     .await?;
     ensure!(bob_run.status == 403, "{}", bob_run.status);
+    // The destinations page: alice sees team-a's destination only, bob none.
+    let alice_dest = page_at(addr, "GET", "/ui/destinations", Some("alice-token"), None).await?;
+    let bob_dest = page_at(addr, "GET", "/ui/destinations", Some("bob-token"), None).await?;
+    ensure!(
+        alice_dest.status == 200 && alice_dest.body.contains("<td>a</td>"),
+        "{}",
+        alice_dest.body
+    );
+    let foreign = alice_dest.body.contains("<td>b</td>")
+        || bob_dest.body.contains("<td>a</td>")
+        || bob_dest.body.contains("<td>b</td>");
+    tally::refused(
+        "ui: a person sees only the destinations of the projects whose runs they may see",
+        Outcome {
+            refused: !foreign,
+            cross_tenant_read: foreign,
+            ..Outcome::default()
+        },
+    );
     let calls: Vec<_> = [&world.clusters.a, &world.clusters.b]
         .iter()
         .flat_map(|c| c.requests())
