@@ -420,10 +420,18 @@ async fn service_account_tokens_are_checked_by_token_review() -> Result<()> {
             anyhow::Ok(created.status.and_then(|s| s.token).unwrap_or_default())
         }
     };
+    // Callers fail closed: the controller needs its `policy.callers` entry (every project).
     let auth = TokenReviewAuthenticator::new(
         client.clone(),
         Vec::new(),
         vec!["system:serviceaccount:argo-rollouts:argo-rollouts".into()],
+    )
+    .with_callers(
+        vec![dispatch_server::config::CallerBinding {
+            subject: "system:serviceaccount:argo-rollouts:argo-rollouts".into(),
+            projects: vec!["*".into()],
+        }],
+        "e2e",
     );
     let ok = auth
         .authenticate(&token("argo-rollouts", "rollouts-dispatch").await?)

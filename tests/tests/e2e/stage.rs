@@ -6,7 +6,8 @@
 //! leaves it (the `{name, namespace}` of each Application the step updated: akuity/kargo
 //! v1.11.2 pkg/promotion/runner/builtin/argocd_updater.go:201-207, written to the Stage by
 //! pkg/api/stage.go:236-281). Kargo-shaped runs of that Stage whose block says
-//! `destination: stage` (config/analysis-templates/stage.yaml) run their Job on cluster-a.
+//! `destination: stage` (config/analysis-templates/stage.yaml) run their Job on cluster-a,
+//! through the configured destination `cluster-a`, which outranks the Secret's for its server.
 
 use std::time::Duration;
 
@@ -26,6 +27,10 @@ use crate::{report, side_by_side, the_one_job_on_a};
 /// The destination that the Argo CD cluster Secret for cluster-a registers (a `cluster-*` name:
 /// the scene's policy allows those).
 const ARGOCD_DESTINATION: &str = "cluster-a-argocd";
+/// Where the Application's server URL resolves: the scene's configured destination for that
+/// server, which outranks an Argo CD cluster Secret for the same server (#27: a Secret never
+/// shadows a configured destination, by name or by URL).
+const RESOLVED: &str = "cluster-a";
 /// The Stage, and the Application its last promotion updated.
 const STAGE: &str = "shop-uat";
 
@@ -114,9 +119,9 @@ fn a_stage_verification_runs_where_the_stages_application_deploys() -> Result<()
         let message = measurement_message(&again);
         ensure!(
             phase(&again) == "Failed"
-                && message.contains(ARGOCD_DESTINATION)
+                && message.contains(RESOLVED)
                 && message.contains("check failed: svc is not healthy"),
-            "want the re-verification Failed on {ARGOCD_DESTINATION} with its log tail: {}",
+            "want the re-verification Failed on {RESOLVED} with its log tail: {}",
             report(w, &again)
         );
 
@@ -129,9 +134,9 @@ fn a_stage_verification_runs_where_the_stages_application_deploys() -> Result<()
                 .as_ref()
                 .and_then(|l| l.get(LABEL_DESTINATION));
             ensure!(
-                destination.map(String::as_str) == Some(ARGOCD_DESTINATION),
-                "the Job of {} went through destination {destination:?}, not the Argo CD \
-                 cluster Secret's {ARGOCD_DESTINATION}",
+                destination.map(String::as_str) == Some(RESOLVED),
+                "the Job of {} went through destination {destination:?}, not the configured \
+                 {RESOLVED} (which outranks the Argo CD cluster Secret's {ARGOCD_DESTINATION})",
                 analysis::name(run)
             );
             let env = job_env(job);
@@ -147,7 +152,7 @@ fn a_stage_verification_runs_where_the_stages_application_deploys() -> Result<()
         }
         println!(
             "e2e: destination: stage → Stage {STAGE}'s Application deploys to cluster-a → \
-             {ARGOCD_DESTINATION}: first verification Successful (KARGO_PROMOTION={promotion}), \
+             {RESOLVED} (not the Secret's {ARGOCD_DESTINATION}): first verification Successful (KARGO_PROMOTION={promotion}), \
              re-verification without annotations Failed (no KARGO_PROMOTION)"
         );
         Ok(())
