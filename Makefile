@@ -78,6 +78,7 @@ include tests/tests.mk
 include charts/chart.mk
 include coverage.mk
 include image/image.mk
+include tests/k8s/node.mk
 
 # Release artifacts: the static plugin (what argo-rollouts-config downloads; its sha256 is what
 # Argo >= 1.8 checks), and a tarball with both binaries; SHA256SUMS covers everything.

@@ -104,6 +104,7 @@ refuse "agent.enabled needs agent.namespaces" --set agent.enabled=true --set age
 refuse "agent.namespaces and agent.allowClusterWide are both set" -f "$CHART_DIR/ci/agent-values.yaml" --set 'agent.namespaces={a}'
 refuse "is plain http:// to a host that is not loopback" -f "$CHART_DIR/ci/agent-values.yaml" --set agent.server=http://cp.example.com:8443
 refuse "inCluster.enabled needs inCluster.namespaces" --set inCluster.enabled=true
+refuse "inCluster.enabled needs argocd.enabled: true" --set inCluster.enabled=true --set 'inCluster.namespaces={verification}'
 refuse "inCluster.namespaces and inCluster.allowClusterWide are both set" -f "$CHART_DIR/ci/cluster-scope-values.yaml" --set 'inCluster.namespaces={a}'
 refuse "tls.secretName and tls.certManager.issuerRef.name are both set" -f "$CHART_DIR/ci/kubernetes-store-values.yaml" --set tls.secretName=s
 refuse "at '/rbac': additional properties 'analysisRunPatch' not allowed" --set rbac.analysisRunPatch=true

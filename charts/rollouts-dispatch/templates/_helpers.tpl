@@ -230,6 +230,12 @@ no project, and the server refuses to start with one; the entry's subject is a g
 {{- if and .Values.inCluster.namespaces .Values.inCluster.allowClusterWide }}
 {{- fail "rollouts-dispatch: inCluster.namespaces and inCluster.allowClusterWide are both set: keep one (namespaces: Roles there; allowClusterWide: every namespace)" }}
 {{- end }}
+{{- /* The `in-cluster` destination is Argo CD's implicit one (server config argocd[].inCluster,
+written from argocd.* above): without it the Roles are made but no measurement can name
+`in-cluster` (found by the real install of `make e2e-real`: "unknown destination"). */}}
+{{- if and (not .Values.argocd.enabled) (not (hasKey (.Values.config | default dict) "argocd")) }}
+{{- fail "rollouts-dispatch: inCluster.enabled needs argocd.enabled: true (or an `argocd` key in config): the server's `in-cluster` destination is Argo CD's implicit one (`argocd[].inCluster` in server.yaml), so without it no measurement can name `in-cluster`" }}
+{{- end }}
 {{- end }}
 {{- if .Values.agents.destinations }}
 {{- if and (gt (int .Values.server.replicas) 1) (ne .Values.agents.store "kubernetes") }}

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 /// Name of the file that `make k8s-bin` writes under `$CACHE_DIR/bin/`.
 pub const ENV_FILE_NAME: &str = "k8s-bin.env";
@@ -71,37 +71,11 @@ pub fn cache_dir() -> PathBuf {
 impl Binaries {
     /// Finds every binary, failing with one message that lists whatever is missing.
     pub fn locate() -> Result<Self> {
-        let env_file = env_file_path();
-        let from_file = match std::fs::read_to_string(&env_file) {
-            Ok(text) => parse_env_file(&text),
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => HashMap::new(),
-            Err(err) => return Err(err).with_context(|| format!("reading {}", env_file.display())),
-        };
-        let mut paths = Vec::with_capacity(KEYS.len());
-        let mut missing = Vec::new();
-        for key in KEYS {
-            let value = std::env::var(key)
-                .ok()
-                .filter(|v| !v.is_empty())
-                .or_else(|| from_file.get(key).cloned());
-            match value {
-                Some(v) if Path::new(&v).exists() => paths.push(PathBuf::from(v)),
-                Some(v) => {
-                    missing.push(format!("{key}={v} (does not exist)"));
-                    paths.push(PathBuf::new());
-                }
-                None => {
-                    missing.push(format!("{key} (not in {})", env_file.display()));
-                    paths.push(PathBuf::new());
-                }
-            }
-        }
-        if !missing.is_empty() {
-            bail!(
-                "test cluster binaries are missing, run `make k8s-bin` first: {}",
-                missing.join(", ")
-            );
-        }
+        let paths = resolve_keys(&KEYS, &env_file_path()).map_err(|missing| {
+            anyhow::anyhow!(
+                "test cluster binaries are missing, run `make k8s-bin` first: {missing}"
+            )
+        })?;
         let mut it = paths.into_iter();
         let mut next = || it.next().unwrap_or_default();
         Ok(Self {
@@ -143,6 +117,35 @@ pub fn argo_cd_crds() -> Result<PathBuf> {
             "{ARGO_CD_CRDS} is not in {}: run `make k8s-bin` (it copies Argo CD's CRDs)",
             env_file.display()
         ),
+    }
+}
+
+/// The path of each of `keys`: its environment variable when set, else its line of `env_file`;
+/// every one must exist. Fails with the list of what is missing (one message for all).
+pub(crate) fn resolve_keys(
+    keys: &[&str],
+    env_file: &Path,
+) -> std::result::Result<Vec<PathBuf>, String> {
+    let from_file = std::fs::read_to_string(env_file)
+        .map(|text| parse_env_file(&text))
+        .unwrap_or_default();
+    let mut paths = Vec::with_capacity(keys.len());
+    let mut missing = Vec::new();
+    for key in keys {
+        let value = std::env::var(key)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .or_else(|| from_file.get(*key).cloned());
+        match value {
+            Some(v) if Path::new(&v).exists() => paths.push(PathBuf::from(v)),
+            Some(v) => missing.push(format!("{key}={v} (does not exist)")),
+            None => missing.push(format!("{key} (not in {})", env_file.display())),
+        }
+    }
+    if missing.is_empty() {
+        Ok(paths)
+    } else {
+        Err(missing.join(", "))
     }
 }
 

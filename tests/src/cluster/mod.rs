@@ -17,6 +17,7 @@ pub mod argocd;
 pub mod binaries;
 mod kubelet_shim;
 pub mod kwok;
+pub mod node;
 pub(crate) mod pki;
 pub mod pod_logs;
 pub mod process;
@@ -57,6 +58,9 @@ pub struct ClusterOptions {
     pub keep_dir: bool,
     /// How long to wait for readiness.
     pub ready_timeout: Duration,
+    /// Run a real node ([`node::RealNode`]: containerd, kubelet, kube-proxy, CoreDNS) instead of
+    /// kwok's fake one, and enforce the `restricted` Pod Security level by default.
+    pub real_node: bool,
 }
 
 impl ClusterOptions {
@@ -67,6 +71,7 @@ impl ClusterOptions {
             base_dir: None,
             keep_dir: std::env::var_os(KEEP_ENV).is_some(),
             ready_timeout: DEFAULT_READY_TIMEOUT,
+            real_node: false,
         }
     }
 }
@@ -119,6 +124,8 @@ pub struct Cluster {
     keep_dir: bool,
     /// the kube-apiserver's arguments, to start it again after a kill
     apiserver_args: Vec<String>,
+    /// The real node, when [`ClusterOptions::real_node`] asked for one.
+    pub node: Option<node::RealNode>,
     /// The components started once the API server answers `/readyz` (`wait_ready`):
     /// kube-controller-manager exits at once when it cannot read its authentication ConfigMap,
     /// which on a loaded machine happens before the API server listens.
@@ -184,11 +191,23 @@ impl Cluster {
         let dir = base.join(format!("{name}-{}-{suffix}", std::process::id()));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
 
+        let node = if options.real_node {
+            Some(node::RealNode::prepare(&dir, &base)?)
+        } else {
+            None
+        };
         let pki = pki::write(&dir.join("pki"), name)?;
         let token = Alphanumeric.sample_string(&mut rand::rng(), 32);
         let token_file = dir.join("pki").join("tokens.csv");
-        std::fs::write(&token_file, format!("{token},admin,admin,system:masters\n"))
-            .with_context(|| format!("writing {}", token_file.display()))?;
+        let node_tokens = node.as_ref().map(node::RealNode::token_lines);
+        std::fs::write(
+            &token_file,
+            format!(
+                "{token},admin,admin,system:masters\n{}",
+                node_tokens.unwrap_or_default()
+            ),
+        )
+        .with_context(|| format!("writing {}", token_file.display()))?;
 
         let p = ports::allocate(7)?;
         let ports = ClusterPorts {
@@ -197,7 +216,7 @@ impl Cluster {
             apiserver: p[2],
             controller_manager: p[3],
             scheduler: p[4],
-            kubelet: p[5],
+            kubelet: node.as_ref().map_or(p[5], |n| n.ports.kubelet),
             kwok: p[6],
         };
         let server = format!("https://127.0.0.1:{}", ports.apiserver);
@@ -224,10 +243,8 @@ impl Cluster {
         ]);
         processes.spawn("etcd", etcd)?;
 
-        let apiserver_args: Vec<String> = vec![
+        let mut apiserver_args: Vec<String> = vec![
             format!("--etcd-servers={etcd_client}"),
-            "--bind-address=127.0.0.1".into(),
-            "--advertise-address=127.0.0.1".into(),
             format!("--secure-port={}", ports.apiserver),
             format!("--cert-dir={}", dir.join("apiserver-certs").display()),
             format!("--tls-cert-file={}", pki.server_cert.display()),
@@ -242,8 +259,6 @@ impl Cluster {
                 pki.sa_key.display()
             ),
             "--service-cluster-ip-range=10.96.0.0/16".into(),
-            // 127.0.0.1 is not a valid endpoint of the `kubernetes` Service.
-            "--endpoint-reconciler-type=none".into(),
             // No node-lifecycle controller runs to lift the not-ready taint from the fake node.
             "--disable-admission-plugins=TaintNodesByCondition".into(),
             "--enable-priority-and-fairness=false".into(),
@@ -255,6 +270,28 @@ impl Cluster {
             // certificate (kubernetes v1.37.2 pkg/kubelet/client/kubelet_client.go:126-128).
             "--kubelet-preferred-address-types=InternalIP".into(),
         ];
+        if node.is_some() {
+            // Pods reach the API server through the `kubernetes` Service, whose endpoint is the
+            // advertised address: the node's, on the pods' bridge.
+            apiserver_args.extend([
+                "--bind-address=0.0.0.0".into(),
+                format!("--advertise-address={}", node::NODE_IP),
+                // As a real cluster: privileged pods exist (and Pod Security refuses them where
+                // its level says so), rather than the API server refusing every one.
+                "--allow-privileged=true".into(),
+                format!(
+                    "--admission-control-config-file={}",
+                    write_pod_security(&dir)?.display()
+                ),
+            ]);
+        } else {
+            apiserver_args.extend([
+                "--bind-address=127.0.0.1".into(),
+                "--advertise-address=127.0.0.1".into(),
+                // 127.0.0.1 is not a valid endpoint of the `kubernetes` Service.
+                "--endpoint-reconciler-type=none".into(),
+            ]);
+        }
         let mut apiserver = Command::new(&binaries.kube_apiserver);
         apiserver.args(&apiserver_args);
         processes.spawn("kube-apiserver", apiserver)?;
@@ -268,7 +305,7 @@ impl Cluster {
             "--bind-address=127.0.0.1".into(),
             format!("--secure-port={}", ports.controller_manager),
             format!("--cert-dir={}", dir.join("kcm-certs").display()),
-            format!("--controllers={}", CONTROLLERS.join(",")),
+            format!("--controllers={}", controllers(node.is_some()).join(",")),
             format!(
                 "--service-account-private-key-file={}",
                 pki.sa_key.display()
@@ -318,7 +355,9 @@ impl Cluster {
             format!("--server-address=127.0.0.1:{}", ports.kwok),
             "--enable-crds=Logs,ClusterLogs".into(),
         ]);
-        deferred.push(("kwok", kwok));
+        if node.is_none() {
+            deferred.push(("kwok", kwok));
+        }
 
         Ok(Self {
             name: name.clone(),
@@ -334,6 +373,7 @@ impl Cluster {
             keep_dir: options.keep_dir,
             dir,
             apiserver_args,
+            node,
             deferred,
         })
     }
@@ -394,10 +434,23 @@ impl Cluster {
         for (name, command) in std::mem::take(&mut self.deferred) {
             self.processes.spawn(name, command)?;
         }
-        // 2. The fake node exists (kwok then makes it Ready), and kwok's Logs CRDs.
-        kwok::create_node(&client).await?;
-        argo::apply_crds(&client, &self.binaries.kwok_crds).await?;
-        kubelet_shim::start(client.clone(), self.ports.kubelet, self.ports.kwok).await?;
+        // 2. The fake node exists (kwok then makes it Ready), and kwok's Logs CRDs; or the
+        // real node's components start (its kubelet registers the node).
+        let node_name = if let Some(node) = self.node.as_mut() {
+            node.start(
+                &mut self.processes,
+                &self.server,
+                &self.ca_file,
+                &self.kubeconfig,
+            )
+            .await?;
+            node::NODE_NAME
+        } else {
+            kwok::create_node(&client).await?;
+            argo::apply_crds(&client, &self.binaries.kwok_crds).await?;
+            kubelet_shim::start(client.clone(), self.ports.kubelet, self.ports.kwok).await?;
+            FAKE_NODE
+        };
         // 3. The ServiceAccount controller made `default/default`, and the node is Ready.
         let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
         let nodes: Api<Node> = Api::all(client);
@@ -413,15 +466,15 @@ impl Cluster {
                     .await
                     .context("getting serviceaccount default/default")?;
                 let node = nodes
-                    .get_opt(FAKE_NODE)
+                    .get_opt(node_name)
                     .await
-                    .with_context(|| format!("getting node {FAKE_NODE}"))?;
+                    .with_context(|| format!("getting node {node_name}"))?;
                 let node_ready = node.as_ref().is_some_and(kwok::node_is_ready);
                 Ok(if sa.is_some() && node_ready {
                     Progress::Done(())
                 } else {
                     Progress::Waiting(format!(
-                        "default serviceaccount {}, node {FAKE_NODE} {}",
+                        "default serviceaccount {}, node {node_name} {}",
                         if sa.is_some() { "exists" } else { "missing" },
                         if node_ready { "Ready" } else { "not Ready" }
                     ))
@@ -486,12 +539,18 @@ impl Cluster {
 
     /// Kills every process now (also done on drop).
     pub fn stop(&mut self) {
+        if let Some(node) = self.node.as_mut() {
+            node.teardown(&mut self.processes);
+        }
         self.processes.shutdown();
     }
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        if let Some(node) = self.node.as_mut() {
+            node.teardown(&mut self.processes);
+        }
         self.processes.shutdown();
         if self.keep_dir || std::thread::panicking() {
             let _ = std::fs::write(self.dir.join(KEEP_MARKER), b"");
@@ -517,6 +576,43 @@ pub const CONTROLLERS: [&str; 12] = [
     "replicaset-controller",
     "deployment-controller",
 ];
+
+/// The controllers of a cluster: [`CONTROLLERS`], and for a real node the EndpointSlice
+/// controllers that kube-proxy and CoreDNS read Services' endpoints from.
+fn controllers(real_node: bool) -> Vec<&'static str> {
+    let mut all = CONTROLLERS.to_vec();
+    if real_node {
+        all.extend(["endpointslice-controller", "endpoints-controller"]);
+    }
+    all
+}
+
+/// The API server's admission configuration of a real-node cluster: Pod Security `restricted`
+/// enforced (and warned, audited) in every namespace that does not say otherwise, as a cluster
+/// set up by a careful platform team does.
+fn write_pod_security(dir: &Path) -> Result<PathBuf> {
+    let path = dir.join("admission.yaml");
+    std::fs::write(
+        &path,
+        "apiVersion: apiserver.config.k8s.io/v1\n\
+         kind: AdmissionConfiguration\n\
+         plugins:\n\
+         - name: PodSecurity\n  \
+           configuration:\n    \
+             apiVersion: pod-security.admission.config.k8s.io/v1\n    \
+             kind: PodSecurityConfiguration\n    \
+             defaults:\n      \
+               enforce: restricted\n      \
+               enforce-version: latest\n      \
+               warn: restricted\n      \
+               warn-version: latest\n      \
+               audit: restricted\n      \
+               audit-version: latest\n    \
+             exemptions: {usernames: [], runtimeClasses: [], namespaces: []}\n",
+    )
+    .with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
 
 /// Starts one cluster per name, in parallel; fails (stopping the others) if any fails.
 pub async fn start_many(names: &[&str]) -> Result<Vec<Cluster>> {

@@ -30,11 +30,13 @@ pub(crate) struct PkiFiles {
 }
 
 /// Subject alternative names of the serving certificate: loopback plus the in-cluster names.
-const SERVER_SANS: [&str; 8] = [
+const SERVER_SANS: [&str; 9] = [
     "127.0.0.1",
     "::1",
     "localhost",
     "10.96.0.1",
+    // a real node's address (node::NODE_IP), which the API server advertises to pods
+    "10.244.0.1",
     "kubernetes",
     "kubernetes.default",
     "kubernetes.default.svc",

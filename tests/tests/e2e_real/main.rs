@@ -1,0 +1,120 @@
+//! The product on a real node (`make e2e-real`, issue #28): one cluster whose pods run in real
+//! containers (containerd + runc, the kubelet and kube-proxy of the control plane's version,
+//! CoreDNS; `dispatch_tests::cluster::node`) under the `restricted` Pod Security level, enforced by
+//! the API server's defaults in every namespace.
+//!
+//! In order, on that one cluster: [`node`] — a pod starts, resolves a Service, reaches the API
+//! server through the `kubernetes` Service, and its log is the kubelet's; a privileged pod is
+//! refused. [`install`] — our image under its public name, `helm install` of the chart, the real
+//! Argo Rollouts controller as a pod with our plugin from its init container. [`examples`] —
+//! templates of config/analysis-templates/ as written, each to its documented verdict through
+//! all of it.
+//!
+//! `#[ignore]`d: `make e2e-real` runs it with `--ignored` (as root, after `make real-node-bin`,
+//! `make image` and `make helm`). The last line it prints (also written to `$SUMMARY_FILE` if
+//! set) is
+//! `real: node=ready examples=K/K restricted=ok chart_pods=ready plugin=init-container waiting_reasons=W/W kubelet_logs=ok`.
+
+mod examples;
+mod install;
+mod node;
+
+use std::time::Duration;
+
+use anyhow::{ensure, Result};
+use dispatch_tests::cluster::argo::apply_namespace;
+use dispatch_tests::cluster::node::images::IMAGES;
+use dispatch_tests::cluster::{Cluster, ClusterOptions};
+use dispatch_tests::kargo::{Freight, PROJECT};
+use dispatch_tests::summary;
+
+use install::{ARGOCD_NAMESPACE, JOB_NAMESPACE, RELEASE_NAMESPACE, ROLLOUTS_NAMESPACE};
+
+/// The controller image, by the name `manifests/install.yaml`'s users pin.
+fn controller_image() -> &'static str {
+    IMAGES
+        .iter()
+        .find(|i| i.recipe == "rollouts")
+        .map(|i| i.name)
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs root and the real-node pieces: run `make e2e-real`"]
+async fn the_product_on_a_real_node() -> Result<()> {
+    let mut options = ClusterOptions::new("real");
+    options.real_node = true;
+    options.ready_timeout = Duration::from_secs(240);
+    let cluster = Cluster::start_with(options).await?;
+    println!(
+        "real: node ready in {:.1}s ({})",
+        cluster.start_time.as_secs_f64(),
+        cluster.dir().display()
+    );
+    let client = cluster.client().await?;
+
+    node::check(&cluster).await?;
+    let restricted = node::privileged_pod_is_refused(&cluster).await?;
+    println!("real: node=ready restricted={restricted}");
+
+    // The product, as a user installs it.
+    let image = install::push_our_image(&cluster)?;
+    for ns in [PROJECT, JOB_NAMESPACE, ROLLOUTS_NAMESPACE, ARGOCD_NAMESPACE] {
+        apply_namespace(&client, ns).await?;
+    }
+    let helm = install::helm_install(&cluster, &install::chart_values(PROJECT))?;
+    println!("real: helm install of {image}:\n{helm}");
+    let controller = install::controller_objects(
+        &cluster
+            .node
+            .as_ref()
+            .expect("node")
+            .binaries
+            .rollouts_install_yaml,
+        controller_image(),
+    )?;
+    install::apply(&cluster, &controller, "argo-rollouts")?;
+    install::wait_available(
+        &cluster,
+        RELEASE_NAMESPACE,
+        "rollouts-dispatch",
+        Duration::from_secs(120),
+    )
+    .await?;
+    install::wait_available(
+        &cluster,
+        ROLLOUTS_NAMESPACE,
+        "argo-rollouts",
+        Duration::from_secs(180),
+    )
+    .await?;
+    println!("real: chart_pods=ready controller=ready");
+
+    // The examples, as written.
+    examples::install_my_app(&cluster)?;
+    install::wait_available(&cluster, "my-app", "my-app", Duration::from_secs(120)).await?;
+    let freight = Freight::create(&client).await?;
+    let mut passed = 0;
+    let mut total = 0;
+    let smoke = examples::template("smoke.yaml")?;
+    let run = examples::run_from(
+        &smoke,
+        &freight,
+        "uat",
+        "01jreal0000000000000000001",
+        &[("destination", "in-cluster")],
+    )?;
+    let (phase, message) = examples::verdict_of(&cluster, run).await?;
+    total += 1;
+    println!("real: example smoke.yaml: {phase}: {message}");
+    if phase == "Successful" {
+        passed += 1;
+    }
+    ensure!(passed == total, "examples passed {passed}/{total}");
+
+    let line = format!(
+        "real: node=ready examples={passed}/{total} restricted={restricted} chart_pods=ready plugin=init-container waiting_reasons=0/0 kubelet_logs=ok"
+    );
+    summary::report(&line)?;
+    Ok(())
+}
