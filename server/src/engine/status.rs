@@ -208,8 +208,8 @@ impl Engine {
                 message,
             },
             // A pod that cannot start or be scheduled: its Job stays, like one that cannot
-            // pull its image (a repeated status gives the same verdict; its TTL, Argo's
-            // garbage collection or the sweep remove it).
+            // pull its image (a repeated status gives the same verdict); the sweep deletes it
+            // once its run has completed (`engine/sweep.rs`, `RunCompleted`).
             Observed::Error(line) => DestState::Error(line),
             Observed::CrashLoop {
                 pod,
