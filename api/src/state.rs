@@ -26,11 +26,16 @@ pub enum DestState {
         /// the failed container's log tail, bounded and redacted
         log: Option<String>,
     },
-    /// a container cannot pull its image
+    /// a container cannot get its image (the kubelet keeps trying: Inconclusive, like Argo's
+    /// job provider)
     ImagePull {
+        /// the pod (absent from the reports of agents older than this field)
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        pod: String,
         /// the container
         container: String,
-        /// `ErrImagePull`, `ImagePullBackOff` or `InvalidImageName`
+        /// `ErrImagePull`, `ImagePullBackOff`, `ErrImageNeverPull`, `ImageInspectError`,
+        /// `RegistryUnavailable` or `SignatureValidationFailed`
         reason: String,
         /// the kubelet's message
         message: String,
@@ -74,11 +79,17 @@ impl DestState {
             Self::Failed { reason, detail, .. } if detail.is_empty() => format!("Failed: {reason}"),
             Self::Failed { reason, detail, .. } => format!("Failed: {reason}: {detail}"),
             Self::ImagePull {
+                pod,
                 container,
                 reason,
                 message,
             } => format!(
-                "Inconclusive: container {container:?} cannot pull its image: {reason}{}",
+                "Inconclusive: {}container {container:?} cannot pull its image: {reason}{}",
+                if pod.is_empty() {
+                    String::new()
+                } else {
+                    format!("pod {pod} ")
+                },
                 if message.is_empty() {
                     String::new()
                 } else {
@@ -121,10 +132,12 @@ impl DestState {
                 }),
             },
             Self::ImagePull {
+                pod,
                 container,
                 reason,
                 message,
             } => Self::ImagePull {
+                pod: cut(pod),
                 container: cut(container),
                 reason: cut(reason),
                 message: cut(message),
@@ -185,13 +198,14 @@ mod tests {
             DestState::Unavailable(big.clone()),
             DestState::Error(big.clone()),
             DestState::ImagePull {
+                pod: big.clone(),
                 container: big.clone(),
                 reason: big.clone(),
                 message: big.clone(),
             },
         ] {
             let json = serde_json::to_string(&s.bounded(MAX_DETAIL, 4096)).unwrap();
-            assert!(json.len() < 4 * MAX_DETAIL, "{}", json.len());
+            assert!(json.len() < 5 * MAX_DETAIL, "{}", json.len());
         }
         let small = DestState::Failed {
             reason: "BackoffLimitExceeded".into(),
@@ -199,5 +213,27 @@ mod tests {
             log: Some("boom".into()),
         };
         assert_eq!(small.clone().bounded(MAX_DETAIL, 4096), small);
+    }
+
+    #[test]
+    fn an_image_pull_report_without_its_pod_still_reads() {
+        // What an agent from before `pod` reports, and what it reads of ours.
+        let old = r#"{"kind":"imagePull","detail":{"container":"c","reason":"ErrImagePull","message":"m"}}"#;
+        let s: DestState = serde_json::from_str(old).unwrap();
+        assert_eq!(
+            s.summary(),
+            "Inconclusive: container \"c\" cannot pull its image: ErrImagePull: m"
+        );
+        assert_eq!(serde_json::to_string(&s).unwrap(), old);
+        let with_pod = DestState::ImagePull {
+            pod: "p-1".into(),
+            container: "c".into(),
+            reason: "ImagePullBackOff".into(),
+            message: String::new(),
+        };
+        assert_eq!(
+            with_pod.summary(),
+            "Inconclusive: pod p-1 container \"c\" cannot pull its image: ImagePullBackOff"
+        );
     }
 }

@@ -319,6 +319,8 @@ impl Policy {
             // The first rule's, widened by the others': a rule's lower cap holds when it is
             // the only one that matches.
             allow: matching[0].1.allow.clone(),
+            // A user id does not widen: the first matching rule's.
+            default_user: matching[0].1.default_user,
         };
         for (_, r) in matching {
             profile.allow.widen(&r.allow);

@@ -1,7 +1,8 @@
 //! Per-destination Job state → measurement phase, message and metadata (pure).
 //!
-//! [`observe`] reads one Job and its Pods; [`combine`] applies `require: all|any` across
-//! destinations and writes the one-line-per-destination message.
+//! [`observe`] reads one Job and its Pods (the pods that do not run: `waiting`); [`combine`]
+//! applies `require: all|any` across destinations and writes the one-line-per-destination
+//! message.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,10 +11,11 @@ use dispatch_api::Require;
 pub use dispatch_api::{DestState, Phase};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
 
-/// Container waiting reasons that mean the image cannot be pulled (Argo's built-in provider
-/// treats the same three as Inconclusive).
-pub const IMAGE_PULL_REASONS: [&str; 3] = ["ErrImagePull", "ImagePullBackOff", "InvalidImageName"];
+mod waiting;
+
+pub use waiting::{Graces, CRASH_LOOP, IMAGE_PULL_REASONS, INVALID_IMAGE, START_REASONS};
 
 /// The state of one destination's Job.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -139,8 +141,10 @@ pub enum Observed {
         /// the condition's message
         message: String,
     },
-    /// a container cannot pull its image
+    /// a container cannot get its image (Inconclusive)
     ImagePull {
+        /// the pod
+        pod: String,
         /// the container
         container: String,
         /// the waiting reason
@@ -148,10 +152,27 @@ pub enum Observed {
         /// the waiting message
         message: String,
     },
+    /// a pod cannot start a container or be scheduled, past its grace (or ever: an image name
+    /// that does not parse): the measurement is an Error with this line, which names the pod,
+    /// the container, the reason and the kubelet's (or scheduler's) message
+    Error(String),
+    /// a container ran, failed and waits for its restart (`CrashLoopBackOff`): Failed, with the
+    /// log of its last run
+    CrashLoop {
+        /// the pod
+        pod: String,
+        /// the container
+        container: String,
+        /// the kubelet's message (`back-off 40s restarting failed container=…`)
+        message: String,
+        /// how often it was restarted
+        restarts: i32,
+    },
 }
 
-/// Reads the Job's conditions and, while it runs, its Pods' container waiting reasons.
-pub fn observe(job: &Job, pods: &[Arc<Pod>]) -> Observed {
+/// Reads the Job's conditions and, while it runs, what its Pods say (`waiting`: the container
+/// waiting reasons, the PodScheduled condition), with `graces` for those that may pass, at `now`.
+pub fn observe(job: &Job, pods: &[Arc<Pod>], graces: Graces, now: Timestamp) -> Observed {
     let conditions = job
         .status
         .as_ref()
@@ -172,52 +193,17 @@ pub fn observe(job: &Job, pods: &[Arc<Pod>]) -> Observed {
             _ => {}
         }
     }
-    for pod in pods {
-        let Some(status) = &pod.status else { continue };
-        let all = status
-            .init_container_statuses
-            .iter()
-            .flatten()
-            .chain(status.container_statuses.iter().flatten());
-        for cs in all {
-            let Some(waiting) = cs.state.as_ref().and_then(|s| s.waiting.as_ref()) else {
-                continue;
-            };
-            let reason = waiting.reason.as_deref().unwrap_or_default();
-            if IMAGE_PULL_REASONS.contains(&reason) {
-                return Observed::ImagePull {
-                    container: cs.name.clone(),
-                    reason: reason.to_string(),
-                    message: waiting.message.clone().unwrap_or_default(),
-                };
-            }
-        }
-    }
+    let pending = match waiting::read(pods, graces, now) {
+        waiting::Reading::Decided(o) => return o,
+        waiting::Reading::Pending(d) => d,
+    };
     let suspended = job.spec.as_ref().and_then(|s| s.suspend).unwrap_or(false);
     if suspended {
         return Observed::Running(Some("suspended".into()));
     }
-    let pending = pods.iter().find_map(|p| {
-        let s = p.status.as_ref()?;
-        if s.phase.as_deref() != Some("Pending") {
-            return None;
-        }
-        let why = s
-            .conditions
-            .iter()
-            .flatten()
-            .find(|c| c.type_ == "PodScheduled" && c.status == "False")
-            .and_then(|c| c.reason.clone())
-            .unwrap_or_else(|| "Pending".into());
-        Some(format!(
-            "pod {} {why}",
-            p.metadata.name.as_deref().unwrap_or("?")
-        ))
-    });
     Observed::Running(pending)
 }
 
-/// Cuts `s` to at most `max` bytes on a char boundary, marking the cut.
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,6 +212,7 @@ mod tests {
     use k8s_openapi::api::core::v1::{
         ContainerState, ContainerStateWaiting, ContainerStatus, PodStatus,
     };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn st(dest: &str, state: DestState) -> DestinationStatus {
         DestinationStatus {
@@ -260,6 +247,7 @@ mod tests {
 
     fn pull() -> DestState {
         DestState::ImagePull {
+            pod: "p-1".into(),
             container: "c".into(),
             reason: "ErrImagePull".into(),
             message: "not found".into(),
@@ -380,7 +368,7 @@ mod tests {
         );
         assert_eq!(
             pull().summary(),
-            "Inconclusive: container \"c\" cannot pull its image: ErrImagePull: not found"
+            "Inconclusive: pod p-1 container \"c\" cannot pull its image: ErrImagePull: not found"
         );
         assert_eq!(pull().short(), "Inconclusive: ErrImagePull");
         assert_eq!(
@@ -417,14 +405,20 @@ mod tests {
 
     fn waiting_pod(reason: &str) -> Arc<Pod> {
         Arc::new(Pod {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some("p-1".into()),
+                ..Default::default()
+            },
             status: Some(PodStatus {
                 phase: Some("Pending".into()),
+                start_time: Some(Time(at(0))),
                 container_statuses: Some(vec![ContainerStatus {
                     name: "check".into(),
+                    restart_count: 2,
                     state: Some(ContainerState {
                         waiting: Some(ContainerStateWaiting {
                             reason: Some(reason.into()),
-                            message: Some("pull access denied".into()),
+                            message: Some("the kubelet's message".into()),
                         }),
                         ..ContainerState::default()
                     }),
@@ -436,14 +430,28 @@ mod tests {
         })
     }
 
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).unwrap()
+    }
+
+    const GRACES: Graces = Graces {
+        start: std::time::Duration::from_secs(30),
+        scheduling: std::time::Duration::from_secs(60),
+    };
+
+    /// `observe` at T0 + 1s.
+    fn now(job: &Job, pods: &[Arc<Pod>]) -> Observed {
+        observe(job, pods, GRACES, at(1))
+    }
+
     #[test]
     fn observe_reads_conditions_and_pods() {
         assert_eq!(
-            observe(&job(&[("Complete", "True", "Done")]), &[]),
+            now(&job(&[("Complete", "True", "Done")]), &[]),
             Observed::Succeeded
         );
         assert_eq!(
-            observe(
+            now(
                 &job(&[
                     ("Suspended", "False", "x"),
                     ("Failed", "True", "DeadlineExceeded")
@@ -456,28 +464,100 @@ mod tests {
             }
         );
         assert!(matches!(
-            observe(&job(&[("Failed", "False", "x")]), &[]),
+            now(&job(&[("Failed", "False", "x")]), &[]),
             Observed::Running(_)
         ));
-        for reason in IMAGE_PULL_REASONS {
-            assert_eq!(
-                observe(&job(&[]), &[waiting_pod(reason)]),
-                Observed::ImagePull {
-                    container: "check".into(),
-                    reason: reason.into(),
-                    message: "pull access denied".into()
-                }
-            );
-        }
+        // The Job's own verdict comes first, whatever its pods say.
+        assert_eq!(
+            now(
+                &job(&[("Complete", "True", "Done")]),
+                &[waiting_pod("CrashLoopBackOff")]
+            ),
+            Observed::Succeeded
+        );
         assert!(matches!(
-            observe(&job(&[]), &[waiting_pod("ContainerCreating")]),
+            now(&job(&[]), &[waiting_pod("ContainerCreating")]),
             Observed::Running(Some(d)) if d.contains("Pending")
         ));
         let mut suspended = job(&[]);
         suspended.spec.as_mut().unwrap().suspend = Some(true);
         assert_eq!(
-            observe(&suspended, &[]),
+            now(&suspended, &[]),
             Observed::Running(Some("suspended".into()))
         );
+    }
+
+    #[test]
+    fn every_waiting_reason_is_read() {
+        let msg = "the kubelet's message";
+        for reason in IMAGE_PULL_REASONS {
+            assert_eq!(
+                now(&job(&[]), &[waiting_pod(reason)]),
+                Observed::ImagePull {
+                    pod: "p-1".into(),
+                    container: "check".into(),
+                    reason: reason.into(),
+                    message: msg.into()
+                }
+            );
+        }
+        assert_eq!(
+            now(&job(&[]), &[waiting_pod(INVALID_IMAGE)]),
+            Observed::Error(format!(
+                "pod p-1 container \"check\" cannot start: InvalidImageName: {msg}"
+            ))
+        );
+        assert_eq!(
+            now(&job(&[]), &[waiting_pod(CRASH_LOOP)]),
+            Observed::CrashLoop {
+                pod: "p-1".into(),
+                container: "check".into(),
+                message: msg.into(),
+                restarts: 2
+            }
+        );
+        for reason in START_REASONS {
+            let pods = [waiting_pod(reason)];
+            assert!(
+                matches!(now(&job(&[]), &pods), Observed::Running(Some(d))
+                         if d.starts_with(&format!("pod p-1 container \"check\" {reason}: {msg}; "))),
+                "{reason}: within the start grace"
+            );
+            assert_eq!(
+                observe(&job(&[]), &pods, GRACES, at(31)),
+                Observed::Error(format!(
+                    "pod p-1 container \"check\" cannot start: {reason}: {msg} (for 31s)"
+                )),
+                "{reason}: past it"
+            );
+        }
+    }
+
+    #[test]
+    fn a_pod_that_cannot_start_ends_the_measurement_as_an_error() {
+        // What the engine makes of Observed::Error, combined like any other destination's Error.
+        let stuck = DestState::Error(
+            "pod p-1 container \"check\" cannot start: CreateContainerConfigError: secret \"db\" \
+             not found (for 31s)"
+                .into(),
+        );
+        let v = combine(
+            Require::All,
+            vec![st("a", stuck.clone()), st("b", DestState::Running(None))],
+        );
+        assert_eq!((v.phase, v.retryable), (Phase::Error, false));
+        assert!(
+            v.message.starts_with(
+                "a: Error: pod p-1 container \"check\" cannot start: \
+                                   CreateContainerConfigError: secret \"db\" not found"
+            ),
+            "{}",
+            v.message
+        );
+        let any = combine(
+            Require::Any,
+            vec![st("a", stuck), st("b", DestState::Running(None))],
+        );
+        assert_eq!(any.phase, Phase::Running, "any: b may still succeed");
     }
 }

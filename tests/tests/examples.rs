@@ -158,6 +158,113 @@ fn passes_the_example_policy(name: &str, config: &JobConfig) {
     }
 }
 
+/// The images of the example Jobs: the real-kubelet test (issue #28) provides exactly these to
+/// its node's runtime, so a new one belongs here and there.
+const EXAMPLE_IMAGES: [&str; 2] = ["busybox:1.37", "curlimages/curl:8.11.1"];
+
+/// Every example Job, with the server's defaults applied as the server applies them for team-web
+/// on prod-eu (`restricted`), is one a real kubelet starts: each container runs as non-root with
+/// a numeric user other than 0 (the kubelet refuses `runAsNonRoot` with an image that runs as
+/// root or as a named user it cannot verify, kubernetes
+/// pkg/kubelet/kuberuntime/security_context_others.go:34-67, and busybox runs as root,
+/// curlimages/curl as `curl_user`), none is privileged or escalates, and the restricted Pod
+/// Security Standards pass (the server's own PSA checks, `podsecurity::enforce`).
+#[test]
+fn every_example_job_starts_on_a_real_kubelet_under_restricted() {
+    use dispatch_server::config::ServerConfig;
+    use dispatch_server::job::{build, JobInput, RunContext};
+    use dispatch_server::podsecurity::{enforce, our_labels, Level};
+    use dispatch_server::policy::Policy;
+
+    let server = ServerConfig::parse(
+        &std::fs::read_to_string(config_dir().join("server.yaml")).expect("config/server.yaml"),
+        "config file config/server.yaml",
+    )
+    .expect("config/server.yaml is valid");
+    let policy = Policy::new(server.policy.as_ref(), &server.origin);
+    let profile = policy.profile("team-web", "prod-eu", "verification");
+    assert_eq!(profile.level, Level::Restricted);
+    let run = RunContext {
+        name: "uat.1".into(),
+        namespace: "team-web".into(),
+        uid: "0b3c4a9e-2f61-4c7d-9a57-1f2e3d4c5b6a".into(),
+        ..RunContext::default()
+    };
+    let mut jobs = 0;
+    for (name, config) in example_blocks() {
+        if config.observe().is_some() {
+            continue;
+        }
+        let mut job = build(&JobInput {
+            run: &run,
+            metric: "m",
+            measurement: 1,
+            config: &config,
+            destination: "prod-eu",
+            namespace: "verification",
+        })
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        enforce(&mut job, &profile, &our_labels(&run.uid, "prod-eu"))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let pod = &job["spec"]["template"]["spec"];
+        let psc = &pod["securityContext"];
+        for list in ["initContainers", "containers"] {
+            for c in pod[list].as_array().into_iter().flatten() {
+                let at = format!("{name}: {list} {}", c["name"]);
+                let sc = &c["securityContext"];
+                let effective = |f: &str| {
+                    Some(&sc[f])
+                        .filter(|v| !v.is_null())
+                        .unwrap_or(&psc[f])
+                        .clone()
+                };
+                assert_eq!(effective("runAsNonRoot"), Value::Bool(true), "{at}");
+                let user = effective("runAsUser");
+                assert!(
+                    user.as_u64().is_some_and(|u| u > 0),
+                    "{at}: runAsUser {user}: the kubelet cannot check runAsNonRoot against the \
+                     image's own user"
+                );
+                assert!(!sc["privileged"].as_bool().unwrap_or(false), "{at}");
+                assert_eq!(sc["allowPrivilegeEscalation"], Value::Bool(false), "{at}");
+                let image = c["image"].as_str().unwrap_or_default();
+                assert!(
+                    EXAMPLE_IMAGES.contains(&image),
+                    "{at}: image {image} is not one of {EXAMPLE_IMAGES:?}: prefer one of them, \
+                     or add it here and to the real-node test's images"
+                );
+            }
+        }
+        jobs += 1;
+    }
+    assert!(jobs >= 4, "the example Jobs: {jobs}");
+}
+
+/// The plugin blocks of every example template, args substituted, by template name.
+fn example_blocks() -> Vec<(String, JobConfig)> {
+    let mut out = Vec::new();
+    for (name, t) in templates() {
+        let args: BTreeMap<String, String> = t["spec"]["args"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|a| {
+                let n = a["name"].as_str().expect("arg name").to_string();
+                (n.clone(), format!("example-{n}"))
+            })
+            .collect();
+        for m in t["spec"]["metrics"].as_array().expect("metrics") {
+            if let Some(block) = m["provider"]["plugin"].get(PLUGIN_NAME) {
+                let json = substitute(&serde_json::to_string(block).expect("json"), &args);
+                let config = JobConfig::parse(json.as_bytes())
+                    .unwrap_or_else(|e| panic!("{name}/{}: {e}", m["name"]));
+                out.push((name.clone(), config));
+            }
+        }
+    }
+    out
+}
+
 #[test]
 fn the_argo_rollouts_config_snippet_registers_the_plugin_with_valid_flags() {
     let cm = yaml(&config_dir().join("argo-rollouts-config.yaml"));

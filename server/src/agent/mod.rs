@@ -75,6 +75,11 @@ pub struct AgentOptions {
     pub allowlists: crate::podsecurity::Allowlists,
     /// `--work-keys`: the server's public keys; work no key of these signed is refused
     pub work_keys: WorkKeys,
+    /// `--default-run-as-user`: the user of a restricted pod whose template names none
+    pub default_user: crate::podsecurity::DefaultUser,
+    /// `--start-grace`, `--scheduling-grace`: how long a pod that cannot start or be scheduled
+    /// is given before its Job's state is an Error
+    pub graces: crate::verdict::Graces,
 }
 
 impl AgentOptions {
@@ -105,6 +110,7 @@ impl AgentOptions {
                 automount_service_account_token: self.automount_service_account_token,
                 origin: Origin::Agent,
                 allow: self.allowlists.clone(),
+                default_user: self.default_user,
             },
             work_keys: self.work_keys.clone(),
         })
@@ -311,7 +317,12 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
         warn!(namespaces = ?guard.namespaces, "--namespaces has globs: the Job and Pod caches watch \
               every namespace (cluster-wide list and watch); list exact names to watch only those");
     }
-    let engine = Engine::start_local(&destination, watched, EngineSettings::default()).await?;
+    let settings = EngineSettings {
+        start_grace: opts.graces.start,
+        scheduling_grace: opts.graces.scheduling,
+        ..EngineSettings::default()
+    };
+    let engine = Engine::start_local(&destination, watched, settings).await?;
     let metrics = Arc::new(Metrics::new());
     let readiness = Readiness::new("the cluster's Jobs are not listed yet");
     let admin_listener = TcpListener::bind(opts.admin_listen)
@@ -545,6 +556,11 @@ mod tests {
             argocd_sync: false,
             allowlists: Default::default(),
             work_keys: WorkKeys::fixed(Vec::new()),
+            default_user: Default::default(),
+            graces: crate::verdict::Graces {
+                start: Duration::ZERO,
+                scheduling: Duration::ZERO,
+            },
         };
         assert_eq!(
             opts(&["b", " a", "b"]).watched_namespaces(),

@@ -390,6 +390,7 @@ mod tests {
         assert!(!is_final(&Some(DestState::Running(None))));
         assert!(!is_final(&Some(DestState::Unavailable("503".into()))));
         assert!(!is_final(&Some(DestState::ImagePull {
+            pod: "p".into(),
             container: "c".into(),
             reason: "ImagePullBackOff".into(),
             message: String::new(),

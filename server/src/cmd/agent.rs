@@ -8,7 +8,7 @@ use clap::Args;
 
 use super::{parse_duration, AdminArgs, ServerArgs};
 use crate::podsecurity::{
-    Allowlists, JobLimits, Level, Quantity, Resources, ResourcesError, SchedulingField,
+    Allowlists, DefaultUser, JobLimits, Level, Quantity, Resources, ResourcesError, SchedulingField,
 };
 
 /// `rollouts-dispatch agent`
@@ -50,6 +50,20 @@ pub struct AgentArgs {
     /// service account tokens); without it, `automountServiceAccountToken: false` is set.
     #[arg(long)]
     pub automount_service_account_token: bool,
+    /// At restricted, the user and group a Job's pod runs as when its template names no
+    /// `runAsUser` (the kubelet cannot check runAsNonRoot against an image that runs as root or
+    /// as a named user): a numeric id, or `none` for the image's own.
+    #[arg(long, default_value = "65532")]
+    pub default_run_as_user: DefaultUser,
+    /// How long a Job's container may fail to start (CreateContainerConfigError,
+    /// CreateContainerError, RunContainerError, a start hook's error) before its state is an
+    /// Error (Go duration; 0: at once); the server's `engine.startGrace`.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub start_grace: Duration,
+    /// How long a Job's pod may stay unschedulable before its state is an Error (Go duration;
+    /// 0: at once); the server's `engine.schedulingGrace`.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub scheduling_grace: Duration,
     /// Carry out the Application sync orders of the server's sync trigger (`POST
     /// /v1/destinations/{d}/applications/{ns}/{name}:sync`): patch the Application's operation
     /// as Argo CD's API does, once per order. Needs `patch` on applications.argoproj.io
@@ -225,6 +239,11 @@ pub(super) async fn run(args: AgentArgs) -> ExitCode {
         argocd_sync: args.argocd_sync,
         allowlists,
         work_keys,
+        default_user: args.default_run_as_user,
+        graces: crate::verdict::Graces {
+            start: args.start_grace,
+            scheduling: args.scheduling_grace,
+        },
     };
     match crate::agent::run(opts).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -277,6 +296,49 @@ mod tests {
             names(BUILTIN_DEFAULT)
         );
         assert_eq!(a.resources.max.len(), BUILTIN_MAX.len());
+    }
+
+    #[test]
+    fn the_user_and_grace_flags_default_to_the_servers_defaults() {
+        let a = agent(&[]);
+        let engine = crate::config::EngineSettings::default();
+        assert_eq!(a.default_run_as_user, DefaultUser::default());
+        assert_eq!(a.start_grace, engine.start_grace);
+        assert_eq!(a.scheduling_grace, engine.scheduling_grace);
+        let a = agent(&[
+            "--default-run-as-user",
+            "1000",
+            "--start-grace",
+            "0s",
+            "--scheduling-grace",
+            "5m",
+        ]);
+        assert_eq!(a.default_run_as_user, DefaultUser::Id(1000));
+        assert_eq!(a.start_grace, Duration::ZERO);
+        assert_eq!(a.scheduling_grace, Duration::from_secs(300));
+        assert_eq!(
+            agent(&["--default-run-as-user", "none"]).default_run_as_user,
+            DefaultUser::Image
+        );
+        for bad in ["0", "2147483648", "nobody"] {
+            let argv = [
+                "rollouts-dispatch",
+                "agent",
+                "--server",
+                "https://s",
+                "--token-file",
+                "t",
+                "--work-keys",
+                "k",
+                "--default-run-as-user",
+                bad,
+            ];
+            let Err(e) = Cli::try_parse_from(argv) else {
+                panic!("{bad} is accepted")
+            };
+            let e = e.to_string();
+            assert!(e.contains("not a user for the pods"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -535,6 +535,8 @@ pub struct PolicyRule {
     /// what the Jobs' pods may reference, set and use (#27; default: nothing referenced, the
     /// built-in resources and caps)
     pub allow: crate::podsecurity::Allowlists,
+    /// the user and group of a restricted pod whose template names none (`defaultRunAsUser`)
+    pub default_user: crate::podsecurity::DefaultUser,
 }
 
 /// Timeouts of the engine.
@@ -558,6 +560,10 @@ pub struct EngineSettings {
     /// ensure, so that no tenant holds its Stage for days; also bounds how long the records of
     /// finished measurements must be kept (`engine::expiry`)
     pub max_measurement_deadline: Duration,
+    /// how long a Job's container may fail to start before the measurement is an Error
+    pub start_grace: Duration,
+    /// how long a Job's pod may stay unschedulable before the measurement is an Error
+    pub scheduling_grace: Duration,
 }
 
 impl Default for EngineSettings {
@@ -570,6 +576,8 @@ impl Default for EngineSettings {
             measurement_deadline: Duration::from_secs(30 * 60),
             deadline_grace: Duration::from_secs(2 * 60),
             max_measurement_deadline: Duration::from_secs(6 * 3600),
+            start_grace: Duration::from_secs(30),
+            scheduling_grace: Duration::from_secs(60),
         }
     }
 }

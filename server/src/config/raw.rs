@@ -10,7 +10,9 @@ use dispatch_api::duration::DurationError;
 use dispatch_api::{names, parse_go_duration};
 use serde::Deserialize;
 
-use crate::podsecurity::{default_service_accounts, Level, UnknownLevel};
+use crate::podsecurity::{
+    default_service_accounts, BadDefaultUser, DefaultUser, Level, UnknownLevel,
+};
 
 use super::{
     Access, AgentDestinationConfig, AgentsConfig, CallerBinding, ConfirmRuns, DestinationConfig,
@@ -112,6 +114,8 @@ pub(crate) enum Problem {
     BadCommand(String),
     #[error(transparent)]
     Level(#[from] UnknownLevel),
+    #[error(transparent)]
+    DefaultUser(#[from] BadDefaultUser),
     #[error(
         "`allowAll: true` and `rules` are mutually exclusive: keep the rules (they say who may use \
          what), or drop them to allow every project everywhere"
@@ -300,6 +304,8 @@ struct RawRule {
     service_accounts: Option<Vec<String>>,
     #[serde(default, rename = "automountServiceAccountToken")]
     automount_service_account_token: bool,
+    #[serde(rename = "defaultRunAsUser")]
+    default_run_as_user: Option<RawUser>,
     // The pod allowlists (#27), read by `pods.rs` into `PolicyRule::allow`; kept as one block.
     #[serde(default)]
     secrets: Vec<String>,
@@ -322,6 +328,23 @@ struct RawRule {
     pod_labels: Vec<String>,
     #[serde(default, rename = "podAnnotations")]
     pod_annotations: Vec<String>,
+}
+
+/// `defaultRunAsUser`: a user id, or `none`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawUser {
+    Id(i64),
+    Word(String),
+}
+
+impl RawUser {
+    fn validate(self) -> Result<DefaultUser, BadDefaultUser> {
+        match self {
+            Self::Id(n) => DefaultUser::from_id(n),
+            Self::Word(w) => w.parse(),
+        }
+    }
 }
 
 /// `name`, `labels`, `namespace`, `namespaces` and the access of a destination.
@@ -477,6 +500,12 @@ impl RawConfig {
                         let at = format!("{at}.serviceAccounts[{j}]");
                         return Err(invalid(at, Problem::EmptyGlob));
                     }
+                    let default_user = match r.default_run_as_user {
+                        None => DefaultUser::default(),
+                        Some(u) => u.validate().map_err(|e| {
+                            invalid(format!("{at}.defaultRunAsUser"), Problem::DefaultUser(e))
+                        })?,
+                    };
                     rules.push(PolicyRule {
                         projects: r.projects,
                         destinations: r.destinations,
@@ -486,6 +515,7 @@ impl RawConfig {
                         service_accounts,
                         automount_service_account_token: r.automount_service_account_token,
                         allow,
+                        default_user,
                     });
                 }
                 if p.allow_all && !rules.is_empty() {

@@ -121,6 +121,7 @@ pub fn reference() -> Vec<FieldDoc> {
         f("policy.rules[].podSecurity", "enum", Value("restricted"), "Pod Security Standards level of the Jobs: `restricted` (unset restricted fields are filled in: seccomp RuntimeDefault, runAsNonRoot, allowPrivilegeEscalation false, drop ALL), `baseline` or `privileged`; below `privileged` also no `manualSelector`, `selector` or `nodeName`"),
         f("policy.rules[].serviceAccounts", "list of strings", Value("[\"default\"]"), "service accounts the Jobs' pods may run as (exact names; unset `serviceAccountName` is `default`)"),
         f("policy.rules[].automountServiceAccountToken", "bool", Value("false"), "whether the Jobs' pods may get an API token; when false, `automountServiceAccountToken: false` is set on pods that leave it unset and `true` or a projected `serviceAccountToken` volume is refused"),
+        f("policy.rules[].defaultRunAsUser", "integer", Value("65532"), "at `restricted`, the pod's `runAsUser` and `runAsGroup` (the group only when none is set) when neither the pod nor any container sets `runAsUser`: the kubelet enforces `runAsNonRoot` against the image's own user otherwise, and refuses to start an image that runs as root (busybox) or as a named user (curlimages/curl) with `CreateContainerConfigError`. A user id from 1 to 2147483647; `none` keeps the image's user (for platforms that assign one, e.g. OpenShift's SCCs). A template's own user is never changed. Several matching rules: the first's. The agent's `--default-run-as-user` does the same in its cluster"),
         f("policy.callers", "list of objects", Unset("none: every TokenReview caller is refused (callers fail closed), and `serve` refuses to start with a `--token-review-allow` user no entry matches"), "binds Kubernetes users (TokenReview identities) to the Kargo projects they may act for; the first entry whose `subject` matches applies, and a user no entry matches gets 403 naming the entry to add. The Rollouts controller serves every namespace: `{subject: \"system:serviceaccount:argo-rollouts:argo-rollouts\", projects: [\"*\"]}`. JWTs are bound by their `projects` claim instead (`token issue --project`; required)"),
         f("policy.callers[].subject", "string", Required, "glob (`*`, `?`) over Kubernetes usernames, e.g. `system:serviceaccount:team-a:*`"),
         f("policy.callers[].projects", "list of globs", Required, "Kargo projects (AnalysisRun namespaces) that user may act for; any other gets 403 `forbidden`"),
@@ -130,6 +131,8 @@ pub fn reference() -> Vec<FieldDoc> {
         f("engine.logTimeout", "duration", Value("5s"), "bound on reading a log tail from `pods/log`"),
         f("engine.measurementDeadline", "duration", Value("30m"), "a measurement's deadline when its block sets no `activeDeadline`: past it (plus `deadlineGrace`) without a verdict, the server ends it in `Error` naming what did not answer, and deletes its Jobs"),
         f("engine.deadlineGrace", "duration", Value("2m"), "added to every measurement's deadline, so that the destination's own `activeDeadlineSeconds` verdict (`Failed`, DeadlineExceeded) comes first"),
+        f("engine.startGrace", "duration", Value("30s"), "how long a Job's container may fail to start (`CreateContainerConfigError`: a missing Secret or ConfigMap key, runAsNonRoot against an image that runs as root; `CreateContainerError`, `RunContainerError`, a start hook's error) before the measurement ends in `Error` naming the pod, the container, the reason and the kubelet's message; the kubelet tries again every ~10s, so what comes a moment later still lets it start. Measured from the pod's `status.startTime`; `0s`: at once. An image that cannot be pulled is `Inconclusive` at once (as with Argo's job provider), an image name that does not parse an `Error` at once, a container in `CrashLoopBackOff` `Failed` at once with its last log lines. The agent's `--start-grace` does the same in its cluster"),
+        f("engine.schedulingGrace", "duration", Value("60s"), "how long a Job's pod may stay unschedulable (PodScheduled False, reason `Unschedulable`) before the measurement ends in `Error` naming the pod and the scheduler's message; measured from the condition's `lastTransitionTime`. Raise it where a cluster autoscaler adds nodes for such pods (minutes); `0s`: at once. A pod held by scheduling gates stays pending. The agent's `--scheduling-grace` does the same in its cluster"),
         f("engine.maxMeasurementDeadline", "duration", Value("6h"), "the longest `activeDeadline` a block may ask for: a longer one is refused when the measurement starts (400, naming `activeDeadline`, its value and this key), so that no tenant holds its Stage for days; at least `measurementDeadline`. Finished agent records are kept at least this long plus `deadlineGrace` (see `jobs.retention`)"),
         f("agents.store", "enum", Value("memory"), "where agent work is kept: `memory` (in the server process: one replica only, forgotten on restart, agents resync) or `kubernetes` (`DispatchJob` resources on the control plane, CRD in config/crds: any number of replicas)"),
         f("agents.namespace", "string", Unset("`$POD_NAMESPACE`, else `rollouts-dispatch`"), "namespace of the `DispatchJob` resources (store `kubernetes`)"),
@@ -491,6 +494,9 @@ ui: {people: {proxy: {trustedAddresses: ["10.0.0.1"]}}}
                 "engine.deadlineGrace" => dur(v) == c.engine.deadline_grace,
                 "engine.maxMeasurementDeadline" => dur(v) == c.engine.max_measurement_deadline,
                 "engine.logTimeout" => dur(v) == c.engine.log_timeout,
+                "engine.startGrace" => dur(v) == c.engine.start_grace,
+                "engine.schedulingGrace" => dur(v) == c.engine.scheduling_grace,
+                "policy.rules[].defaultRunAsUser" => v == rule.default_user.to_string(),
                 "agents.store" => {
                     agents.store
                         == match v {
@@ -539,7 +545,7 @@ ui: {people: {proxy: {trustedAddresses: ["10.0.0.1"]}}}
             );
             checked += 1;
         }
-        assert_eq!(checked, 38);
+        assert_eq!(checked, 41);
         // without a file, or without an `engine:` section, the engine defaults are the same
         assert_eq!(ServerConfig::embedded_default().engine, c.engine);
         assert_eq!(ServerConfig::parse("", "test").unwrap().engine, c.engine);

@@ -8,13 +8,14 @@ use std::time::Duration;
 use futures::future::join_all;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
 
 use super::{api_failure, finish, no_answer, with_cache_problem, Engine, JobRef, Placement};
 use crate::destinations::{Destination, Entry};
 use crate::logs;
 use crate::logs::Redactor;
-use crate::verdict::{self, DestState, DestinationStatus, Observed, Phase, Verdict};
+use crate::verdict::{self, DestState, DestinationStatus, Graces, Observed, Phase, Verdict};
 
 impl Engine {
     /// The verdict of a measurement, from the watch caches: at steady state no API call.
@@ -188,18 +189,56 @@ impl Engine {
                 p.namespace, job.name
             ));
         }
-        match verdict::observe(&obj, &pods) {
+        let graces = Graces {
+            start: self.inner.settings.start_grace,
+            scheduling: self.inner.settings.scheduling_grace,
+        };
+        match verdict::observe(&obj, &pods, graces, Timestamp::now()) {
             Observed::Running(detail) => DestState::Running(detail),
             Observed::Succeeded => DestState::Succeeded,
             Observed::ImagePull {
+                pod,
                 container,
                 reason,
                 message,
             } => DestState::ImagePull {
+                pod,
                 container,
                 reason,
                 message,
             },
+            // A pod that cannot start or be scheduled: its Job stays, like one that cannot
+            // pull its image (a repeated status gives the same verdict); the sweep deletes it
+            // once its run has completed (`engine/sweep.rs`, `RunCompleted`).
+            Observed::Error(line) => DestState::Error(line),
+            Observed::CrashLoop {
+                pod,
+                container,
+                message,
+                restarts,
+            } => {
+                let failed = logs::crashed_container(&pods, &pod, &container);
+                let what = match &failed {
+                    Some(f) => f.describe(),
+                    None => format!("container {container:?} failed"),
+                };
+                let mut detail = format!(
+                    "pod {pod} {what} and is restarted with back-off ({restarts} restart{})",
+                    if restarts == 1 { "" } else { "s" }
+                );
+                if !message.is_empty() {
+                    detail = format!("{detail}: {message}");
+                }
+                let log = match &failed {
+                    Some(f) => self.inner.tails.tail(&d, f, job.log_tail, secrets).await,
+                    None => None,
+                };
+                DestState::Failed {
+                    reason: verdict::CRASH_LOOP.to_string(),
+                    detail,
+                    log,
+                }
+            }
             Observed::Failed { reason, message } => {
                 let mut failed = logs::failed_container(&pods);
                 if failed.is_none() && from_cache && reason != "DeadlineExceeded" {

@@ -127,6 +127,39 @@ pub fn failed_container(pods: &[Arc<Pod>]) -> Option<FailedContainer> {
     })
 }
 
+/// Container `container` of pod `pod` that the kubelet restarts with back-off
+/// (`CrashLoopBackOff`): its last run, from `lastState.terminated`. Its log is read without
+/// `previous`: while the container waits, the kubelet serves the last run's log
+/// (kubernetes pkg/kubelet/kubelet_pods.go:1585-1589, `validateContainerLogStatus`).
+pub fn crashed_container(pods: &[Arc<Pod>], pod: &str, container: &str) -> Option<FailedContainer> {
+    let p = pods
+        .iter()
+        .find(|p| p.metadata.name.as_deref() == Some(pod))?;
+    let status = p.status.as_ref()?;
+    let init = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .map(|c| (c, true));
+    let main = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .map(|c| (c, false));
+    let (cs, init) = init.chain(main).find(|(c, _)| c.name == container)?;
+    let t = cs.last_state.as_ref()?.terminated.as_ref()?;
+    Some(FailedContainer {
+        pod: pod.to_string(),
+        namespace: p.metadata.namespace.clone().unwrap_or_default(),
+        container: cs.name.clone(),
+        init,
+        exit_code: t.exit_code,
+        reason: t.reason.clone(),
+        message: t.message.clone().filter(|m| !m.trim().is_empty()),
+        secrets: secrets::referenced(p, &cs.name),
+    })
+}
+
 /// The last `lines` lines of `text`, then at most `max_bytes` of their end (on a char boundary).
 pub fn bound(text: &str, lines: u32, max_bytes: usize) -> String {
     let text = text.trim_end_matches(['\n', '\r']);
@@ -314,6 +347,36 @@ mod tests {
         assert!(init.init && init.message.is_none());
         assert!(init.describe().starts_with("init container"));
         assert!(failed_container(&[pod("ok", 0, &[("c", 0, None)], false)]).is_none());
+    }
+
+    #[test]
+    fn a_crash_looping_container_is_read_from_its_last_run() {
+        let mut p = (*pod("p", 0, &[("check", 1, None)], false)).clone();
+        let cs = &mut p
+            .status
+            .as_mut()
+            .unwrap()
+            .container_statuses
+            .as_mut()
+            .unwrap()[0];
+        cs.last_state = cs.state.take();
+        cs.state = Some(ContainerState {
+            waiting: Some(k8s_openapi::api::core::v1::ContainerStateWaiting {
+                reason: Some("CrashLoopBackOff".into()),
+                message: Some("back-off 10s restarting failed container=check".into()),
+            }),
+            ..ContainerState::default()
+        });
+        let pods = vec![Arc::new(p)];
+        assert!(failed_container(&pods).is_none(), "it waits now");
+        let f = crashed_container(&pods, "p", "check").unwrap();
+        assert_eq!((f.exit_code, f.init), (1, false));
+        assert_eq!(
+            f.describe(),
+            "container \"check\" exited with code 1 (Error)"
+        );
+        assert!(crashed_container(&pods, "p", "other").is_none());
+        assert!(crashed_container(&pods, "q", "check").is_none());
     }
 
     #[test]

@@ -17,8 +17,10 @@
 //! * **At `restricted`**, fields left unset are filled with the restricted values before the
 //!   checks, so an ordinary template passes: `seccompProfile: {type: RuntimeDefault}` and
 //!   `runAsNonRoot: true` in the pod's `securityContext`, `allowPrivilegeEscalation: false` and
-//!   `capabilities.drop: [ALL]` in every container's. A field *set* to a value the level does not
-//!   allow is refused, never rewritten.
+//!   `capabilities.drop: [ALL]` in every container's; and when no container names a user, the
+//!   pod's `runAsUser` and `runAsGroup` from the profile's [`DefaultUser`] (65532), since the
+//!   kubelet cannot check `runAsNonRoot` against an image that runs as root or as a named user.
+//!   A field *set* to a value the level does not allow is refused, never rewritten.
 //!
 //! * **Always, the allowlists** ([`Allowlists`], issue #27; the pods run with our credentials, so
 //!   what they name in the namespace is reachable): Secrets, ConfigMaps, claims, CSI drivers and
@@ -129,11 +131,75 @@ pub struct Profile {
     pub origin: Origin,
     /// what the pods may reference, set and use beyond the level (#27)
     pub allow: Allowlists,
+    /// the user (and group) a restricted pod runs as when its template names none
+    pub default_user: DefaultUser,
+}
+
+/// The user a restricted pod runs as when its template names none (`policy.rules[].defaultRunAsUser`,
+/// the agent's `--default-run-as-user`): a numeric id set as the pod's `runAsUser` and
+/// `runAsGroup`, or `none` (the image's own user, which the kubelet accepts under `runAsNonRoot`
+/// only when numeric and not 0; for platforms that assign users themselves).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DefaultUser {
+    /// this user and group id
+    Id(u32),
+    /// none is set
+    Image,
+}
+
+/// The default [`DefaultUser`]: 65532, distroless' `nonroot` (and this project's own image's).
+pub const DEFAULT_RUN_AS_USER: u32 = 65532;
+
+impl Default for DefaultUser {
+    fn default() -> Self {
+        Self::Id(DEFAULT_RUN_AS_USER)
+    }
+}
+
+impl fmt::Display for DefaultUser {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Id(id) => write!(f, "{id}"),
+            Self::Image => f.write_str("none"),
+        }
+    }
+}
+
+/// A value that is not a [`DefaultUser`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{0:?} is not a user for the pods: give a numeric id from 1 to 2147483647 (not 0: root), or \
+     `none` to keep the image's own"
+)]
+pub struct BadDefaultUser(pub String);
+
+impl DefaultUser {
+    /// The id `n` (1 to 2147483647, what the API server accepts as a user id, root excepted).
+    pub fn from_id(n: i64) -> Result<Self, BadDefaultUser> {
+        match u32::try_from(n) {
+            Ok(id) if id > 0 && i32::try_from(id).is_ok() => Ok(Self::Id(id)),
+            _ => Err(BadDefaultUser(n.to_string())),
+        }
+    }
+}
+
+impl FromStr for DefaultUser {
+    type Err = BadDefaultUser;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "none" => Ok(Self::Image),
+            t => t
+                .parse::<i64>()
+                .map_err(|_| BadDefaultUser(s.to_string()))
+                .and_then(Self::from_id),
+        }
+    }
 }
 
 impl Profile {
     /// The defaults: `restricted`, service account `default` only, no API token, the default
-    /// allowlists (nothing referenced, built-in resources and caps).
+    /// allowlists (nothing referenced, built-in resources and caps), user 65532 when the
+    /// template names none.
     pub fn restricted(origin: Origin) -> Self {
         Self {
             level: Level::Restricted,
@@ -141,6 +207,7 @@ impl Profile {
             automount_service_account_token: false,
             origin,
             allow: Allowlists::default(),
+            default_user: DefaultUser::default(),
         }
     }
 }
@@ -335,7 +402,7 @@ fn check(job: &mut Value, profile: &Profile, ours: &[(String, String)]) -> Resul
     references::check(pod, &profile.allow)?;
     resources::fill_and_cap(pod, &profile.allow.resources)?;
     if profile.level == Level::Restricted {
-        standards::fill_restricted(pod)?;
+        standards::fill_restricted(pod, profile.default_user)?;
     }
     standards::check(&meta, pod, profile.level)
 }

@@ -7,12 +7,12 @@
 //! values the standard lists: a value of another type counts as a violation.
 //!
 //! [`fill_restricted`] sets the fields the restricted standard requires when the template
-//! leaves them unset; [`check`] then refuses the first field whose value the level does not
-//! allow.
+//! leaves them unset, and a numeric user the kubelet can check `runAsNonRoot` against
+//! ([`fill_user`]); [`check`] then refuses the first field whose value the level does not allow.
 
 use serde_json::{json, Map, Value};
 
-use super::{is_set, list, truthy, violation, Level, Needs, Violation};
+use super::{is_set, list, truthy, violation, DefaultUser, Level, Needs, Violation};
 
 const POD: &str = "spec.template.spec";
 const CONTAINER_LISTS: [&str; 3] = ["initContainers", "containers", "ephemeralContainers"];
@@ -113,9 +113,13 @@ fn object_at<'a>(
     slot.as_object_mut().ok_or(())
 }
 
-/// Sets the restricted fields the pod template leaves unset; a `securityContext` (or container)
-/// that is not an object is refused.
-pub(super) fn fill_restricted(pod: &mut Map<String, Value>) -> Result<(), Violation> {
+/// Sets the restricted fields the pod template leaves unset, and the user `user` names when the
+/// template names none ([`fill_user`]); a `securityContext` (or container) that is not an object
+/// is refused.
+pub(super) fn fill_restricted(
+    pod: &mut Map<String, Value>,
+    user: DefaultUser,
+) -> Result<(), Violation> {
     let not_object =
         |at: String| violation(format!("{POD}.{at}"), "must be an object", Needs::Nothing);
     let windows = windows(pod);
@@ -150,7 +154,51 @@ pub(super) fn fill_restricted(pod: &mut Map<String, Value>) -> Result<(), Violat
             }
         }
     }
+    fill_user(pod, user);
     Ok(())
+}
+
+/// Sets the pod's `runAsUser` (and `runAsGroup`, unless one is set anywhere) to `user` when
+/// some container must run as non-root and neither the pod nor any container names a user.
+/// Without a numeric user the kubelet checks `runAsNonRoot` against the image's own user and
+/// refuses to start a container whose image runs as root (busybox) or as a named user it cannot
+/// verify (curlimages/curl's `curl_user`): `CreateContainerConfigError` (kubernetes
+/// pkg/kubelet/kuberuntime/security_context_others.go:34-67, `verifyRunAsNonRoot`). A user the
+/// template names, anywhere, is its author's choice and left alone. Not on Windows, where the
+/// API server refuses both fields (pkg/apis/core/validation/validation.go:5043-5047); the caller
+/// returns before that.
+fn fill_user(pod: &mut Map<String, Value>, user: DefaultUser) {
+    let DefaultUser::Id(id) = user else { return };
+    let psc = pod.get("securityContext");
+    let pod_field = |f: &str| psc.and_then(|s| s.get(f));
+    let anywhere = |f: &str| {
+        is_set(pod_field(f))
+            || containers(pod)
+                .iter()
+                .any(|(_, c)| is_set(c.pointer(&format!("/securityContext/{f}"))))
+    };
+    let pod_non_root = pod_field("runAsNonRoot") == Some(&Value::Bool(true));
+    let non_root =
+        containers(pod)
+            .iter()
+            .any(|(_, c)| match c.pointer("/securityContext/runAsNonRoot") {
+                None | Some(Value::Null) => pod_non_root,
+                Some(v) => v == &Value::Bool(true),
+            });
+    if !non_root || anywhere("runAsUser") {
+        return;
+    }
+    let group = !anywhere("runAsGroup");
+    let Some(sc) = pod
+        .get_mut("securityContext")
+        .and_then(Value::as_object_mut)
+    else {
+        return;
+    };
+    sc.insert("runAsUser".into(), json!(id));
+    if group {
+        sc.insert("runAsGroup".into(), json!(id));
+    }
 }
 
 /// The first field of the pod template (`meta`: its metadata, `pod`: its spec) that `level`

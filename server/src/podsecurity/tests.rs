@@ -207,6 +207,90 @@ fn a_plain_job_gets_the_restricted_fields_filled_in() {
 }
 
 #[test]
+fn a_restricted_pod_without_a_user_gets_the_default_user_and_group() {
+    let sc = |j: &Value| j["spec"]["template"]["spec"]["securityContext"].clone();
+    let mut j = job();
+    enforce(&mut j, &profile(Level::Restricted), &ours()).unwrap();
+    assert_eq!(sc(&j)["runAsUser"], json!(DEFAULT_RUN_AS_USER));
+    assert_eq!(sc(&j)["runAsGroup"], json!(65532));
+    // Another id, or none (the image's own user).
+    for (user, want) in [
+        (DefaultUser::Id(1000), json!(1000)),
+        (DefaultUser::Image, Value::Null),
+    ] {
+        let p = Profile {
+            default_user: user,
+            ..profile(Level::Restricted)
+        };
+        let mut j = job();
+        enforce(&mut j, &p, &ours()).unwrap();
+        assert_eq!(sc(&j)["runAsUser"], want, "{user}");
+        assert_eq!(sc(&j)["runAsGroup"], want, "{user}");
+    }
+    // A user the template names anywhere is left alone, and no group is added to it; a group
+    // it names alone stays, and the default user joins it.
+    for at in [
+        format!("{PS}/securityContext"),
+        format!("{I0}/securityContext"),
+    ] {
+        let mut j = with(&format!("{at}/runAsUser"), json!(1001));
+        enforce(&mut j, &profile(Level::Restricted), &ours()).unwrap();
+        assert!(sc(&j).get("runAsGroup").is_none(), "{at}: {}", sc(&j));
+        if !at.starts_with(I0) {
+            assert_eq!(sc(&j)["runAsUser"], json!(1001));
+        } else {
+            assert!(sc(&j).get("runAsUser").is_none(), "{at}: {}", sc(&j));
+        }
+    }
+    let mut j = with(&format!("{C0}/securityContext/runAsGroup"), json!(3000));
+    enforce(&mut j, &profile(Level::Restricted), &ours()).unwrap();
+    assert_eq!(sc(&j)["runAsUser"], json!(65532));
+    assert!(sc(&j).get("runAsGroup").is_none(), "{}", sc(&j));
+    // Only where runAsNonRoot applies: not at baseline or privileged (nothing is filled there),
+    // not in a user namespace whose template turned it off, never on Windows (the API server
+    // refuses both fields there).
+    for level in [Level::Baseline, Level::Privileged] {
+        let mut j = job();
+        enforce(&mut j, &profile(level), &ours()).unwrap();
+        assert!(sc(&j).is_null(), "{level}");
+    }
+    let mut j = with(&format!("{PS}/hostUsers"), json!(false));
+    set(
+        &mut j,
+        &format!("{PS}/securityContext/runAsNonRoot"),
+        json!(false),
+    );
+    enforce(&mut j, &profile(Level::Restricted), &ours()).unwrap();
+    assert!(sc(&j).get("runAsUser").is_none(), "{}", sc(&j));
+    let mut j = with(&format!("{PS}/os"), json!({"name": "windows"}));
+    enforce(&mut j, &profile(Level::Restricted), &ours()).unwrap();
+    assert!(sc(&j).get("runAsUser").is_none(), "{}", sc(&j));
+    // The agent enforces again what the server filled: nothing changes.
+    let mut j = job();
+    enforce(&mut j, &profile(Level::Restricted), &ours()).unwrap();
+    let before = j.clone();
+    let agent = Profile {
+        default_user: DefaultUser::Id(4242),
+        ..Profile::restricted(Origin::Agent)
+    };
+    enforce(&mut j, &agent, &ours()).unwrap();
+    assert_eq!(j, before);
+}
+
+#[test]
+fn default_users_parse() {
+    assert_eq!("65532".parse(), Ok(DefaultUser::Id(65532)));
+    assert_eq!(" none ".parse(), Ok(DefaultUser::Image));
+    assert_eq!("2147483647".parse(), Ok(DefaultUser::Id(i32::MAX as u32)));
+    for bad in ["0", "-1", "2147483648", "nobody", ""] {
+        let e = bad.parse::<DefaultUser>().unwrap_err().to_string();
+        assert!(e.contains("from 1 to 2147483647"), "{bad}: {e}");
+    }
+    assert_eq!(DefaultUser::default().to_string(), "65532");
+    assert_eq!(DefaultUser::Image.to_string(), "none");
+}
+
+#[test]
 fn baseline_and_privileged_fill_only_the_token() {
     for level in [Level::Baseline, Level::Privileged] {
         let mut j = job();

@@ -56,6 +56,7 @@ mod tests {
             service_accounts: crate::podsecurity::default_service_accounts(),
             automount_service_account_token: false,
             allow: Default::default(),
+            default_user: Default::default(),
         }
     }
 

@@ -12,6 +12,7 @@ fn rule(p: &[&str], d: &[&str], n: &[&str]) -> PolicyRule {
         service_accounts: crate::podsecurity::default_service_accounts(),
         automount_service_account_token: false,
         allow: Default::default(),
+        default_user: Default::default(),
     }
 }
 

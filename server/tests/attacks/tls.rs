@@ -129,6 +129,11 @@ fn agent_options(server: &str, ca_file: Option<PathBuf>, token_file: PathBuf) ->
         allowlists: Default::default(),
         // No record reaches these agents: they test the connection only.
         work_keys: dispatch_server::signing::WorkKeys::fixed(Vec::new()),
+        default_user: Default::default(),
+        graces: dispatch_server::verdict::Graces {
+            start: Duration::from_secs(30),
+            scheduling: Duration::from_secs(60),
+        },
     }
 }
 

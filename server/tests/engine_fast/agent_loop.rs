@@ -1,6 +1,7 @@
 //! The agent's pass over its work ([`Worker`]) on a fake cluster: a record whose final state the
 //! server accepted is not read again until its record changes, and a delete request on such a
-//! settled record still deletes the Job and reports it.
+//! settled record still deletes the Job and reports it; a pod that cannot start is reported
+//! like the server reads one of a direct destination.
 
 use std::sync::Arc;
 
@@ -9,9 +10,12 @@ use dispatch_api::agent::{DispatchJobSpec, Report, WorkItem};
 use dispatch_server::agent::{Guard, Worker};
 use dispatch_server::podsecurity::{Origin, Profile};
 use dispatch_server::verdict::DestState;
+use dispatch_server::Phase;
 use serde_json::json;
 
-use crate::cluster_side::{edge_record, finish_job, job_names, relabel_for_a};
+use crate::cluster_side::{
+    crash_looping, edge_record, finish_job, job_names, pod_for, relabel_for_a, waiting_since,
+};
 use crate::world::{block, request, run, World, NS, WAIT};
 
 /// The one-off calls (not watches) the fake cluster `a` has received so far.
@@ -128,6 +132,76 @@ async fn a_settled_record_is_not_read_again_until_it_changes() -> Result<()> {
     // The record leaves the work: nothing of it is kept.
     assert!(worker.pass(&Arc::new(Vec::new())).await.is_empty());
     assert_eq!(worker.settled(), 0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_pod_that_cannot_start_is_reported_as_the_server_reads_it() -> Result<()> {
+    let w = World::start("").await?;
+    let r = run(3);
+    let job = w
+        .engine
+        .ensure(&request(
+            &r,
+            "smoke",
+            1,
+            block(json!({"destination": "a"}))?,
+        ))
+        .await?
+        .job;
+    w.cached("a", &job.name, true).await?;
+    let msg = "couldn't find key url in ConfigMap verify/smoke";
+    let pod = pod_for(
+        w.api("a"),
+        &job.name,
+        waiting_since("CreateContainerConfigError", msg, "2020-01-01T00:00:00Z"),
+        true,
+    )?;
+    let guard = Guard {
+        namespaces: vec![NS.into()],
+        profile: Profile::restricted(Origin::Agent),
+        work_keys: w.engine.work_keys(),
+    };
+    let mut worker = Worker::new(w.engine.clone(), "a", guard).context("destination a")?;
+    let work = Arc::new(vec![item(&w, &job.name, &r.uid, false)]);
+    let stuck = passes_until(&mut worker, &work, "the agent sees the pod stuck", |r| {
+        matches!(r.state, Some(DestState::Error(_)))
+    })
+    .await?;
+    let Some(DestState::Error(m)) = &stuck[0].state else {
+        unreachable!()
+    };
+    assert!(
+        m.starts_with(&format!(
+            "pod {pod} container \"check\" cannot start: CreateContainerConfigError: {msg} (for "
+        )),
+        "{m}"
+    );
+    // A final state: once accepted, the record is settled like a failed Job's.
+    worker.accepted(stuck, &[]);
+    assert_eq!(worker.settled(), 1);
+
+    // A crash loop is a failure, with the last run's log when the record asks for one.
+    let mut tail = item(&w, &job.name, &r.uid, false);
+    tail.spec.log_tail = 5;
+    w.engine.sign_work(&mut tail.spec);
+    pod_for(w.api("a"), &job.name, crash_looping(1, "boom\n", 1), true)?;
+    let work = Arc::new(vec![tail]);
+    // The changed record is read once: only after the Pod cache has the new status.
+    w.verdict(&job, &Default::default(), |v| v.phase == Phase::Failed)
+        .await?;
+    let failed = passes_until(&mut worker, &work, "the agent sees the crash loop", |r| {
+        matches!(r.state, Some(DestState::Failed { .. }))
+    })
+    .await?;
+    let Some(DestState::Failed { reason, log, .. }) = &failed[0].state else {
+        unreachable!()
+    };
+    assert_eq!(reason, "CrashLoopBackOff");
+    assert!(
+        log.as_deref().is_some_and(|l| l.ends_with(":\nboom")),
+        "{log:?}"
+    );
     Ok(())
 }
 

@@ -121,6 +121,34 @@ pub(crate) fn waiting(reason: &str, message: &str) -> Value {
     })
 }
 
+/// Pod status: the kubelet took the pod at `since` (RFC 3339), and container `check` waits
+/// with `reason` (e.g. `CreateContainerConfigError`) and the kubelet's `message`.
+pub(crate) fn waiting_since(reason: &str, message: &str, since: &str) -> Value {
+    let mut status = waiting(reason, message);
+    status["startTime"] = since.into();
+    status
+}
+
+/// Pod status: container `check` exited with `exit_code` (termination message `message`) and
+/// waits for its restart in CrashLoopBackOff, after `restarts` restarts.
+pub(crate) fn crash_looping(exit_code: i32, message: &str, restarts: u32) -> Value {
+    json!({
+        "phase": "Running",
+        "containerStatuses": [{"name": "check", "ready": false, "restartCount": restarts,
+                               "image": "example.invalid/check:1", "imageID": "",
+                               "state": {"waiting": {"reason": "CrashLoopBackOff",
+                                   "message": "back-off 20s restarting failed container=check"}},
+                               "lastState": {"terminated": {"exitCode": exit_code,
+                                   "reason": "Error", "message": message}}}]
+    })
+}
+
+/// Pod status: not scheduled since `since` (RFC 3339), with the scheduler's `message`.
+pub(crate) fn unschedulable(message: &str, since: &str) -> Value {
+    json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+        "reason": "Unschedulable", "message": message, "lastTransitionTime": since}]})
+}
+
 /// A Job called `name` that someone else created, with `labels`.
 pub(crate) fn foreign_job(api: &FakeApi, name: &str, labels: Value) -> Value {
     api.put(

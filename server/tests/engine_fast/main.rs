@@ -38,4 +38,5 @@ mod run_logs;
 mod stage;
 mod status;
 mod topologies;
+mod waiting;
 mod world;

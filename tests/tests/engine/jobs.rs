@@ -1,5 +1,6 @@
 //! One Job through its life: created with the Kargo context; verdicts from success, failure (with
-//! the redacted log tail), an image pull error and a deadline; terminate and GC.
+//! the redacted log tail), an image pull error, a pod that cannot be scheduled or start, and a
+//! deadline; terminate and GC.
 
 use std::time::{Duration, Instant};
 
@@ -226,12 +227,133 @@ fn image_pull_error_is_inconclusive() -> Result<()> {
         ensure!(v.phase == Phase::Inconclusive, "{v:?}");
         println!("verdict {}:\n{}", v.phase, v.message);
         ensure!(
-            v.message == "c: Inconclusive: container \"check\" cannot pull its image: ErrImagePull: pull access denied for example.invalid/check",
+            v.message
+                == format!(
+                    "c: Inconclusive: pod {} container \"check\" cannot pull its image: \
+                     ErrImagePull: pull access denied for example.invalid/check",
+                    pod.metadata.name.as_deref().unwrap_or_default()
+                ),
             "{}",
             v.message
         );
         let report = engine.terminate(&ensured.job).await;
         ensure!(report.deleted == vec!["c".to_string()], "{report:?}");
+        Ok(())
+    })
+}
+
+#[test]
+#[ignore = "needs clusters: make test-engine"]
+fn a_pod_that_cannot_be_scheduled_or_start_is_an_error_once_its_grace_is_over() -> Result<()> {
+    let f = fixture()?;
+    run(async {
+        let engine = engine(&static_yaml(f, "")).await?;
+        let run = run_context("team-a", None);
+        let pods: Api<Pod> = Api::namespaced(f.c.client().await?, "default");
+        let long_ago = "2020-01-01T00:00:00Z";
+        // Unschedulable (no node has the label): the real scheduler says so, within
+        // engine.schedulingGrace.
+        let unschedulable = |metric: &str| {
+            request(
+                &run,
+                metric,
+                1,
+                block(
+                    dest("c"),
+                    0,
+                    "1s",
+                    json!({"nodeSelector": {CLUSTER_LABEL: "none"}}),
+                )
+                .expect("a block"),
+            )
+        };
+        let ensured = engine.ensure(&unschedulable("unschedulable")).await?;
+        let pending = wait_verdict(
+            &engine,
+            &ensured.job,
+            &Redactor::default(),
+            VERDICT_TIMEOUT,
+            |v| v.message.contains("Unschedulable"),
+        )
+        .await?;
+        ensure!(pending.phase == Phase::Running, "{pending:?}");
+        ensure!(
+            pending
+                .message
+                .contains("an Error unless it is scheduled within"),
+            "{}",
+            pending.message
+        );
+        // Unschedulable since long ago: the scheduler keeps a condition's lastTransitionTime
+        // while its status stays False.
+        let pod = pod_of(&f.c, &ensured.job.name, |_| true).await?;
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let patch = json!({"status": {"conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector.",
+            "lastTransitionTime": long_ago
+        }]}});
+        pods.patch_status(&name, &PatchParams::default(), &Patch::Strategic(&patch))
+            .await
+            .context("backdating the PodScheduled condition")?;
+        let v = wait_verdict(
+            &engine,
+            &ensured.job,
+            &Redactor::default(),
+            VERDICT_TIMEOUT,
+            |v| v.phase.is_terminal(),
+        )
+        .await?;
+        println!("verdict {}:\n{}", v.phase, v.message);
+        ensure!(v.phase == Phase::Error, "{v:?}");
+        ensure!(
+            v.message.starts_with(&format!(
+                "c: Error: pod {name} cannot be scheduled: Unschedulable: 0/1 nodes are available"
+            )),
+            "{}",
+            v.message
+        );
+
+        // A container the kubelet cannot start (played here: kwok has no kubelet), since long
+        // ago: an Error naming the pod, the container, the reason and the kubelet's message.
+        let first = ensured.job;
+        let ensured = engine.ensure(&unschedulable("unstartable")).await?;
+        let pod = pod_of(&f.c, &ensured.job.name, |_| true).await?;
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let why = format!(
+            "container has runAsNonRoot and image will run as root (pod: \"{name}_default(uid)\", \
+             container: check)"
+        );
+        let patch = json!({"status": {"startTime": long_ago, "containerStatuses": [{
+            "name": "check", "image": "example.invalid/check:1", "imageID": "", "ready": false,
+            "restartCount": 0,
+            "state": {"waiting": {"reason": "CreateContainerConfigError", "message": why}}
+        }]}});
+        pods.patch_status(&name, &PatchParams::default(), &Patch::Strategic(&patch))
+            .await
+            .context("writing the waiting state")?;
+        let v = wait_verdict(
+            &engine,
+            &ensured.job,
+            &Redactor::default(),
+            VERDICT_TIMEOUT,
+            |v| v.phase.is_terminal(),
+        )
+        .await?;
+        println!("verdict {}:\n{}", v.phase, v.message);
+        ensure!(v.phase == Phase::Error, "{v:?}");
+        ensure!(
+            v.message.starts_with(&format!(
+                "c: Error: pod {name} container \"check\" cannot start: \
+                 CreateContainerConfigError: {why} (for "
+            )),
+            "{}",
+            v.message
+        );
+        for job in [&first, &ensured.job] {
+            let report = engine.terminate(job).await;
+            ensure!(report.deleted == vec!["c".to_string()], "{report:?}");
+        }
         Ok(())
     })
 }

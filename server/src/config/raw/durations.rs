@@ -19,6 +19,8 @@ pub(super) struct RawEngine {
     measurement_deadline: Option<String>,
     deadline_grace: Option<String>,
     max_measurement_deadline: Option<String>,
+    start_grace: Option<String>,
+    scheduling_grace: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -31,6 +33,8 @@ pub(super) struct RawJobs {
 /// The lower bound of a section's durations.
 #[derive(Clone, Copy)]
 enum AtLeast {
+    /// anything, zero too
+    Zero,
     /// more than zero
     NonZero,
     /// a minute: shorter would delete Jobs before their verdict is read
@@ -104,6 +108,20 @@ pub(super) fn validate_engine(raw: Option<RawEngine>) -> Result<EngineSettings, 
                     "maxMeasurementDeadline",
                     e.max_measurement_deadline,
                     &mut engine.max_measurement_deadline,
+                ),
+            ],
+        )?;
+        // Zero: a pod that cannot start or be scheduled ends the measurement at once.
+        durations(
+            "engine",
+            "30s",
+            AtLeast::Zero,
+            vec![
+                ("startGrace", e.start_grace, &mut engine.start_grace),
+                (
+                    "schedulingGrace",
+                    e.scheduling_grace,
+                    &mut engine.scheduling_grace,
                 ),
             ],
         )?;

@@ -25,6 +25,24 @@ fn agents_have_defaults() {
 }
 
 #[test]
+fn users_and_graces_parse() {
+    let rule = |extra: &str| {
+        let c = parse(&format!(
+            "policy: {{rules: [{{projects: [a], destinations: [b], namespaces: [n]{extra}}}]}}"
+        ))
+        .unwrap();
+        c.policy.unwrap().rules[0].default_user
+    };
+    use crate::podsecurity::DefaultUser;
+    assert_eq!(rule(""), DefaultUser::Id(65532));
+    assert_eq!(rule(", defaultRunAsUser: 1000"), DefaultUser::Id(1000));
+    assert_eq!(rule(", defaultRunAsUser: none"), DefaultUser::Image);
+    let c = parse("engine: {startGrace: 0s, schedulingGrace: 5m}").unwrap();
+    assert_eq!(c.engine.start_grace, Duration::ZERO);
+    assert_eq!(c.engine.scheduling_grace, Duration::from_secs(300));
+}
+
+#[test]
 fn every_mistake_names_file_and_field() {
     for (text, needle) in [
         (
@@ -105,6 +123,18 @@ fn every_mistake_names_file_and_field() {
         (
             "policy: {rules: [{projects: [a], destinations: [b], namespaces: [n], serviceAccounts: []}]}",
             "policy.rules[0].serviceAccounts: empty list",
+        ),
+        (
+            "policy: {rules: [{projects: [a], destinations: [b], namespaces: [n], defaultRunAsUser: 0}]}",
+            "policy.rules[0].defaultRunAsUser: \"0\" is not a user for the pods",
+        ),
+        (
+            "policy: {rules: [{projects: [a], destinations: [b], namespaces: [n], defaultRunAsUser: nobody}]}",
+            "policy.rules[0].defaultRunAsUser: \"nobody\" is not a user for the pods",
+        ),
+        (
+            "engine: {startGrace: soon}",
+            "engine.startGrace: \"soon\" is not a duration",
         ),
         (
             "policy: {rules: [{projects: [a], destinations: [b], namespaces: [n], applicationNamespaces: [argocd, ' ']}]}",
