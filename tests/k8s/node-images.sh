@@ -5,18 +5,17 @@
 # The tests push each layout to a loopback registry under the public names that config/ uses
 # (tests/src/cluster/node/images.rs maps names to recipes); nothing else in the examples changes.
 #
-# usage: node-images.sh CRANE OUT ROLLOUTS_CONTROLLER ROLLOUTS_VERSION KUBECTL KUBE_VERSION
+# usage: node-images.sh CRANE OUT ROLLOUTS_CONTROLLER ROLLOUTS_VERSION
 #
 # Recipes, each as close to the public image's user and entrypoint as matters to a kubelet:
 #   pause     the sandbox image: busybox `sleep` (a sandbox is killed with SIGKILL by containerd)
 #   busybox   busybox:1.37: Debian's static busybox, its applets in /bin, runs as root (uid 0)
 #   curl      curlimages/curl: curl and the libraries it links, busybox for sh, runs as the named
 #             user curl_user (uid 100), which the kubelet cannot prove non-root by itself
-#   kubectl   kubectl, curl and busybox, numeric non-root user 1001
 #   rollouts  quay.io/argoproj/argo-rollouts: /bin/rollouts-controller (and the libraries it
 #             links: upstream builds it static on distroless), CA bundle, USER 999
 set -euo pipefail
-crane=$1 out=$2 rollouts=$3 rollouts_version=$4 kubectl=$5 kube_version=$6
+crane=$1 out=$2 rollouts=$3 rollouts_version=$4
 work=$(mktemp -d)
 registry_pid=
 cleanup() { [ -n "$registry_pid" ] && kill "$registry_pid" 2>/dev/null; rm -rf "$work"; }
@@ -87,14 +86,6 @@ install -D -m 0644 /etc/ssl/certs/ca-certificates.crt "$r/etc/ssl/certs/ca-certi
 chown -R 100:101 "$r/home/curl_user"
 image curl "$r" --entrypoint curl --user curl_user --workdir /home/curl_user \
   -e PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin -e CURL_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
-
-r=$work/kubectl; busybox "$r"; users "$r" kubectl:1001:1001
-with_libs "$r" /usr/bin/curl /usr/bin/curl
-with_libs "$r" "$kubectl" /usr/local/bin/kubectl
-install -D -m 0644 /etc/ssl/certs/ca-certificates.crt "$r/etc/ssl/certs/ca-certificates.crt"
-chown -R 1001:1001 "$r/home/kubectl"
-image kubectl "$r" --entrypoint kubectl --user 1001:1001 --workdir /home/kubectl \
-  -e PATH=/usr/local/bin:/usr/bin:/bin -e HOME=/home/kubectl -l "org.opencontainers.image.version=$kube_version"
 
 r=$work/rollouts; users "$r"
 with_libs "$r" "$rollouts" /bin/rollouts-controller

@@ -41,10 +41,9 @@ $(COREDNS_DIR)/coredns:
 
 # The controller image holds the controller `make k8s-bin` built (and the libraries it links);
 # its manifest is the module's own `manifests/install.yaml`, copied beside the images.
-$(NODE_IMAGES_DIR)/index.txt: $(K8S_DIR)/node-images.sh $(CRANE) $(ARGO_BIN_DIR)/rollouts-controller $(KUBE_BIN_DIR)/kube-apiserver | node-packages
+$(NODE_IMAGES_DIR)/index.txt: $(K8S_DIR)/node-images.sh $(CRANE) $(ARGO_BIN_DIR)/rollouts-controller | node-packages
 	@set -euo pipefail; out="$(NODE_IMAGES_DIR).tmp.$$$$"; rm -rf "$$out"; \
-	$(K8S_DIR)/node-images.sh $(CRANE) "$$out" $(ARGO_BIN_DIR)/rollouts-controller $(ARGO_ROLLOUTS_VERSION) \
-	  $(KUBE_BIN_DIR)/kubectl $(KUBERNETES_VERSION); \
+	$(K8S_DIR)/node-images.sh $(CRANE) "$$out" $(ARGO_BIN_DIR)/rollouts-controller $(ARGO_ROLLOUTS_VERSION); \
 	src=$$(cd $(K8S_DIR)/rollouts && $(K8S_GO) list -m -f '{{.Dir}}' github.com/argoproj/argo-rollouts); \
 	install -m 0644 "$$src/manifests/install.yaml" "$$out/argo-rollouts-install.yaml"; \
 	rm -rf "$(NODE_IMAGES_DIR)"; mv "$$out" "$(NODE_IMAGES_DIR)"; echo "real-node: images in $(NODE_IMAGES_DIR)"; \

@@ -4,6 +4,7 @@
 //! Kargo Stage references templates that exist and declare every Stage arg (Kargo's rule).
 //! `make e2e` also creates the templates on a real apiserver.
 
+use dispatch_tests::cluster::node::images;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -158,10 +159,6 @@ fn passes_the_example_policy(name: &str, config: &JobConfig) {
     }
 }
 
-/// The images of the example Jobs: the real-kubelet test (issue #28) provides exactly these to
-/// its node's runtime, so a new one belongs here and there.
-const EXAMPLE_IMAGES: [&str; 2] = ["busybox:1.37", "curlimages/curl:8.11.1"];
-
 /// Every example Job, with the server's defaults applied as the server applies them for team-web
 /// on prod-eu (`restricted`), is one a real kubelet starts: each container runs as non-root with
 /// a numeric user other than 0 (the kubelet refuses `runAsNonRoot` with an image that runs as
@@ -228,10 +225,12 @@ fn every_example_job_starts_on_a_real_kubelet_under_restricted() {
                 assert!(!sc["privileged"].as_bool().unwrap_or(false), "{at}");
                 assert_eq!(sc["allowPrivilegeEscalation"], Value::Bool(false), "{at}");
                 let image = c["image"].as_str().unwrap_or_default();
+                // The real node (`make e2e-real`) pulls each example's image from its own
+                // registry: a new image needs a recipe there (tests/k8s/node-images.sh).
                 assert!(
-                    EXAMPLE_IMAGES.contains(&image),
-                    "{at}: image {image} is not one of {EXAMPLE_IMAGES:?}: prefer one of them, \
-                     or add it here and to the real-node test's images"
+                    images::recipe_of(image).is_some(),
+                    "{at}: image {image} has no recipe in dispatch_tests::cluster::node::images::IMAGES: \
+                     prefer one of those, or add a recipe for it"
                 );
             }
         }

@@ -11,7 +11,7 @@ use dispatch_tests::analysis::{self, wait_for};
 use dispatch_tests::cluster::argo::analysis_runs;
 use dispatch_tests::cluster::Cluster;
 use dispatch_tests::kargo::{Freight, Verification, PROJECT};
-use kube::api::{DynamicObject, PostParams};
+use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::{json, Value};
 
 use crate::install::{apply, workspace};
@@ -81,14 +81,21 @@ pub(crate) fn run_from(
     Ok(run)
 }
 
+/// The AnalysisRuns of Kargo's project namespace.
+pub(crate) async fn project_runs(cluster: &Cluster) -> Result<Api<DynamicObject>> {
+    Ok(analysis_runs(&cluster.client().await?, PROJECT))
+}
+
 /// Creates `run` in Kargo's project namespace and waits for the controller's verdict; returns
 /// the phase and the messages.
-pub(crate) async fn verdict_of(cluster: &Cluster, run: DynamicObject) -> Result<(String, String)> {
-    let runs = analysis_runs(&cluster.client().await?, PROJECT);
+pub(crate) async fn verdict_of(
+    runs: &Api<DynamicObject>,
+    run: DynamicObject,
+) -> Result<(String, String)> {
     let name = analysis::name(&run).to_owned();
     runs.create(&PostParams::default(), &run)
         .await
         .with_context(|| format!("creating analysisrun {name}"))?;
-    let done = wait_for(&runs, &name, VERDICT_TIMEOUT, analysis::is_finished).await?;
+    let done = wait_for(runs, &name, VERDICT_TIMEOUT, analysis::is_finished).await?;
     Ok((analysis::phase(&done), analysis::all_messages(&done)))
 }

@@ -105,7 +105,8 @@ pub(crate) fn push_our_image(cluster: &Cluster) -> Result<String> {
 
 /// The chart's values for this install: the server with Jobs on its own cluster (Argo CD's
 /// `in-cluster`) in [`JOB_NAMESPACE`] for Kargo project `project`, the chart's generated TLS with the CA published
-/// to the controller's namespace; nothing else beyond the defaults.
+/// to the controller's namespace; short start and scheduling graces for the waiting-reason
+/// scenarios; nothing else beyond the defaults.
 pub(crate) fn chart_values(project: &str) -> Value {
     json!({
         "argocd": {"enabled": true, "namespace": ARGOCD_NAMESPACE, "defaultNamespace": JOB_NAMESPACE},
@@ -117,8 +118,12 @@ pub(crate) fn chart_values(project: &str) -> Value {
                     "projects": [project],
                     "destinations": ["in-cluster"],
                     "namespaces": [JOB_NAMESPACE],
+                    // the waiting-reason scenario that names a ConfigMap that does not exist
+                    "configMaps": ["missing-*"],
                 }],
             },
+            // the waiting-reason scenarios end after these (defaults: 30s, 60s)
+            "engine": {"startGrace": "5s", "schedulingGrace": "5s"},
         },
     })
 }

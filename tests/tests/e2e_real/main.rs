@@ -18,6 +18,7 @@
 mod examples;
 mod install;
 mod node;
+mod waiting;
 
 use std::time::Duration;
 
@@ -104,7 +105,8 @@ async fn the_product_on_a_real_node() -> Result<()> {
         "01jreal0000000000000000001",
         &[("destination", "in-cluster")],
     )?;
-    let (phase, message) = examples::verdict_of(&cluster, run).await?;
+    let runs = examples::project_runs(&cluster).await?;
+    let (phase, message) = examples::verdict_of(&runs, run).await?;
     total += 1;
     println!("real: example smoke.yaml: {phase}: {message}");
     if phase == "Successful" {
@@ -112,8 +114,20 @@ async fn the_product_on_a_real_node() -> Result<()> {
     }
     ensure!(passed == total, "examples passed {passed}/{total}");
 
+    // Every reason a real kubelet keeps a container from running, each ending fast.
+    let waiting = waiting::check_all(&cluster, &freight).await?;
+    let (planned, scenarios) = (waiting.planned, waiting.total);
+    ensure!(
+        planned == scenarios,
+        "waiting reasons as planned: {planned}/{scenarios}"
+    );
+    ensure!(
+        waiting.kubelet_log,
+        "no verdict quoted the crash-looping container's log line"
+    );
+
     let line = format!(
-        "real: node=ready examples={passed}/{total} restricted={restricted} chart_pods=ready plugin=init-container waiting_reasons=0/0 kubelet_logs=ok"
+        "real: node=ready examples={passed}/{total} restricted={restricted} chart_pods=ready plugin=init-container waiting_reasons={planned}/{scenarios} kubelet_logs=ok"
     );
     summary::report(&line)?;
     Ok(())

@@ -34,7 +34,7 @@ pub struct Image {
 }
 
 /// Every image the real-node tests pull, by the name config/ (and Kubernetes) use.
-pub const IMAGES: [Image; 6] = [
+pub const IMAGES: [Image; 4] = [
     Image {
         name: PAUSE_IMAGE,
         recipe: "pause",
@@ -46,14 +46,6 @@ pub const IMAGES: [Image; 6] = [
     Image {
         name: "docker.io/curlimages/curl:8.11.1",
         recipe: "curl",
-    },
-    Image {
-        name: "docker.io/alpine/k8s:1.34.2",
-        recipe: "kubectl",
-    },
-    Image {
-        name: "registry.k8s.io/kubectl:v1.37.2",
-        recipe: "kubectl",
     },
     Image {
         name: "quay.io/argoproj/argo-rollouts:v1.10.1",
