@@ -18,6 +18,8 @@ use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::Api;
 use serde_json::{json, Value};
 
+use crate::agent;
+
 /// The namespace of our chart's release.
 pub(crate) const RELEASE_NAMESPACE: &str = "rollouts-dispatch";
 /// The namespace of the Argo Rollouts controller (`config/argo-helm-values.yaml`'s plugin args and
@@ -25,8 +27,12 @@ pub(crate) const RELEASE_NAMESPACE: &str = "rollouts-dispatch";
 pub(crate) const ROLLOUTS_NAMESPACE: &str = "argo-rollouts";
 /// Argo CD's namespace: the chart's `in-cluster` destination is Argo CD's implicit one.
 pub(crate) const ARGOCD_NAMESPACE: &str = "argocd";
+/// A destination labelled `env: prod, region: eu` (this cluster, by its `kubernetes` Service).
+pub(crate) const PROD_EU: &str = "prod-eu";
 /// Where the example Jobs run on the in-cluster destination.
 pub(crate) const JOB_NAMESPACE: &str = "verification";
+/// rollout.yaml's Rollout `web` (the in-cluster destination may read Rollouts there).
+pub(crate) const WEB_NAMESPACE: &str = "web";
 
 /// The workspace root.
 pub(crate) fn workspace() -> PathBuf {
@@ -104,20 +110,42 @@ pub(crate) fn push_our_image(cluster: &Cluster) -> Result<String> {
 }
 
 /// The chart's values for this install: the server with Jobs on its own cluster (Argo CD's
-/// `in-cluster`) in [`JOB_NAMESPACE`] for Kargo project `project`, the chart's generated TLS with the CA published
-/// to the controller's namespace; short start and scheduling graces for the waiting-reason
-/// scenarios; nothing else beyond the defaults.
+/// `in-cluster`) in [`JOB_NAMESPACE`] and [`WEB_NAMESPACE`] for Kargo project `project`, a
+/// labelled second destination ([`PROD_EU`]), an agent destination ([`crate::agent::EDGE`]), the
+/// chart's generated TLS with the CA published to the controller's and the agent's namespaces, a
+/// signing key (the agent's token and work keys come from it); short start and scheduling graces
+/// for the waiting-reason scenarios; nothing else beyond the defaults.
 pub(crate) fn chart_values(project: &str) -> Value {
+    use rand::distr::{Alphanumeric, SampleString};
+    let signing_key = Alphanumeric.sample_string(&mut rand::rng(), 48);
     json!({
         "argocd": {"enabled": true, "namespace": ARGOCD_NAMESPACE, "defaultNamespace": JOB_NAMESPACE},
-        "inCluster": {"enabled": true, "namespaces": [JOB_NAMESPACE]},
-        "tls": {"enabled": true, "caConfigMapNamespaces": [ROLLOUTS_NAMESPACE]},
+        "inCluster": {"enabled": true, "namespaces": [JOB_NAMESPACE, WEB_NAMESPACE]},
+        "tls": {"enabled": true, "caConfigMapNamespaces": [ROLLOUTS_NAMESPACE, agent::NAMESPACE]},
+        "signingKey": {"value": signing_key},
+        "agents": {"destinations": [
+            {"name": agent::EDGE, "labels": {"env": "edge"}, "namespace": agent::JOB_NAMESPACE},
+        ]},
         "config": {
+            // multi-destination.yaml selects env=prod,region in (eu,us): this cluster once more,
+            // labelled, reached with the server's own ServiceAccount (its Role in JOB_NAMESPACE)
+            "destinations": [{
+                "name": PROD_EU,
+                "labels": {"env": "prod", "region": "eu"},
+                "server": "https://kubernetes.default.svc",
+                "tokenFile": "/var/run/secrets/kubernetes.io/serviceaccount/token",
+                "caFile": "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
+                "namespaces": [JOB_NAMESPACE],
+            }],
             "policy": {
                 "rules": [{
                     "projects": [project],
-                    "destinations": ["in-cluster"],
-                    "namespaces": [JOB_NAMESPACE],
+                    "destinations": ["in-cluster", PROD_EU, agent::EDGE],
+                    "namespaces": [JOB_NAMESPACE, WEB_NAMESPACE, agent::JOB_NAMESPACE],
+                    // alb-ingress.yaml's Job acts with its own ServiceAccount; the others run as
+                    // `default`, which a rule with `serviceAccounts` must list (config/server.yaml)
+                    "serviceAccounts": ["default", "alb-verifier"],
+                    "automountServiceAccountToken": true,
                     // the waiting-reason scenario that names a ConfigMap that does not exist
                     "configMaps": ["missing-*"],
                 }],
@@ -128,12 +156,17 @@ pub(crate) fn chart_values(project: &str) -> Value {
     })
 }
 
-/// `helm install` of the chart with `values`, waiting for its pods.
-pub(crate) fn helm_install(cluster: &Cluster, values: &Value) -> Result<String> {
+/// `helm install` of the chart as `release` in `namespace` with `values`, waiting for its pods.
+pub(crate) fn helm_install(
+    cluster: &Cluster,
+    release: &str,
+    namespace: &str,
+    values: &Value,
+) -> Result<String> {
     let helm = std::env::var_os("HELM").map(PathBuf::from).context(
         "HELM names no helm binary (make e2e-real sets it: $(CACHE_DIR)/bin/helm-<version>/helm)",
     )?;
-    let file = cluster.dir().join("chart-values.json");
+    let file = cluster.dir().join(format!("{release}-values.json"));
     std::fs::write(&file, serde_json::to_vec_pretty(values)?)?;
     let chart = workspace().join("charts/rollouts-dispatch");
     run(
@@ -141,10 +174,10 @@ pub(crate) fn helm_install(cluster: &Cluster, values: &Value) -> Result<String> 
         &helm,
         &[
             "install",
-            "rollouts-dispatch",
+            release,
             &chart.display().to_string(),
             "--namespace",
-            RELEASE_NAMESPACE,
+            namespace,
             "--create-namespace",
             "-f",
             &file.display().to_string(),
@@ -256,4 +289,42 @@ pub(crate) async fn wait_available(
         },
     )
     .await
+}
+
+/// `rollouts-dispatch args` in the server's pod (`kubectl exec deploy/rollouts-dispatch`, as the
+/// chart's NOTES tell a user to), with `stdin` on its standard input; returns its output.
+pub(crate) fn exec_in_server(cluster: &Cluster, stdin: &str, args: &[&str]) -> Result<String> {
+    use std::io::Write;
+    let mut command = Command::new(&cluster.binaries.kubectl);
+    command
+        .args([
+            "-n",
+            RELEASE_NAMESPACE,
+            "exec",
+            "-i",
+            "deploy/rollouts-dispatch",
+            "--",
+        ])
+        .arg("rollouts-dispatch")
+        .args(args)
+        .env("KUBECONFIG", &cluster.kubeconfig)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = command.spawn().context("running kubectl exec")?;
+    child
+        .stdin
+        .take()
+        .context("kubectl's stdin")?
+        .write_all(stdin.as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "kubectl exec deploy/rollouts-dispatch -- rollouts-dispatch {}: {}\n{}",
+            args.first().copied().unwrap_or_default(),
+            String::from_utf8_lossy(&out.stderr).trim(),
+            String::from_utf8_lossy(&out.stdout).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }

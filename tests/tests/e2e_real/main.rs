@@ -6,17 +6,24 @@
 //! In order, on that one cluster: [`node`] — a pod starts, resolves a Service, reaches the API
 //! server through the `kubernetes` Service, and its log is the kubelet's; a privileged pod is
 //! refused. [`install`] — our image under its public name, `helm install` of the chart, the real
-//! Argo Rollouts controller as a pod with our plugin from its init container. [`examples`] —
-//! templates of config/analysis-templates/ as written, each to its documented verdict through
-//! all of it.
+//! Argo Rollouts controller as a pod with our plugin from its init container; [`agent`] — the
+//! agent's own release of the chart, dialling the server. [`examples`] — templates of
+//! config/analysis-templates/ as written, each to its documented verdict through all of it
+//! (smoke.yaml on a direct and on the agent's destination). [`logs`] — `logs -f` of a running
+//! container. [`waiting`] — every waiting reason of a real kubelet, each ending fast.
+//!
+//! Not here: stage.yaml and application.yaml need Argo CD Applications that a real Argo CD
+//! manages (issue #29, `make e2e-argocd`).
 //!
 //! `#[ignore]`d: `make e2e-real` runs it with `--ignored` (as root, after `make real-node-bin`,
 //! `make image` and `make helm`). The last line it prints (also written to `$SUMMARY_FILE` if
 //! set) is
 //! `real: node=ready examples=K/K restricted=ok chart_pods=ready plugin=init-container waiting_reasons=W/W kubelet_logs=ok`.
 
+mod agent;
 mod examples;
 mod install;
+mod logs;
 mod node;
 mod waiting;
 
@@ -29,7 +36,9 @@ use dispatch_tests::cluster::{Cluster, ClusterOptions};
 use dispatch_tests::kargo::{Freight, PROJECT};
 use dispatch_tests::summary;
 
-use install::{ARGOCD_NAMESPACE, JOB_NAMESPACE, RELEASE_NAMESPACE, ROLLOUTS_NAMESPACE};
+use install::{
+    ARGOCD_NAMESPACE, JOB_NAMESPACE, RELEASE_NAMESPACE, ROLLOUTS_NAMESPACE, WEB_NAMESPACE,
+};
 
 /// The controller image, by the name `manifests/install.yaml`'s users pin.
 fn controller_image() -> &'static str {
@@ -60,10 +69,23 @@ async fn the_product_on_a_real_node() -> Result<()> {
 
     // The product, as a user installs it.
     let image = install::push_our_image(&cluster)?;
-    for ns in [PROJECT, JOB_NAMESPACE, ROLLOUTS_NAMESPACE, ARGOCD_NAMESPACE] {
+    for ns in [
+        PROJECT,
+        JOB_NAMESPACE,
+        WEB_NAMESPACE,
+        ROLLOUTS_NAMESPACE,
+        ARGOCD_NAMESPACE,
+        agent::NAMESPACE,
+        agent::JOB_NAMESPACE,
+    ] {
         apply_namespace(&client, ns).await?;
     }
-    let helm = install::helm_install(&cluster, &install::chart_values(PROJECT))?;
+    let helm = install::helm_install(
+        &cluster,
+        "rollouts-dispatch",
+        RELEASE_NAMESPACE,
+        &install::chart_values(PROJECT),
+    )?;
     println!("real: helm install of {image}:\n{helm}");
     let controller = install::controller_objects(
         &cluster
@@ -91,28 +113,55 @@ async fn the_product_on_a_real_node() -> Result<()> {
     .await?;
     println!("real: chart_pods=ready controller=ready");
 
-    // The examples, as written.
+    // The agent, for a cluster that only dials out (its own release of the chart).
+    let agent = agent::install(&cluster).await?;
+    println!("real: helm install of the agent:\n{agent}");
+
+    // The examples, as written: (file, Kargo Stage, args).
     examples::install_my_app(&cluster)?;
+    examples::install_alb_verifier(&cluster)?;
+    examples::install_web_rollout(&cluster)?;
     install::wait_available(&cluster, "my-app", "my-app", Duration::from_secs(120)).await?;
+    let alb = examples::play_alb_controller(client.clone()).await?;
     let freight = Freight::create(&client).await?;
+    let runs = examples::project_runs(&cluster).await?;
     let mut passed = 0;
     let mut total = 0;
-    let smoke = examples::template("smoke.yaml")?;
-    let run = examples::run_from(
-        &smoke,
-        &freight,
-        "uat",
-        "01jreal0000000000000000001",
-        &[("destination", "in-cluster")],
-    )?;
-    let runs = examples::project_runs(&cluster).await?;
-    let (phase, message) = examples::verdict_of(&runs, run).await?;
-    total += 1;
-    println!("real: example smoke.yaml: {phase}: {message}");
-    if phase == "Successful" {
-        passed += 1;
+    for (file, stage, args) in [
+        ("smoke.yaml", "uat", vec![("destination", "in-cluster")]),
+        ("smoke.yaml", "edge", vec![("destination", agent::EDGE)]),
+        ("multi-destination.yaml", "prod", vec![]),
+        (
+            "alb-ingress.yaml",
+            "edge",
+            vec![
+                ("destination", "in-cluster"),
+                ("host", "my-app.example.com"),
+            ],
+        ),
+        (
+            "rollout.yaml",
+            "uat",
+            vec![
+                ("destination", "in-cluster"),
+                ("image", examples::WEB_IMAGE),
+            ],
+        ),
+    ] {
+        total += 1;
+        let ulid = format!("01jreal{total:019}");
+        let run = examples::run_from(&examples::template(file)?, &freight, stage, &ulid, &args)?;
+        let (phase, message) = examples::verdict_of(&runs, run).await?;
+        println!("real: example {file} ({args:?}): {phase}: {message}");
+        if phase == "Successful" {
+            passed += 1;
+        }
     }
+    alb.abort();
     ensure!(passed == total, "examples passed {passed}/{total}");
+
+    // A real container's log, followed while it runs.
+    let followed = logs::follow(&cluster, &freight).await?;
 
     // Every reason a real kubelet keeps a container from running, each ending fast.
     let waiting = waiting::check_all(&cluster, &freight).await?;
@@ -125,6 +174,7 @@ async fn the_product_on_a_real_node() -> Result<()> {
         waiting.kubelet_log,
         "no verdict quoted the crash-looping container's log line"
     );
+    println!("real: kubelet logs: a verdict's log tail, and logs -f of {followed} lines");
 
     let line = format!(
         "real: node=ready examples={passed}/{total} restricted={restricted} chart_pods=ready plugin=init-container waiting_reasons={planned}/{scenarios} kubelet_logs=ok"
