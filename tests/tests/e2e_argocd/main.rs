@@ -22,7 +22,7 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use dispatch_tests::analysis::{self, measurement_message, phase};
 use dispatch_tests::cluster::argocd::{self, APP_STAGE};
-use dispatch_tests::cluster::argocd_real::{self, text, AppSpec, ArgoCd, GitRepo};
+use dispatch_tests::cluster::argocd_real::{self, text, AppSpec, ArgoCd, ArgoCdOptions, GitRepo};
 use dispatch_tests::kargo::Verification;
 use dispatch_tests::shared::{block_on, Shared};
 use dispatch_tests::summary;
@@ -31,6 +31,9 @@ use dispatch_tests::world::agents::Agents;
 use dispatch_tests::world::World;
 use kube::api::DynamicObject;
 use serde_json::{json, Value};
+
+/// Set to run the controller with `--persist-resource-health` (not Argo CD 3's default).
+pub const PERSIST_ENV: &str = "E2E_ARGOCD_PERSIST_RESOURCE_HEALTH";
 
 /// How long the real controller may take to sync and judge an Application.
 pub const ARGOCD_TIMEOUT: Duration = Duration::from_secs(120);
@@ -49,11 +52,19 @@ impl Scene {
         let sync_yaml = "applicationSync:\n  destinations: [\"cluster-b\"]\n";
         let agent_args = ["--namespaces", argocd::NAMESPACE, "--argocd-sync"];
         let w = World::start_with_agent_options(&[], sync_yaml, &agent_args).await?;
-        let argocd = ArgoCd::start(&w.b).await.context("the real Argo CD on cluster-b")?;
+        let options = ArgoCdOptions {
+            persist_resource_health: std::env::var_os(PERSIST_ENV).is_some(),
+        };
+        let argocd = ArgoCd::start_with(&w.b, options)
+            .await
+            .context("the real Argo CD on cluster-b")?;
         let b = w.b.client().await?;
         let version = argocd.version()?;
         record("version", version.split('+').next().unwrap_or_default())?;
-        println!("e2e-argocd: Argo CD {version} on cluster-b ({})", argocd.dir.display());
+        println!(
+            "e2e-argocd: Argo CD {version} on cluster-b ({}), {options:?}",
+            argocd.dir.display()
+        );
         Ok(Self { argocd, b, w })
     }
 
@@ -270,16 +281,26 @@ fn app_degraded_fails_naming_the_deployment_argo_cd_found_degraded() -> Result<(
         let run = verdict(s, Some("app_degraded"), &check).await?;
         let message = measurement_message(&run);
         ensure!(
-            phase(&run) == "Failed",
-            "want Failed: {}\n{}",
+            phase(&run) == "Failed" && message.contains("Degraded") && message.contains(name),
+            "want Failed, saying {name} is Degraded: {}\n{}",
             run_report(&run),
             s.report(name).await
         );
+        // Argo CD 3 keeps each resource's health out of the Application unless
+        // --persist-resource-health (`status.resourceHealthSource: appTree`): only then can the
+        // check name the Deployment from the Application.
+        let app = argocd::applications(&s.b).get(name).await?;
+        let source = text(&app.data, "/status/resourceHealthSource");
+        let named = message.contains("Deployment") && message.contains("progress deadline");
         ensure!(
-            message.contains("Deployment") && message.contains("web") && message.contains("progress deadline"),
-            "the failure does not name the Degraded Deployment web and Argo CD's message: {}\n{}",
+            source == "appTree" || named,
+            "resource health is in the Application ({source:?}), yet the failure does not name \
+             the Degraded Deployment web and Argo CD's message: {}\n{}",
             run_report(&run),
             s.report(name).await
+        );
+        println!(
+            "e2e-argocd: app_degraded: resourceHealthSource={source:?}, the Deployment named: {named}"
         );
         println!("e2e-argocd: app_degraded=Failed: {message:?}");
         Ok(())

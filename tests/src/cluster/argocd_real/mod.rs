@@ -57,6 +57,17 @@ pub const REPO_SERVER: &str = "argocd-repo-server";
 /// …
 pub const CONTROLLER: &str = "argocd-application-controller";
 
+/// How [`ArgoCd::start_with`] runs the controller, beyond an install's defaults.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ArgoCdOptions {
+    /// `--persist-resource-health` (`controller.resource.health.persist` in
+    /// argocd-cmd-params-cm): write each resource's health into the Application's
+    /// `status.resources`, as Argo CD 2.x did. Off by default since 3.0 (argo-cd v3.2.6
+    /// docs/operator-manual/upgrading/2.14-3.0.md:336-345; controller/health.go:61-66): the
+    /// health then lives in Redis only, and `status.resourceHealthSource` is `appTree`.
+    pub persist_resource_health: bool,
+}
+
 /// A running Argo CD; see the module docs. Dropping it kills its processes and removes its
 /// directory (kept when the thread panics or `ROLLOUTS_DISPATCH_KEEP_CLUSTERS` is set).
 pub struct ArgoCd {
@@ -68,8 +79,14 @@ pub struct ArgoCd {
 }
 
 impl ArgoCd {
-    /// Installs and starts Argo CD on `cluster`; returns once each component is up.
+    /// Installs and starts Argo CD on `cluster` with an install's defaults; returns once each
+    /// component is up.
     pub async fn start(cluster: &Cluster) -> Result<Self> {
+        Self::start_with(cluster, ArgoCdOptions::default()).await
+    }
+
+    /// [`ArgoCd::start`] with `options`.
+    pub async fn start_with(cluster: &Cluster, options: ArgoCdOptions) -> Result<Self> {
         let binaries = ArgoCdBinaries::locate()?;
         let dir = cluster.dir().join("argocd");
         for sub in ["redis", "repo-server/tmp", "controller", "git", "home"] {
@@ -84,7 +101,8 @@ impl ArgoCd {
         };
         let redis = me.start_redis().await?;
         let repo_server = me.start_repo_server(redis).await?;
-        me.start_controller(cluster, redis, repo_server).await?;
+        me.start_controller(cluster, redis, repo_server, options)
+            .await?;
         Ok(me)
     }
 
@@ -129,7 +147,13 @@ impl ArgoCd {
         Ok(port)
     }
 
-    async fn start_controller(&mut self, cluster: &Cluster, redis: u16, repo: u16) -> Result<()> {
+    async fn start_controller(
+        &mut self,
+        cluster: &Cluster,
+        redis: u16,
+        repo: u16,
+        options: ArgoCdOptions,
+    ) -> Result<()> {
         let metrics = free_port()?;
         let mut cmd = Command::new(&self.binaries.application_controller);
         cmd.current_dir(self.dir.join("controller"))
@@ -145,6 +169,9 @@ impl ArgoCd {
             .args(["--app-resync", &RESYNC.as_secs().to_string()])
             .args(["--app-resync-jitter", "0"])
             .args(["--logformat", "text", "--loglevel", "debug"]);
+        if options.persist_resource_health {
+            cmd.arg("--persist-resource-health");
+        }
         self.group.spawn(CONTROLLER, cmd)?;
         self.wait_up(CONTROLLER, || answers(metrics, HEALTHZ, " 200"))
             .await
