@@ -40,8 +40,11 @@ pub const ARGOCD_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The scene: the real Argo CD first, so that it stops before cluster-b does.
 pub struct Scene {
+    /// Argo CD on cluster-b.
     pub argocd: ArgoCd,
+    /// A client of cluster-b (admin), to read what Argo CD wrote.
     pub b: kube::Client,
+    /// The agent World.
     pub w: World<Agents>,
 }
 
@@ -74,10 +77,7 @@ impl Scene {
             .get(app)
             .await
             .map_or_else(|e| format!("(cannot read: {e})"), |a| a.data.to_string());
-        format!(
-            "Application {app}: {seen}\n{}",
-            self.argocd.log_tail(15)
-        )
+        format!("Application {app}: {seen}\n{}", self.argocd.log_tail(15))
     }
 }
 
@@ -164,7 +164,10 @@ fn merge(into: &mut Value, extra: Value) {
 /// A repository for Application `name` with the shop at `tag`, and its first commit.
 pub fn repo_with_shop(s: &Scene, name: &str, tag: &str) -> Result<(GitRepo, String)> {
     let repo = s.argocd.repo(name)?;
-    let sha = repo.commit(&shop_manifests(tag, json!({}), json!({})), &format!("shop {tag}"))?;
+    let sha = repo.commit(
+        &shop_manifests(tag, json!({}), json!({})),
+        &format!("shop {tag}"),
+    )?;
     Ok((repo, sha))
 }
 
@@ -198,7 +201,8 @@ pub async fn wait_synced_healthy(s: &Scene, name: &str, sha: &str) -> Result<Dyn
                     "sync={:?} health={:?} operationState={} conditions={}",
                     d.pointer("/status/sync"),
                     d.pointer("/status/health"),
-                    d.pointer("/status/operationState/phase").unwrap_or(&Value::Null),
+                    d.pointer("/status/operationState/phase")
+                        .unwrap_or(&Value::Null),
                     d.pointer("/status/conditions").unwrap_or(&Value::Null)
                 ))
             })
@@ -208,7 +212,12 @@ pub async fn wait_synced_healthy(s: &Scene, name: &str, sha: &str) -> Result<Dyn
 }
 
 /// A verification of Application `argocd/<name>` on cluster-b at `revision`, if given.
-pub fn application_check(stage: &str, ulid: &str, name: &str, revision: Option<&str>) -> Verification {
+pub fn application_check(
+    stage: &str,
+    ulid: &str,
+    name: &str,
+    revision: Option<&str>,
+) -> Verification {
     let mut check = json!({"name": name});
     if let Some(rev) = revision {
         check["revision"] = json!(rev);
@@ -217,10 +226,17 @@ pub fn application_check(stage: &str, ulid: &str, name: &str, revision: Option<&
 }
 
 /// Runs `v` to its verdict; records its phase under `key` (`error` when it got none).
-pub async fn verdict(s: &Scene, key: Option<&'static str>, v: &Verification) -> Result<DynamicObject> {
+pub async fn verdict(
+    s: &Scene,
+    key: Option<&'static str>,
+    v: &Verification,
+) -> Result<DynamicObject> {
     let run = async { s.w.finished(&s.w.submit(v).await?).await }.await;
     if let Some(key) = key {
-        record(key, &run.as_ref().map_or_else(|_| "error".to_string(), phase))?;
+        record(
+            key,
+            &run.as_ref().map_or_else(|_| "error".to_string(), phase),
+        )?;
     }
     run
 }
@@ -249,7 +265,12 @@ fn app_healthy_succeeds_once_the_real_controller_synced_the_pushed_commit() -> R
             "e2e-argocd: {name} as the real controller wrote it: status={}",
             app.data["status"]
         );
-        let check = application_check("app-healthy", "01jargocd00000000000000001", name, Some(&sha));
+        let check = application_check(
+            "app-healthy",
+            "01jargocd00000000000000001",
+            name,
+            Some(&sha),
+        );
         let run = verdict(s, Some("app_healthy"), &check).await?;
         ensure!(
             phase(&run) == "Successful",
@@ -257,7 +278,10 @@ fn app_healthy_succeeds_once_the_real_controller_synced_the_pushed_commit() -> R
             run_report(&run),
             s.report(name).await
         );
-        println!("e2e-argocd: app_healthy=Successful: {:?}", measurement_message(&run));
+        println!(
+            "e2e-argocd: app_healthy=Successful: {:?}",
+            measurement_message(&run)
+        );
         Ok(())
     })
 }
@@ -277,7 +301,12 @@ fn app_degraded_fails_naming_the_deployment_argo_cd_found_degraded() -> Result<(
         );
         let sha = repo.commit(&files, "shop v1, unschedulable")?;
         argocd_real::create_application(&s.b, &app_spec(name, &repo, true)).await?;
-        let check = application_check("app-degraded", "01jargocd00000000000000002", name, Some(&sha));
+        let check = application_check(
+            "app-degraded",
+            "01jargocd00000000000000002",
+            name,
+            Some(&sha),
+        );
         let run = verdict(s, Some("app_degraded"), &check).await?;
         let message = measurement_message(&run);
         ensure!(
@@ -309,3 +338,45 @@ fn app_degraded_fails_naming_the_deployment_argo_cd_found_degraded() -> Result<(
 
 /// The Stage the Applications are authorized for, re-exported for `sync.rs`.
 pub const STAGE: &str = APP_STAGE;
+
+#[test]
+#[ignore = "needs the Go-built cluster binaries and the real Argo CD (`make argocd-bin`): run `make e2e-argocd`"]
+fn the_harness_alone_syncs_a_pushed_commit_on_one_cluster() -> Result<()> {
+    // One cluster and Argo CD, no World: what every scenario stands on, in about a minute.
+    block_on(async {
+        let cluster = dispatch_tests::cluster::Cluster::start("argocd").await?;
+        let argocd = ArgoCd::start(&cluster).await?;
+        let client = cluster.client().await?;
+        let repo = argocd.repo("alone")?;
+        let sha = repo.commit(&shop_manifests("v1", json!({}), json!({})), "shop v1")?;
+        let spec = AppSpec {
+            name: "alone",
+            repo_url: repo.url(),
+            path: "deploy",
+            namespace: "alone",
+            automated: true,
+        };
+        argocd_real::create_application(&client, &spec).await?;
+        let apps = argocd::applications(&client);
+        let app = eventually("Argo CD syncs alone", ARGOCD_TIMEOUT, || async {
+            let app = apps.get("alone").await?;
+            let d = &app.data;
+            let done = text(d, "/status/sync/status") == "Synced"
+                && text(d, "/status/sync/revision") == sha
+                && text(d, "/status/health/status") == "Healthy";
+            Ok(if done {
+                Progress::Done(app)
+            } else {
+                Progress::Waiting(d["status"].to_string())
+            })
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("{e:#}\n{}", argocd.log_tail(30)))?;
+        println!(
+            "e2e-argocd: harness: Argo CD {} synced alone at {sha}: {}",
+            argocd.version()?,
+            app.data
+        );
+        Ok(())
+    })
+}

@@ -118,7 +118,9 @@ async fn sync_trigger(s: &Scene) -> Result<()> {
         "POST :sync answered the state of another Application: {first:?}"
     );
     let state = t
-        .until("the first sync through the agent", name, |st| synced_to(st, &c1))
+        .until("the first sync through the agent", name, |st| {
+            synced_to(st, &c1)
+        })
         .await;
     let state = match state {
         Ok(state) => state,
@@ -134,7 +136,9 @@ async fn sync_trigger(s: &Scene) -> Result<()> {
     let c2 = repo.commit(&shop_manifests("v2", json!({}), json!({})), "shop v2")?;
     t.sync(name, &c2).await?;
     let synced = t
-        .until("the sync to the second commit", name, |st| synced_to(st, &c2))
+        .until("the sync to the second commit", name, |st| {
+            synced_to(st, &c2)
+        })
         .await;
     let deployed = image_of(s, name).await.unwrap_or_default();
     let app = argocd::applications(&s.b).get(name).await?;
@@ -151,7 +155,11 @@ async fn sync_trigger(s: &Scene) -> Result<()> {
     // And the `application:` check at that commit passes.
     let check = application_check("app-synced", "01jargocd00000000000000003", name, Some(&c2));
     let run = verdict(s, None, &check).await?;
-    ensure!(phase(&run) == "Successful", "want Successful at {c2}: {}", run_report(&run));
+    ensure!(
+        phase(&run) == "Successful",
+        "want Successful at {c2}: {}",
+        run_report(&run)
+    );
     println!(
         "e2e-argocd: synced_revision=ok: {c2} deployed image {deployed}; operationState={}",
         app.data["status"]["operationState"]
@@ -199,8 +207,12 @@ fn a_sync_to_a_commit_that_does_not_exist_ends_in_argo_cds_error() -> Result<()>
             "Argo CD's message does not name the revision: {op:?}"
         );
         // The check for that revision fails with Argo CD's message.
-        let check =
-            application_check("app-missing", "01jargocd00000000000000004", name, Some(missing));
+        let check = application_check(
+            "app-missing",
+            "01jargocd00000000000000004",
+            name,
+            Some(missing),
+        );
         let run = verdict(s, None, &check).await?;
         let message = measurement_message(&run);
         ensure!(
@@ -259,7 +271,9 @@ async fn sync_while_running(s: &Scene) -> Result<&'static str> {
     t.sync(name, &c1).await?;
     let running = t
         .until("the first sync Running (its hook Job)", name, |st| {
-            st.operation.as_ref().is_some_and(|op| op.phase == "Running")
+            st.operation
+                .as_ref()
+                .is_some_and(|op| op.phase == "Running")
         })
         .await
         .map_err(|e| anyhow!("{e:#}"))?;
@@ -271,7 +285,9 @@ async fn sync_while_running(s: &Scene) -> Result<&'static str> {
         running.operation
     );
     let done = t
-        .until("the second sync once the first ended", name, |st| synced_to(st, &c2))
+        .until("the second sync once the first ended", name, |st| {
+            synced_to(st, &c2)
+        })
         .await
         .map_err(|e| anyhow!("{e:#}"));
     let app = argocd::applications(&s.b).get(name).await?;

@@ -140,7 +140,13 @@ impl ArgoCd {
             .args(["--metrics-address", "127.0.0.1"])
             .args(["--metrics-port", &metrics.to_string()])
             .args(["--redis", &format!("127.0.0.1:{redis}")])
-            .args(["--disable-tls", "--logformat", "text", "--loglevel", "debug"]);
+            .args([
+                "--disable-tls",
+                "--logformat",
+                "text",
+                "--loglevel",
+                "debug",
+            ]);
         self.group.spawn(REPO_SERVER, cmd)?;
         self.wait_up(REPO_SERVER, || answers(metrics, HEALTHZ, " 200"))
             .await?;
