@@ -171,7 +171,8 @@ pub fn repo_with_shop(s: &Scene, name: &str, tag: &str) -> Result<(GitRepo, Stri
     Ok((repo, sha))
 }
 
-/// The spec of Application `name` on `repo`, deploying into namespace `name`.
+/// The spec of Application `name` on `repo`, deploying into namespace `name`, which its sync
+/// creates (`CreateNamespace=true`).
 pub fn app_spec<'a>(name: &'a str, repo: &GitRepo, automated: bool) -> AppSpec<'a> {
     AppSpec {
         name,
@@ -179,6 +180,7 @@ pub fn app_spec<'a>(name: &'a str, repo: &GitRepo, automated: bool) -> AppSpec<'
         path: "deploy",
         namespace: name,
         automated,
+        create_namespace: true,
     }
 }
 
@@ -355,6 +357,7 @@ fn the_harness_alone_syncs_a_pushed_commit_on_one_cluster() -> Result<()> {
             path: "deploy",
             namespace: "alone",
             automated: true,
+            create_namespace: true,
         };
         argocd_real::create_application(&client, &spec).await?;
         let apps = argocd::applications(&client);

@@ -9,8 +9,9 @@ use anyhow::{anyhow, ensure, Result};
 use dispatch_api::client::{ClientConfig, ServerClient};
 use dispatch_api::observe::ApplicationState;
 use dispatch_tests::analysis::{measurement_message, phase};
+use dispatch_tests::cluster::argo;
 use dispatch_tests::cluster::argocd;
-use dispatch_tests::cluster::argocd_real::{self, text};
+use dispatch_tests::cluster::argocd_real::{self, text, AppSpec, GitRepo};
 use dispatch_tests::kargo::PROJECT;
 use dispatch_tests::wait::{eventually, Progress};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -21,6 +22,23 @@ use super::{
     app_spec, application_check, on_scene, record, repo_with_shop, run_report, shop_manifests,
     verdict, Scene, ARGOCD_TIMEOUT, STAGE,
 };
+
+/// Application `name` on `repo`, synced only by an operation (not automated), deploying into
+/// namespace `name`, which the test creates: the operation the agent writes carries no
+/// `syncOptions` (only `sync.revision`, server/src/applications/argocd.rs `sync_patch`), while
+/// Argo CD's own API copies `spec.syncPolicy.syncOptions` and `retry` into it (argo-cd v3.2.6
+/// server/application/application.go:2035-2046, 2071-2089) and the controller reads them only
+/// from the operation (controller/sync.go:175-342): with `CreateNamespace=true` in the spec,
+/// our sync fails with `namespaces "…" not found`.
+async fn manual_app(s: &Scene, name: &str, repo: &GitRepo) -> Result<()> {
+    argo::apply_namespace(&s.b, name).await?;
+    let spec = AppSpec {
+        create_namespace: false,
+        ..app_spec(name, repo, false)
+    };
+    argocd_real::create_application(&s.b, &spec).await?;
+    Ok(())
+}
 
 /// How long a sync hook Job runs (kwok ends its pod after this), i.e. how long a sync runs.
 const HOOK_DURATION: &str = "20s";
@@ -110,7 +128,7 @@ async fn sync_trigger(s: &Scene) -> Result<()> {
     let name = "shop-sync";
     let (repo, c1) = repo_with_shop(s, name, "v1")?;
     // Not automated: only the trigger syncs it.
-    argocd_real::create_application(&s.b, &app_spec(name, &repo, false)).await?;
+    manual_app(s, name, &repo).await?;
     let t = Trigger::new(s)?;
     let first = t.sync(name, &c1).await?;
     ensure!(
@@ -182,7 +200,7 @@ fn a_sync_to_a_commit_that_does_not_exist_ends_in_argo_cds_error() -> Result<()>
     on_scene(async |s| {
         let name = "shop-missing";
         let (repo, _c1) = repo_with_shop(s, name, "v1")?;
-        argocd_real::create_application(&s.b, &app_spec(name, &repo, false)).await?;
+        manual_app(s, name, &repo).await?;
         let missing = "0123456789abcdef0123456789abcdef01234567";
         let t = Trigger::new(s)?;
         t.sync(name, missing).await?;
@@ -206,7 +224,8 @@ fn a_sync_to_a_commit_that_does_not_exist_ends_in_argo_cds_error() -> Result<()>
             op.message.contains(missing) || op.message.contains(&missing[..7]),
             "Argo CD's message does not name the revision: {op:?}"
         );
-        // The check for that revision fails with Argo CD's message.
+        // The check for that revision fails with Argo CD's message (cut to the measurement's
+        // bound, but naming the revision).
         let check = application_check(
             "app-missing",
             "01jargocd00000000000000004",
@@ -215,8 +234,12 @@ fn a_sync_to_a_commit_that_does_not_exist_ends_in_argo_cds_error() -> Result<()>
         );
         let run = verdict(s, None, &check).await?;
         let message = measurement_message(&run);
+        let quoted: String = op.message.chars().take(80).collect();
         ensure!(
-            phase(&run) == "Failed" && message.contains(op.message.trim()),
+            phase(&run) == "Failed"
+                && message.contains("SyncError")
+                && message.contains(&quoted)
+                && message.contains(missing),
             "want Failed quoting {:?}: {}",
             op.message,
             run_report(&run)
@@ -266,7 +289,7 @@ async fn sync_while_running(s: &Scene) -> Result<&'static str> {
     let name = "shop-busy";
     let repo = s.argocd.repo(name)?;
     let c1 = repo.commit(&shop_with_hook("v1"), "shop v1 with a migration")?;
-    argocd_real::create_application(&s.b, &app_spec(name, &repo, false)).await?;
+    manual_app(s, name, &repo).await?;
     let t = Trigger::new(s)?;
     t.sync(name, &c1).await?;
     let running = t

@@ -250,9 +250,11 @@ pub struct AppSpec<'a> {
     pub repo_url: String,
     /// `source.path`: the directory of plain manifests.
     pub path: &'a str,
-    /// `destination.namespace` on the in-cluster destination; created by the sync
-    /// (`CreateNamespace=true`).
+    /// `destination.namespace` on the in-cluster destination.
     pub namespace: &'a str,
+    /// `syncOptions: [CreateNamespace=true]`: the sync creates [`Self::namespace`]; otherwise
+    /// it must exist.
+    pub create_namespace: bool,
     /// `syncPolicy.automated`: Argo CD syncs every new commit by itself; otherwise only an
     /// operation (the sync trigger) does.
     pub automated: bool,
@@ -262,7 +264,10 @@ pub struct AppSpec<'a> {
 /// Kargo's annotation says, tracking [`git::BRANCH`]. Argo CD writes its `status`.
 pub async fn create_application(client: &Client, spec: &AppSpec<'_>) -> Result<DynamicObject> {
     let authorized = format!("{}:{APP_STAGE}", crate::kargo::PROJECT);
-    let mut sync_policy = json!({"syncOptions": ["CreateNamespace=true"]});
+    let mut sync_policy = json!({});
+    if spec.create_namespace {
+        sync_policy["syncOptions"] = json!(["CreateNamespace=true"]);
+    }
     if spec.automated {
         sync_policy["automated"] = json!({});
     }
