@@ -140,6 +140,13 @@ async fn sync_trigger(s: &Scene) -> Result<()> {
             synced_to(st, &c1)
         })
         .await;
+    // The operation ends before the comparison that follows it: then Synced and Healthy.
+    let state = match state {
+        Ok(state) => super::wait_synced_healthy(s, name, &c1)
+            .await
+            .map(|_| state),
+        Err(e) => Err(e),
+    };
     let state = match state {
         Ok(state) => state,
         Err(e) => {
