@@ -6,6 +6,10 @@
 //! (`dispatch_tests::cluster::argocd_real`), syncing plain manifests (a Deployment and a
 //! Service, whose pods kwok runs) from local Git repositories the tests commit and push to.
 //!
+//! Here: the `application:` check Healthy and Degraded; `sync.rs`: the sync trigger to pushed
+//! commits, to a missing one, and while a sync runs; `airgapped.rs`: the air-gapped Stage's
+//! `http` steps and verification (`config/kargo-stage-airgapped.yaml`).
+//!
 //! Each scenario has its own repository and Application (Argo CD moves an Application's
 //! revision to its branch's newest commit, so sharing a branch would mix their revisions) and
 //! records what it observed; once every key of the summary has a value, the last line
