@@ -79,6 +79,7 @@ include charts/chart.mk
 include coverage.mk
 include image/image.mk
 include tests/k8s/node.mk
+include tests/k8s/argocd.mk
 
 # Release artifacts: the static plugin (what argo-rollouts-config downloads; its sha256 is what
 # Argo >= 1.8 checks), and a tarball with both binaries; SHA256SUMS covers everything.

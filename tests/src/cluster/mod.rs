@@ -10,10 +10,12 @@
 //! [`Cluster`] (see [`process`]). [`start_many`] starts several clusters in parallel.
 //! [`argo::ArgoRollouts`] runs the real Argo Rollouts controller on a cluster; [`rollout`] an
 //! application it deploys (a canary Rollout with a background analysis) on a destination;
-//! [`argocd`] Argo CD's Application CRD and a stand-in for its controller.
+//! [`argocd`] Argo CD's Application CRD and a stand-in for its controller; [`argocd_real`] the
+//! real Argo CD (application controller, repo-server, Redis) and Git repositories it syncs from.
 
 pub mod argo;
 pub mod argocd;
+pub mod argocd_real;
 pub mod binaries;
 mod kubelet_shim;
 pub mod kwok;
