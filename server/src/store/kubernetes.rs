@@ -152,8 +152,11 @@ impl KubeStore {
     }
 
     async fn patch(&self, name: &str, body: Value, status: bool) -> Result<(), StoreError> {
+        self.send(name, Patch::Merge(body), status).await
+    }
+
+    async fn send(&self, name: &str, patch: Patch<Value>, status: bool) -> Result<(), StoreError> {
         let params = PatchParams::default();
-        let patch = Patch::Merge(&body);
         let obj = if status {
             self.call(
                 format!("dispatchjob {name}"),
@@ -174,6 +177,18 @@ impl KubeStore {
         self.applied(obj);
         Ok(())
     }
+}
+
+/// A JSON patch that replaces the whole status with `status`. Not a merge patch: that keeps
+/// what it does not mention, so a `Running` state's `detail` would outlive it into a
+/// `Succeeded` one, which then no longer parses and the verdict is lost (seen with a real Argo
+/// CD: an Application Progressing, then Healthy); the same for notes and Application fields
+/// that go away.
+fn status_patch(status: &DispatchJobStatus) -> Result<json_patch::Patch, StoreError> {
+    let value = serde_json::to_value(status)
+        .map_err(|e| StoreError::backend_from(format!("encoding the status: {e}"), e))?;
+    serde_json::from_value(json!([{"op": "add", "path": "/status", "value": value}]))
+        .map_err(|e| StoreError::backend_from(format!("encoding the status patch: {e}"), e))
 }
 
 async fn informer(
@@ -265,13 +280,8 @@ impl KubeStore {
         name: &str,
         status: DispatchJobStatus,
     ) -> Result<(), StoreError> {
-        let mut value = serde_json::to_value(&status)
-            .map_err(|e| StoreError::backend_from(format!("encoding the status: {e}"), e))?;
-        // A merge patch keeps what it does not mention: say explicitly that a deleted Job
-        // has no state any more.
-        value["state"] = serde_json::to_value(&status.state).unwrap_or(Value::Null);
-        value["deleted"] = Value::Bool(status.deleted);
-        self.patch(name, json!({ "status": value }), true).await
+        self.send(name, Patch::Json(status_patch(&status)?), true)
+            .await
     }
 
     /// Asks the agent to delete the Job of record `name` (`spec.delete`).
@@ -354,6 +364,42 @@ mod tests {
             .unwrap(),
             "the chart ships the same CRD as config/crds"
         );
+    }
+
+    /// Every state after every other: what the API server stores after the patch reads back as
+    /// exactly the new status (a merge patch kept the old `detail` and lost the verdict).
+    #[test]
+    fn a_status_patch_replaces_every_state_with_the_next() {
+        use crate::verdict::DestState;
+        let failed = DestState::Failed {
+            reason: "BackoffLimitExceeded".into(),
+            detail: "exit 1".into(),
+            log: Some("boom".into()),
+        };
+        let states = [
+            None,
+            Some(DestState::Running(Some(
+                "application argocd/a is Progressing".into(),
+            ))),
+            Some(DestState::Running(None)),
+            Some(DestState::Succeeded),
+            Some(failed),
+        ];
+        for before in &states {
+            for after in &states {
+                let mut old = DispatchJobStatus::observed(before.clone(), "agent:d");
+                old.notes.insert("revision".into(), "abc".into());
+                let mut j = job("n", "d", "u", 1);
+                j.status = Some(old);
+                let mut object = serde_json::to_value(to_object(&j).unwrap()).unwrap();
+                object["status"] = serde_json::to_value(&j.status).unwrap();
+                let new = DispatchJobStatus::observed(after.clone(), "agent:d");
+                json_patch::patch(&mut object, &status_patch(&new).unwrap()).unwrap();
+                let back: DispatchJobStatus = serde_json::from_value(object["status"].clone())
+                    .unwrap_or_else(|e| panic!("{before:?} then {after:?}: {e}"));
+                assert_eq!(back, new, "{before:?} then {after:?}");
+            }
+        }
     }
 
     #[test]
