@@ -137,34 +137,58 @@ pub fn sync_id_of(app: &Value) -> Option<&str> {
         .and_then(Value::as_str)
 }
 
-/// The merge patch requesting `order`, asked by `stage`, on an Application read at
-/// `resource_version`.
-pub fn sync_patch(order: &SyncOrder, stage: &StageRef, resource_version: Option<&str>) -> Value {
+/// The merge patch requesting `order`, asked by `stage`, on Application `app` as just read (its
+/// `resourceVersion` guards the patch).
+///
+/// The operation carries the Application's own `spec.syncPolicy.syncOptions` and `retry`, as
+/// Argo CD's API does for a sync it is asked for (argo-cd v3.2.6
+/// server/application/application.go:2035-2046, :2087-2089) and its automated sync does
+/// (controller/appcontroller.go:2147-2161): the controller reads them from the operation only,
+/// so without them `CreateNamespace=true` or `ServerSideApply=true` would not apply to our sync.
+/// Nothing else of the spec is copied: the source and revisions are the controller's to resolve.
+pub fn sync_patch(order: &SyncOrder, stage: &StageRef, app: &Value) -> Value {
     let mut sync = json!({});
     if let Some(rev) = &order.revision {
         sync["revision"] = json!(rev);
+    }
+    let policy = app.pointer("/spec/syncPolicy");
+    if let Some(options) = policy
+        .and_then(|p| p.get("syncOptions"))
+        .filter(|o| o.is_array())
+    {
+        sync["syncOptions"] = options.clone();
     }
     let mut metadata = json!({"annotations": {
         ANN_REFRESH: order.refresh,
         ANN_SYNC_ID: order.id,
     }});
-    if let Some(rv) = resource_version {
+    if let Some(rv) = app
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+    {
         metadata["resourceVersion"] = json!(rv);
+    }
+    let mut operation = json!({
+        "sync": sync,
+        "initiatedBy": {"username": initiated_by(stage)},
+        "info": [
+            {"name": "Reason", "value": format!(
+                "Kargo Stage {} of project {} asked rollouts-dispatch to sync it",
+                stage.stage, stage.project)},
+            {"name": INFO_PROJECT, "value": stage.project},
+            {"name": INFO_STAGE, "value": stage.stage},
+            {"name": INFO_SYNC_ID, "value": order.id},
+        ],
+    });
+    if let Some(retry) = policy
+        .and_then(|p| p.get("retry"))
+        .filter(|r| r.is_object())
+    {
+        operation["retry"] = retry.clone();
     }
     json!({
         "metadata": metadata,
-        "operation": {
-            "sync": sync,
-            "initiatedBy": {"username": initiated_by(stage)},
-            "info": [
-                {"name": "Reason", "value": format!(
-                    "Kargo Stage {} of project {} asked rollouts-dispatch to sync it",
-                    stage.stage, stage.project)},
-                {"name": INFO_PROJECT, "value": stage.project},
-                {"name": INFO_STAGE, "value": stage.stage},
-                {"name": INFO_SYNC_ID, "value": order.id},
-            ],
-        },
+        "operation": operation,
         "status": {"operationState": null},
     })
 }
@@ -264,10 +288,7 @@ impl AppTarget<'_> {
                 why,
             });
         }
-        let rv = app
-            .pointer("/metadata/resourceVersion")
-            .and_then(Value::as_str);
-        let patch = Patch::Merge(sync_patch(order, stage, rv));
+        let patch = Patch::Merge(sync_patch(order, stage, app));
         let api = self.api();
         let patched = tokio::time::timeout(
             self.timeout,
@@ -300,7 +321,11 @@ mod tests {
             project: "team-a".into(),
             stage: "prod".into(),
         };
-        let p = sync_patch(&order, &stage, Some("42"));
+        let p = sync_patch(
+            &order,
+            &stage,
+            &json!({"metadata": {"resourceVersion": "42"}}),
+        );
         assert_eq!(p["operation"]["sync"]["revision"], "0123abc");
         assert_eq!(
             p["operation"]["initiatedBy"]["username"],
@@ -326,10 +351,43 @@ mod tests {
                 ..order
             },
             &stage,
-            None,
+            &json!({}),
         );
         assert_eq!(none["operation"]["sync"], json!({}));
+        assert!(none["operation"].get("retry").is_none());
         assert!(none["metadata"].get("resourceVersion").is_none());
+    }
+
+    /// The sync options and retry of the Application's policy go into the operation, where the
+    /// controller reads them; nothing else of the spec does.
+    #[test]
+    fn the_operation_carries_the_applications_sync_options_and_retry() {
+        let order = SyncOrder {
+            id: "abc".into(),
+            revision: Some("0123abc".into()),
+            refresh: "normal".into(),
+        };
+        let stage = StageRef {
+            project: "team-a".into(),
+            stage: "prod".into(),
+        };
+        let app = json!({"spec": {
+            "source": {"repoURL": "file:///repo", "path": "app"},
+            "syncPolicy": {
+                "automated": {"prune": true},
+                "syncOptions": ["CreateNamespace=true", "ServerSideApply=true"],
+                "retry": {"limit": 3, "backoff": {"duration": "5s"}},
+            },
+        }});
+        let p = sync_patch(&order, &stage, &app);
+        assert_eq!(
+            p["operation"]["sync"]["syncOptions"],
+            json!(["CreateNamespace=true", "ServerSideApply=true"])
+        );
+        assert_eq!(p["operation"]["retry"]["limit"], 3);
+        assert_eq!(p["operation"]["sync"]["revision"], "0123abc");
+        assert!(p["operation"]["sync"].get("source").is_none());
+        assert!(p["operation"]["sync"].get("prune").is_none());
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context, Result};
 use dispatch_tests::analysis::{measurement_message, phase};
 use dispatch_tests::artifacts::repo_path;
-use dispatch_tests::cluster::{argo, argocd, argocd_real};
+use dispatch_tests::cluster::{argocd, argocd_real};
 use dispatch_tests::kargo::{Verification, PROJECT};
 use kube::api::{Patch, PatchParams};
 use serde_json::{json, Value};
@@ -171,9 +171,9 @@ async fn airgapped(s: &Scene) -> Result<()> {
     // The remote Argo CD's Application, authorized for the Stage, and the commit `git-push`
     // would push.
     let repo = s.argocd.repo(&app)?;
-    argo::apply_namespace(&s.b, &app).await?;
+    // its namespace comes from the sync (CreateNamespace=true, carried into our operation)
     let spec = argocd_real::AppSpec {
-        create_namespace: false,
+        create_namespace: true,
         ..app_spec(&app, &repo, false)
     };
     argocd_real::create_application(&s.b, &spec).await?;

@@ -9,7 +9,6 @@ use anyhow::{anyhow, ensure, Result};
 use dispatch_api::client::{ClientConfig, ServerClient};
 use dispatch_api::observe::ApplicationState;
 use dispatch_tests::analysis::{self, measurement_message, phase};
-use dispatch_tests::cluster::argo;
 use dispatch_tests::cluster::argocd;
 use dispatch_tests::cluster::argocd_real::{self, text, AppSpec, GitRepo};
 use dispatch_tests::kargo::PROJECT;
@@ -24,16 +23,13 @@ use super::{
 };
 
 /// Application `name` on `repo`, synced only by an operation (not automated), deploying into
-/// namespace `name`, which the test creates: the operation the agent writes carries no
-/// `syncOptions` (only `sync.revision`, server/src/applications/argocd.rs `sync_patch`), while
-/// Argo CD's own API copies `spec.syncPolicy.syncOptions` and `retry` into it (argo-cd v3.2.6
-/// server/application/application.go:2035-2046, 2071-2089) and the controller reads them only
-/// from the operation (controller/sync.go:175-342): with `CreateNamespace=true` in the spec,
-/// our sync fails with `namespaces "…" not found`.
+/// namespace `name`, which does not exist: its `syncOptions: [CreateNamespace=true]` must reach
+/// the operation the agent writes (server/src/applications/argocd.rs `sync_patch`), since the
+/// controller reads them from the operation only (argo-cd v3.2.6 controller/sync.go:175-342);
+/// without them the sync fails with `namespaces "…" not found`.
 async fn manual_app(s: &Scene, name: &str, repo: &GitRepo) -> Result<()> {
-    argo::apply_namespace(&s.b, name).await?;
     let spec = AppSpec {
-        create_namespace: false,
+        create_namespace: true,
         ..app_spec(name, repo, false)
     };
     argocd_real::create_application(&s.b, &spec).await?;
