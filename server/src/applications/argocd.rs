@@ -310,17 +310,23 @@ impl AppTarget<'_> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_patch_is_argo_cds_operation_with_refresh_and_our_id() {
+    /// An order for revision `0123abc` with refresh `refresh`, asked by Stage team-a/prod.
+    fn order_of(refresh: &str) -> (SyncOrder, StageRef) {
         let order = SyncOrder {
             id: "abc".into(),
             revision: Some("0123abc".into()),
-            refresh: "hard".into(),
+            refresh: refresh.into(),
         };
         let stage = StageRef {
             project: "team-a".into(),
             stage: "prod".into(),
         };
+        (order, stage)
+    }
+
+    #[test]
+    fn the_patch_is_argo_cds_operation_with_refresh_and_our_id() {
+        let (order, stage) = order_of("hard");
         let p = sync_patch(
             &order,
             &stage,
@@ -362,15 +368,7 @@ mod tests {
     /// controller reads them; nothing else of the spec does.
     #[test]
     fn the_operation_carries_the_applications_sync_options_and_retry() {
-        let order = SyncOrder {
-            id: "abc".into(),
-            revision: Some("0123abc".into()),
-            refresh: "normal".into(),
-        };
-        let stage = StageRef {
-            project: "team-a".into(),
-            stage: "prod".into(),
-        };
+        let (order, stage) = order_of("normal");
         let app = json!({"spec": {
             "source": {"repoURL": "file:///repo", "path": "app"},
             "syncPolicy": {

@@ -173,13 +173,10 @@ async fn sync_trigger(s: &Scene) -> Result<()> {
         synced.map_err(|e| format!("{e:#}")),
         s.report(name).await
     );
-    // And the `application:` check at that commit passes. It starts once Argo CD has the
-    // Application Healthy at c2: a check whose agent record first reports `Running` with a
-    // message and then `Succeeded` is lost on the Kubernetes store today (the status merge
-    // patch keeps the old `state.detail`, and the record no longer parses: "invalid type:
-    // string …, expected unit variant DestState::Succeeded"; server/src/store/kubernetes.rs
-    // `set_status`), which the real controller's Progressing phase makes likely.
-    super::wait_synced_healthy(s, name, &c2).await?;
+    // And the `application:` check at that commit passes, started before Argo CD has it
+    // Healthy there: its agent record goes `Running` (with a message: Progressing) then
+    // `Succeeded`, the transition the Kubernetes store once lost (the status merge patch kept
+    // the old `state.detail`; server/src/store/kubernetes.rs `status_patch`).
     let check = application_check("app-synced", "01jargocd00000000000000003", name, Some(&c2));
     let run = verdict(s, None, &check).await?;
     ensure!(
@@ -357,9 +354,13 @@ async fn sync_while_running(s: &Scene) -> Result<&'static str> {
         done.err(),
         s.report(name).await
     );
-    // Not awaited: that run's verdict, `Running` with a message then `Succeeded`, is the
-    // Kubernetes store's lost transition (see `sync_trigger`).
-    let _ = run;
+    // The check at c2, Running while the first sync ran, ends Successful once Argo CD is there.
+    let run = s.w.finished(&run).await?;
+    ensure!(
+        phase(&run) == "Successful",
+        "the check at {c2}, started while a sync ran, ended {}",
+        run_report(&run)
+    );
     println!("e2e-argocd: sync_while_running=waited: history {history:?}");
     Ok("waited")
 }
