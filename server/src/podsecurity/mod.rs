@@ -290,14 +290,23 @@ impl Refused {
                     format!("`rollouts-dispatch agent --pod-security {l}`")
                 )
             ),
-            Needs::ServiceAccount(sa) => format!(
-                "use an allowed service account ({}), or allow it with {}",
-                profile.service_accounts.join(", "),
-                knob(
-                    format!("`serviceAccounts: [{sa}]`"),
-                    format!("`rollouts-dispatch agent --service-accounts {sa}`")
+            Needs::ServiceAccount(sa) => {
+                // The list as it must be written: the names allowed now and this one (a
+                // suggestion of `[sa]` alone would take the others away).
+                let mut widened = profile.service_accounts.clone();
+                widened.push(sa.clone());
+                format!(
+                    "use an allowed service account ({}), or allow it with {}",
+                    profile.service_accounts.join(", "),
+                    knob(
+                        format!("`serviceAccounts: [{}]`", widened.join(", ")),
+                        format!(
+                            "`rollouts-dispatch agent --service-accounts {}`",
+                            widened.join(",")
+                        )
+                    )
                 )
-            ),
+            }
             Needs::Token => format!(
                 "remove it (the verification then has no API token), or allow tokens with {}",
                 knob(

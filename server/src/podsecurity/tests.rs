@@ -326,7 +326,7 @@ fn service_accounts_come_from_the_allowlist() {
     assert_eq!(e.path, "spec.template.spec.serviceAccountName");
     assert!(
         e.fix
-            .contains("`serviceAccounts: [default]` on policy.rules[0]"),
+            .contains("`serviceAccounts: [ci-bot, default]` on policy.rules[0]"),
         "{e}"
     );
 }
