@@ -8,7 +8,8 @@
 //!
 //! Here: the `application:` check Healthy and Degraded; `sync.rs`: the sync trigger to pushed
 //! commits, to a missing one, and while a sync runs; `airgapped.rs`: the air-gapped Stage's
-//! `http` steps and verification (`config/kargo-stage-airgapped.yaml`).
+//! `http` steps and verification (`config/kargo-stage-airgapped.yaml`); `deleted.rs`: an
+//! Application deleted while a check waits for it.
 //!
 //! Each scenario has its own repository and Application (Argo CD moves an Application's
 //! revision to its branch's newest commit, so sharing a branch would mix their revisions) and
@@ -18,6 +19,7 @@
 //! last). `#[ignore]`d for plain `cargo test`.
 
 mod airgapped;
+mod deleted;
 mod sync;
 
 use std::collections::BTreeMap;
