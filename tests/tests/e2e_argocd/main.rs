@@ -200,9 +200,7 @@ pub async fn wait_synced_healthy(s: &Scene, name: &str, sha: &str) -> Result<Dyn
         || async {
             let app = apps.get(name).await?;
             let d = &app.data;
-            let done = text(d, "/status/sync/status") == "Synced"
-                && text(d, "/status/sync/revision") == sha
-                && text(d, "/status/health/status") == "Healthy";
+            let done = argocd_real::synced_healthy_at(d, sha);
             Ok(if done {
                 Progress::Done(app)
             } else {
@@ -371,9 +369,7 @@ fn the_harness_alone_syncs_a_pushed_commit_on_one_cluster() -> Result<()> {
         let app = eventually("Argo CD syncs alone", ARGOCD_TIMEOUT, || async {
             let app = apps.get("alone").await?;
             let d = &app.data;
-            let done = text(d, "/status/sync/status") == "Synced"
-                && text(d, "/status/sync/revision") == sha
-                && text(d, "/status/health/status") == "Healthy";
+            let done = argocd_real::synced_healthy_at(d, &sha);
             Ok(if done {
                 Progress::Done(app)
             } else {

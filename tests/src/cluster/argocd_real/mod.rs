@@ -290,6 +290,13 @@ pub async fn create_application(client: &Client, spec: &AppSpec<'_>) -> Result<D
         .with_context(|| format!("creating Application {NAMESPACE}/{}", spec.name))
 }
 
+/// Whether Application `app` (as JSON) is Synced at `sha` and Healthy, as Argo CD writes it.
+pub fn synced_healthy_at(app: &Value, sha: &str) -> bool {
+    text(app, "/status/sync/status") == "Synced"
+        && text(app, "/status/sync/revision") == sha
+        && text(app, "/status/health/status") == "Healthy"
+}
+
 /// The text of `pointer` in `v` (empty when absent).
 pub fn text(v: &Value, pointer: &str) -> String {
     v.pointer(pointer)
