@@ -29,6 +29,11 @@ pub struct DestinationStatus {
     /// facts of an observe check for the metadata, as `<note>.<destination>` (e.g.
     /// `analysisruns`: the observed Rollout's own AnalysisRuns); empty for Jobs
     pub notes: BTreeMap<String, String>,
+    /// an observe check's `state` is what a reading of the observed objects said: read now
+    /// from a direct destination, or last reported by an agent that is still connected. False
+    /// for Jobs and whenever nothing could be read; past the deadline it decides between
+    /// `Failed` (what was seen is the answer) and `Error` ([`crate::engine::Engine::past_deadline`])
+    pub seen: bool,
 }
 
 /// The measurement outcome across all destinations.
@@ -220,6 +225,7 @@ mod tests {
             namespace: "ns".into(),
             state,
             notes: BTreeMap::new(),
+            seen: false,
         }
     }
 

@@ -130,6 +130,7 @@ impl Engine {
                     Outcome::NotCreated(s) => s.clone(),
                 },
                 notes: BTreeMap::new(),
+                seen: false,
             })
             .collect();
         for ((entry, ns), o) in targets.iter().zip(&outcomes) {
@@ -175,14 +176,22 @@ impl Engine {
         })
     }
 
-    /// The deadline of a measurement whose Jobs are created now, in seconds since the epoch.
+    /// The deadline of a measurement whose Jobs are created now, in seconds since the epoch:
+    /// the block's `activeDeadline` (else `engine.measurementDeadline`), plus
+    /// `engine.deadlineGrace` for Jobs, so that their own `activeDeadlineSeconds` verdict comes
+    /// first. An observe check has no Job whose verdict could come first: its deadline is the
+    /// `activeDeadline` itself.
     pub(super) fn deadline_of(&self, req: &MeasureRequest) -> u64 {
         let settings = &self.inner.settings;
+        let grace = match req.config.observe() {
+            Some(_) => Duration::ZERO,
+            None => settings.deadline_grace,
+        };
         let budget = req
             .config
             .active_deadline
             .unwrap_or(settings.measurement_deadline)
-            + settings.deadline_grace;
+            + grace;
         (std::time::SystemTime::now() + budget)
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs())

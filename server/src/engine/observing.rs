@@ -26,14 +26,19 @@ pub struct Observation {
     pub notes: BTreeMap<String, String>,
     /// the observed Application as Argo CD reports it (`application:` only, when found)
     pub application: Option<ApplicationState>,
+    /// `state` is what a reading of the observed objects said (see
+    /// [`crate::verdict::DestinationStatus::seen`])
+    pub seen: bool,
 }
 
 impl Observation {
+    /// Nothing could be read: `state` says why.
     fn of(state: DestState) -> Self {
         Self {
             state,
             notes: BTreeMap::new(),
             application: None,
+            seen: false,
         }
     }
 }
@@ -72,17 +77,18 @@ impl Engine {
     ) -> Observation {
         if let Some(Entry::Agent(a)) = self.inner.registry.get(&p.destination) {
             let state = self.agent_state(&a, job, p).await;
-            let notes = self
+            let reported = self
                 .agent_store()
                 .ok()
                 .and_then(|s| s.get(&store::record_name(&job.name, &a.name)))
                 .and_then(|r| r.status)
-                .map(|s| s.notes)
-                .unwrap_or_default();
+                .filter(|s| !s.deleted && s.state.is_some());
+            let seen = reported.is_some() && a.connected(self.inner.offline_after);
             return Observation {
                 state,
-                notes,
+                notes: reported.map(|s| s.notes).unwrap_or_default(),
                 application: None,
+                seen,
             };
         }
         match self.ready(&p.destination) {
@@ -140,6 +146,7 @@ impl Engine {
                     state: judged.state,
                     notes: judged.notes,
                     application: None,
+                    seen: true,
                 }
             }
             Observe::Application(check) => {
@@ -162,6 +169,7 @@ impl Engine {
                     state: judged.state,
                     notes: judged.notes,
                     application: state,
+                    seen: true,
                 }
             }
         }

@@ -38,6 +38,14 @@ impl Engine {
     /// effort: Argo calls Terminate only for runs that it aborts itself). `None`: within the
     /// deadline, no deadline, or a verdict.
     ///
+    /// An observe check whose every destination answered (`Running`: the object was read, or
+    /// read as missing, and is not yet as wanted) is `Failed` instead, reason
+    /// `DeadlineExceeded`, like a Job past its `activeDeadlineSeconds`: what it saw is the
+    /// verdict. `Error` would have Argo Rollouts measure again, up to the metric's
+    /// `consecutiveErrorLimit` (default 4, argo-rollouts utils/defaults/defaults.go:35-37,
+    /// analysis/analysis.go:681), each time for a whole `activeDeadline`, for an answer it
+    /// already has; it stays for destinations that did not answer, where asking again can help.
+    ///
     /// Argo Rollouts has no timeout of its own for a metric (a plugin measurement stays
     /// `Running` for as long as the plugin says so: `analysis/analysis.go`, `runMeasurements`,
     /// resumes it at `resumeAt` without a bound), and Kargo keeps a Stage's promotion pending
@@ -53,13 +61,35 @@ impl Engine {
         let report = self.terminate(job).await;
         let at = std::time::UNIX_EPOCH + Duration::from_secs(job.deadline);
         let mut late = verdict.clone();
-        late.phase = Phase::Error;
         late.retryable = false;
+        let all_seen = verdict
+            .destinations
+            .iter()
+            .all(|d| d.seen || d.state.is_final());
+        if job.observe.is_some() && verdict.phase == Phase::Running && all_seen {
+            late.phase = Phase::Failed;
+            late.message = format!(
+                "DeadlineExceeded: not as the check wants by its activeDeadline {} ({}s ago), \
+                 as last seen: {}",
+                humantime::format_rfc3339_seconds(at),
+                now - job.deadline,
+                verdict.message
+            );
+            tracing::info!(job = %job.name, destinations = %job.destinations(), deadline = job.deadline,
+                           "an observe check is past its deadline: Failed with what it saw");
+            return Some(late);
+        }
+        late.phase = Phase::Error;
         late.message = format!(
             "no verdict by the server's deadline {} ({}s ago: the block's activeDeadline, else \
-             engine.measurementDeadline, plus engine.deadlineGrace): {}; its Jobs {}",
+             engine.measurementDeadline{}): {}; its Jobs {}",
             humantime::format_rfc3339_seconds(at),
             now - job.deadline,
+            if job.observe.is_some() {
+                ""
+            } else {
+                ", plus engine.deadlineGrace"
+            },
             verdict.message,
             if job.observe.is_some() && report.failed.is_empty() {
                 // An observe check created nothing; only agent records were asked to go.
@@ -91,7 +121,7 @@ impl Engine {
         secrets: &Redactor,
         cached: bool,
     ) -> Verdict {
-        let states: Vec<(DestState, BTreeMap<String, String>)> = match &job.observe {
+        let states: Vec<(DestState, BTreeMap<String, String>, bool)> = match &job.observe {
             // What the signed reference observes, never what the request's block says.
             Some(observe) => join_all(
                 job.placements
@@ -100,7 +130,7 @@ impl Engine {
             )
             .await
             .into_iter()
-            .map(|o| (o.state, o.notes))
+            .map(|o| (o.state, o.notes, o.seen))
             .collect(),
             None => join_all(
                 job.placements
@@ -109,18 +139,19 @@ impl Engine {
             )
             .await
             .into_iter()
-            .map(|s| (s, BTreeMap::new()))
+            .map(|s| (s, BTreeMap::new(), false))
             .collect(),
         };
         let statuses = job
             .placements
             .iter()
             .zip(states)
-            .map(|(p, (state, notes))| DestinationStatus {
+            .map(|(p, (state, notes, seen))| DestinationStatus {
                 destination: p.destination.clone(),
                 namespace: p.namespace.clone(),
                 state,
                 notes,
+                seen,
             })
             .collect();
         finish(job, verdict::combine(job.require, statuses), secrets)

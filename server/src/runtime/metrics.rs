@@ -150,9 +150,10 @@ impl Metrics {
         let past_deadline = Counter::default();
         registry.register(
             "measurements_past_deadline",
-            "Measurements ended in Error because they had no verdict by the server's deadline \
-             (the block's activeDeadline, else engine.measurementDeadline, plus \
-             engine.deadlineGrace): an agent gone, a destination unreachable, a Job never started",
+            "Measurements ended because they had no verdict by the server's deadline (the \
+             block's activeDeadline, else engine.measurementDeadline, plus engine.deadlineGrace \
+             for Jobs): in Error for an agent gone, a destination unreachable, a Job never \
+             started; in Failed for an observe check whose object never got as it wants",
             past_deadline.clone(),
         );
         let gc_failures = Family::<DestinationLabels, Counter>::default();

@@ -228,8 +228,8 @@ async fn an_aborted_rollout_fails_with_its_message() -> Result<()> {
 }
 
 #[tokio::test]
-async fn past_the_deadline_a_missing_rollout_is_an_error_naming_it_and_nothing_is_deleted(
-) -> Result<()> {
+async fn past_the_deadline_a_missing_rollout_fails_naming_it_and_nothing_is_deleted() -> Result<()>
+{
     let w = World::start("").await?;
     let job = start_rollout_check(&w, 4, "a").await?;
     let v = verdict(&w, &job).await;
@@ -239,14 +239,63 @@ async fn past_the_deadline_a_missing_rollout_is_an_error_naming_it_and_nothing_i
         .past_deadline(&overdue(&job), &v)
         .await
         .context("past the deadline without a verdict")?;
-    assert_eq!(late.phase, Phase::Error);
+    // What it saw is the answer: Failed, not an Error that Argo would measure again.
+    assert_eq!((late.phase, late.retryable), (Phase::Failed, false));
     assert!(
-        late.message
-            .contains(&format!("rollout {NS}/web not found")),
+        late.message.starts_with("DeadlineExceeded")
+            && late.message.contains("activeDeadline")
+            && late
+                .message
+                .contains(&format!("rollout {NS}/web not found")),
         "{}",
         late.message
     );
     assert!(writes(w.api("a")).is_empty(), "{:?}", writes(w.api("a")));
+    Ok(())
+}
+
+#[tokio::test]
+async fn past_the_deadline_an_observe_check_of_a_silent_agent_is_an_error_naming_it() -> Result<()>
+{
+    let w = World::start(AGENTS).await?;
+    let job = start_rollout_check(&w, 12, "edge").await?;
+    // The agent never polls: nothing was read, so nothing was seen.
+    let v = verdict(&w, &job).await;
+    let late = w
+        .engine
+        .past_deadline(&overdue(&job), &v)
+        .await
+        .context("past the deadline without a verdict")?;
+    assert_eq!(late.phase, Phase::Error, "{}", late.message);
+    assert!(
+        late.message.contains("no verdict by the server's deadline")
+            && !late.message.contains("deadlineGrace")
+            && late.message.contains("edge")
+            && late.message.contains("agent"),
+        "{}",
+        late.message
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_observe_checks_deadline_is_its_active_deadline_without_the_grace() -> Result<()> {
+    // A Job's deadline adds engine.deadlineGrace (2m) so that its own activeDeadlineSeconds
+    // verdict comes first; an observe check has none to wait for.
+    let w = World::start("").await?;
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs();
+    let check = json!({"rollout": {"name": "web", "image": "shop/web:2"}, "activeDeadline": "5m"});
+    let job = start_check(&w, 13, "a", check).await?.job;
+    let after = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs();
+    assert!(
+        (before + 300..=after + 300).contains(&job.deadline),
+        "{} is not 5m from now",
+        job.deadline
+    );
     Ok(())
 }
 
@@ -372,6 +421,30 @@ async fn an_agent_destination_gives_the_same_verdicts_through_the_agent_pass() -
         v.message.contains("not yet image shop/web:2"),
         "{}",
         v.message
+    );
+    // Past the deadline, what the agent reported is the answer only while the agent is heard
+    // from: silent, it is an Error (asking again may help); connected, Failed.
+    let overdue_job = overdue(&job);
+    let silent = w.engine.past_deadline(&overdue_job, &v).await;
+    assert_eq!(silent.map(|l| l.phase), Some(Phase::Error));
+    match w.engine.registry().get("edge") {
+        Some(dispatch_server::destinations::Entry::Agent(agent)) => {
+            agent.contact("system:serviceaccount:edge:agent", 0)
+        }
+        _ => anyhow::bail!("edge is not an agent destination"),
+    }
+    let v = verdict(&w, &job).await;
+    let heard = w
+        .engine
+        .past_deadline(&overdue_job, &v)
+        .await
+        .context("past the deadline")?;
+    assert_eq!(heard.phase, Phase::Failed, "{}", heard.message);
+    assert!(
+        heard.message.starts_with("DeadlineExceeded")
+            && heard.message.contains("not yet image shop/web:2"),
+        "{}",
+        heard.message
     );
 
     put_rollout(a, "shop/web:2", "abc123", "abc123", "Healthy");

@@ -4,14 +4,12 @@
 //! block's `activeDeadline` (plus `engine.deadlineGrace`) with that, not with a stale verdict of
 //! what was there before.
 
-use std::time::Duration;
-
 use anyhow::{ensure, Result};
 use dispatch_tests::analysis::{self, measurement_message, phase};
 use dispatch_tests::cluster::argocd;
 use dispatch_tests::cluster::argocd_real;
 use dispatch_tests::wait::eventually;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::DeleteParams;
 use serde_json::json;
 
 use dispatch_tests::kargo::Verification;
@@ -64,35 +62,18 @@ fn an_application_deleted_mid_check_ends_at_the_deadline_saying_it_is_gone() -> 
             },
         )
         .await?;
-        // An observe check has no Job whose own deadline comes first, yet the server still adds
-        // `engine.deadlineGrace` (2m) to the block's `activeDeadline`: the measurement ends
-        // after both, in Error (which Argo Rollouts then retries up to consecutiveErrorLimit).
-        let ended = eventually(
-            "the measurement ended at the server's deadline",
-            Duration::from_secs(240),
-            || async {
-                let now = runs.get(analysis::name(&run)).await?;
-                let first = now.data["status"]["metricResults"][0]["measurements"][0].clone();
-                Ok(first.get("finishedAt").is_some().then_some(first))
-            },
-        )
-        .await?;
-        let (ended_phase, message) = (
-            ended["phase"].as_str().unwrap_or_default().to_owned(),
-            ended["message"].as_str().unwrap_or_default().to_owned(),
-        );
+        // An observe check has no Job whose own deadline comes first: it ends at the block's
+        // `activeDeadline` (no `engine.deadlineGrace`), Failed with what it saw, and Argo
+        // Rollouts does not measure again (it would for an Error).
+        let ended = s.w.finished(&run).await?;
+        let (ended_phase, message) = (phase(&ended), measurement_message(&ended));
         ensure!(
-            ended_phase == "Error" && message.contains("not found") && message.contains("deadline"),
-            "want the measurement to end in Error at the deadline, saying {name} is not found: \
-             {ended_phase}: {message}"
+            ended_phase == "Failed"
+                && message.contains("DeadlineExceeded")
+                && message.contains("not found"),
+            "want the check to end Failed at its activeDeadline, saying {name} is not found: {}",
+            run_report(&ended)
         );
-        // Not left to Argo's retries: the run is terminated, as a person would.
-        runs.patch(
-            analysis::name(&run),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"terminate": true}})),
-        )
-        .await?;
         println!(
             "e2e-argocd: deleted mid-check: waiting {waiting:?}; after the delete {gone:?}; \
              the measurement ended {ended_phase}: {message:?}"
