@@ -117,6 +117,42 @@ impl Freight {
     }
 }
 
+/// Creates Stage `name` in [`PROJECT`] on the control plane (the stand-in CRD, installed if
+/// missing: every field kept) as Kargo's `argocd-update` step leaves it: annotation
+/// `kargo.akuity.io/argocd-context` listing the `{name, namespace}` of each Application the
+/// step updated (akuity/kargo v1.11.2 pkg/promotion/runner/builtin/argocd_updater.go:201-207,
+/// written to the Stage by pkg/api/stage.go:236-281), and `spec.shard` with the label Kargo's
+/// webhook keeps equal to it (api/v1alpha1/stage_types.go:216-220), if `shard` is given.
+pub async fn create_stage(
+    client: &kube::Client,
+    name: &str,
+    applications: &[(&str, &str)],
+    shard: Option<&str>,
+) -> Result<DynamicObject> {
+    objects::create_crd(client, "kargo.akuity.io", "Stage", "stages").await?;
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("kargo.akuity.io", "v1alpha1", "Stage"),
+        "stages",
+    );
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), PROJECT, &resource);
+    let context: Vec<Value> = applications
+        .iter()
+        .map(|(name, namespace)| json!({"name": name, "namespace": namespace}))
+        .collect();
+    let mut stage = json!({
+        "apiVersion": "kargo.akuity.io/v1alpha1", "kind": "Stage",
+        "metadata": {"name": name, "namespace": PROJECT,
+                     "annotations": {"kargo.akuity.io/argocd-context": Value::from(context).to_string()}},
+        "spec": {"requestedFreight": [{"origin": {"kind": "Warehouse", "name": "w"},
+                                       "sources": {"direct": true}}]}
+    });
+    if let Some(shard) = shard {
+        stage["spec"]["shard"] = Value::from(shard);
+        stage["metadata"]["labels"] = json!({"kargo.akuity.io/shard": shard});
+    }
+    objects::create_when_served(&api, &serde_json::from_value(stage)?).await
+}
+
 /// The name of the Promotion that put Freight `freight` into Stage `stage`, as Kargo names it:
 /// `<stage, cut to 218>.<ulid>.<first 7 characters of the Freight's name>`, lowercased
 /// (`GeneratePromotionName`, akuity/kargo v1.11.2 pkg/api/promotion.go:91-108). Kargo copies it

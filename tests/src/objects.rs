@@ -30,6 +30,25 @@ pub async fn jobs_of(cluster: &Cluster, uid: &str) -> Result<Vec<Job>> {
         .items)
 }
 
+/// The one Job of the run with UID `uid`, on `on`; `elsewhere` must have none of it.
+pub async fn the_one_job(on: &Cluster, elsewhere: &[&Cluster], uid: &str) -> Result<Job> {
+    let mut here = jobs_of(on, uid).await?;
+    let mut counts = vec![format!("{} on {}", here.len(), on.name)];
+    let mut stray = false;
+    for other in elsewhere {
+        let there = jobs_of(other, uid).await?.len();
+        stray |= there > 0;
+        counts.push(format!("{there} on {}", other.name));
+    }
+    anyhow::ensure!(
+        here.len() == 1 && !stray,
+        "Jobs of run {uid}: {}; want 1 on {} only",
+        counts.join(", "),
+        on.name
+    );
+    Ok(here.remove(0))
+}
+
 /// The label of every Job our server creates (`server/src/job.rs`).
 pub const MANAGED_LABEL: &str = "rollouts-dispatch.io/managed=true";
 

@@ -16,7 +16,8 @@ use crate::world::{block, eventually, request, run, World};
 const AGENTS: &str =
     "agents: {store: memory, offlineAfter: 60s, destinations: [{name: edge, namespace: verify}]}";
 
-fn seconds_now() -> u64 {
+/// Now, in seconds since the Unix epoch (the unit of `JobRef::deadline`).
+pub(crate) fn seconds_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())

@@ -18,7 +18,7 @@ use dispatch_server::verdict::Verdict;
 use dispatch_server::Phase;
 use serde_json::{json, Value};
 
-use crate::deadline::overdue;
+use crate::deadline::{overdue, seconds_now};
 use crate::fake_api::{FakeApi, Res};
 use crate::world::{request, run, World, NS};
 
@@ -283,14 +283,10 @@ async fn an_observe_checks_deadline_is_its_active_deadline_without_the_grace() -
     // A Job's deadline adds engine.deadlineGrace (2m) so that its own activeDeadlineSeconds
     // verdict comes first; an observe check has none to wait for.
     let w = World::start("").await?;
-    let before = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_secs();
+    let before = seconds_now();
     let check = json!({"rollout": {"name": "web", "image": "shop/web:2"}, "activeDeadline": "5m"});
     let job = start_check(&w, 13, "a", check).await?.job;
-    let after = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_secs();
+    let after = seconds_now();
     assert!(
         (before + 300..=after + 300).contains(&job.deadline),
         "{} is not 5m from now",

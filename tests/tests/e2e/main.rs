@@ -27,7 +27,7 @@ use dispatch_tests::analysis::{self, all_messages, measurement_message, phase, w
 use dispatch_tests::artifacts::example_analysis_templates;
 use dispatch_tests::cluster::argo;
 use dispatch_tests::kargo::{Verification, PROJECT, TENANT_B};
-use dispatch_tests::objects::{job_env, jobs_of};
+use dispatch_tests::objects::{job_env, jobs_of, the_one_job};
 use dispatch_tests::shared::{block_on, Shared};
 use dispatch_tests::wait::{eventually, Progress};
 use dispatch_tests::world::{Direct, DirectOptions, World};
@@ -67,21 +67,7 @@ fn alone(scenario: impl AsyncFnOnce(&mut World<Direct>) -> Result<()>) -> Result
 
 /// The one Job of `run`, on cluster-a; none may be on cluster-b or the control plane.
 async fn the_one_job_on_a(w: &World<Direct>, run: &DynamicObject) -> Result<Job> {
-    let uid = analysis::uid(run);
-    let (mut on_a, on_b, on_control) = (
-        jobs_of(&w.a, &uid).await?,
-        jobs_of(&w.b, &uid).await?,
-        jobs_of(&w.control, &uid).await?,
-    );
-    ensure!(
-        on_a.len() == 1 && on_b.is_empty() && on_control.is_empty(),
-        "Jobs of run {} ({uid}): {} on a, {} on b, {} on control; want 1/0/0",
-        analysis::name(run),
-        on_a.len(),
-        on_b.len(),
-        on_control.len()
-    );
-    Ok(on_a.remove(0))
+    the_one_job(&w.a, &[&w.b, &w.control], &analysis::uid(run)).await
 }
 
 /// What a run ended as, with the controller's last log lines: the report of a failed check.

@@ -16,10 +16,10 @@ use dispatch_api::v1::{DestinationInfo, DESTINATIONS};
 use dispatch_server::job::LABEL_DESTINATION;
 use dispatch_tests::analysis::{self, measurement_message, phase};
 use dispatch_tests::cluster::argocd::{self, apply_cluster_secret, cluster_config};
-use dispatch_tests::kargo::{Verification, PROJECT};
-use dispatch_tests::objects::{create_crd, create_when_served, job_env};
+use dispatch_tests::kargo::{create_stage, Verification};
+use dispatch_tests::objects::job_env;
 use dispatch_tests::wait::{eventually, Progress};
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use kube::api::{DynamicObject, PostParams};
 use serde_json::json;
 
 use crate::{report, side_by_side, the_one_job_on_a};
@@ -81,24 +81,7 @@ fn a_stage_verification_runs_where_the_stages_application_deploys() -> Result<()
             .create(&PostParams::default(), &app)
             .await
             .context("creating the Stage's Application")?;
-        // Kargo's Stage, a stand-in CRD that keeps every field (as for the Freight).
-        create_crd(control, "kargo.akuity.io", "Stage", "stages").await?;
-        let stages: Api<DynamicObject> = Api::namespaced_with(
-            control.clone(),
-            PROJECT,
-            &ApiResource::from_gvk_with_plural(
-                &GroupVersionKind::gvk("kargo.akuity.io", "v1alpha1", "Stage"),
-                "stages",
-            ),
-        );
-        let context = json!([{"name": STAGE, "namespace": argocd::NAMESPACE}]).to_string();
-        let stage: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "kargo.akuity.io/v1alpha1", "kind": "Stage",
-            "metadata": {"name": STAGE, "namespace": PROJECT,
-                         "annotations": {"kargo.akuity.io/argocd-context": context}},
-            "spec": {"requestedFreight": [{"origin": {"kind": "Warehouse", "name": "w"}, "sources": {"direct": true}}]}
-        }))?;
-        create_when_served(&stages, &stage).await?;
+        create_stage(control, STAGE, &[(STAGE, argocd::NAMESPACE)], None).await?;
 
         // The first verification passes; a re-verification requested by annotating the Stage
         // (no annotations on its run) fails.

@@ -14,7 +14,9 @@ use serde_json::json;
 
 use dispatch_tests::kargo::Verification;
 
-use super::{app_spec, on_scene, repo_with_shop, run_report, wait_synced_healthy, ARGOCD_TIMEOUT};
+use super::{
+    app_spec, on_scene, repo_with_shop, run_report, saying, wait_synced_healthy, ARGOCD_TIMEOUT,
+};
 
 /// A commit Argo CD can never be at.
 const NEVER: &str = "0123456789abcdef0123456789abcdef01234567";
@@ -52,14 +54,11 @@ fn an_application_deleted_mid_check_ends_at_the_deadline_saying_it_is_gone() -> 
         argocd::applications(&s.b)
             .delete(name, &DeleteParams::default())
             .await?;
-        let gone = eventually(
+        let gone = saying(
+            s,
+            &run,
             "the check saying the Application is gone",
-            ARGOCD_TIMEOUT,
-            || async {
-                let now = runs.get(analysis::name(&run)).await?;
-                let message = measurement_message(&now);
-                Ok(message.contains("not found").then_some(message))
-            },
+            "not found",
         )
         .await?;
         // An observe check has no Job whose own deadline comes first: it ends at the block's

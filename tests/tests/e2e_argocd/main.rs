@@ -9,17 +9,21 @@
 //! Here: the `application:` check Healthy and Degraded; `sync.rs`: the sync trigger to pushed
 //! commits, to a missing one, and while a sync runs; `airgapped.rs`: the air-gapped Stage's
 //! `http` steps and verification (`config/kargo-stage-airgapped.yaml`); `deleted.rs`: an
-//! Application deleted while a check waits for it.
+//! Application deleted while a check waits for it; `refresh.rs`: a pushed commit nobody syncs;
+//! `stage.rs`: `destination: stage` through two more real Argo CDs, on the control plane and on
+//! cluster-a (the servers' `argocd:` instances, [`stage::INSTANCES`]).
 //!
 //! Each scenario has its own repository and Application (Argo CD moves an Application's
 //! revision to its branch's newest commit, so sharing a branch would mix their revisions) and
 //! records what it observed; once every key of the summary has a value, the last line
 //! `argocd: version=… app_healthy=… app_degraded=… sync_trigger=… synced_revision=…
-//! missing_revision=… stage=todo airgapped_flow=…` is written (`make e2e-argocd` prints it
+//! missing_revision=… stage=… airgapped_flow=…` is written (`make e2e-argocd` prints it
 //! last). `#[ignore]`d for plain `cargo test`.
 
 mod airgapped;
 mod deleted;
+mod refresh;
+mod stage;
 mod sync;
 
 use std::collections::BTreeMap;
@@ -59,9 +63,12 @@ static SCENE: Shared<Scene> = Shared::new();
 
 impl Scene {
     async fn start() -> Result<Self> {
-        let sync_yaml = "applicationSync:\n  destinations: [\"cluster-b\"]\n";
+        let sync_yaml = format!(
+            "applicationSync:\n  destinations: [\"cluster-b\"]\n{}",
+            stage::INSTANCES
+        );
         let agent_args = ["--namespaces", argocd::NAMESPACE, "--argocd-sync"];
-        let w = World::start_with_agent_options(&[], sync_yaml, &agent_args).await?;
+        let w = World::start_with_agent_options(&[], &sync_yaml, &agent_args).await?;
         let options = ArgoCdOptions {
             persist_resource_health: std::env::var_os(PERSIST_ENV).is_some(),
         };
@@ -95,7 +102,7 @@ pub fn on_scene(scenario: impl AsyncFnOnce(&Scene) -> Result<()>) -> Result<()> 
 }
 
 static OUTCOMES: Mutex<BTreeMap<&'static str, String>> = Mutex::new(BTreeMap::new());
-/// The summary's keys, in its order (`stage` is a later slice of #29).
+/// The summary's keys, in its order.
 const SUMMARY_KEYS: [&str; 9] = [
     "version",
     "app_healthy",
@@ -107,8 +114,6 @@ const SUMMARY_KEYS: [&str; 9] = [
     "airgapped_flow",
     "sync_while_running",
 ];
-/// Keys no scenario of this slice records yet.
-const TODO: [&str; 1] = ["stage"];
 
 /// Records what a scenario observed under `key`; once every key of the summary has a value,
 /// writes the summary (`sync_while_running` is printed before it, not part of the line).
@@ -116,8 +121,7 @@ pub fn record(key: &'static str, outcome: &str) -> Result<()> {
     let line = {
         let mut outcomes = OUTCOMES.lock().unwrap_or_else(|e| e.into_inner());
         outcomes.insert(key, outcome.to_string());
-        let done = |k: &&str| TODO.contains(k) || outcomes.contains_key(k);
-        if !SUMMARY_KEYS.iter().all(done) {
+        if !SUMMARY_KEYS.iter().all(|k| outcomes.contains_key(k)) {
             return Ok(());
         }
         println!(
@@ -126,7 +130,7 @@ pub fn record(key: &'static str, outcome: &str) -> Result<()> {
         );
         let parts: Vec<String> = SUMMARY_KEYS[..8]
             .iter()
-            .map(|k| format!("{k}={}", outcomes.get(k).map_or("todo", String::as_str)))
+            .map(|k| format!("{k}={}", outcomes[k]))
             .collect();
         format!("argocd: {}", parts.join(" "))
     };
@@ -185,6 +189,7 @@ pub fn app_spec<'a>(name: &'a str, repo: &GitRepo, automated: bool) -> AppSpec<'
         name,
         repo_url: repo.url(),
         path: "deploy",
+        server: argocd_real::IN_CLUSTER,
         namespace: name,
         automated,
         create_namespace: true,
@@ -246,6 +251,18 @@ pub async fn verdict(
         )?;
     }
     run
+}
+
+/// Waits until the measurement message of `run` contains `needle` (what the check says while it
+/// waits, `what` for the timeout's message); returns the message.
+pub async fn saying(s: &Scene, run: &DynamicObject, what: &str, needle: &str) -> Result<String> {
+    let runs = s.w.runs();
+    eventually(what, ARGOCD_TIMEOUT, || async {
+        let now = runs.get(analysis::name(run)).await?;
+        let message = measurement_message(&now);
+        Ok(message.contains(needle).then_some(message))
+    })
+    .await
 }
 
 /// What a decided run shows, for a failed expectation.
@@ -360,6 +377,7 @@ fn the_harness_alone_syncs_a_pushed_commit_on_one_cluster() -> Result<()> {
             name: "alone",
             repo_url: repo.url(),
             path: "deploy",
+            server: argocd_real::IN_CLUSTER,
             namespace: "alone",
             automated: true,
             create_namespace: true,

@@ -241,6 +241,11 @@ impl Drop for ArgoCd {
     }
 }
 
+/// Argo CD's name of the cluster it runs on (`KubernetesInternalAPIServerAddr`, argo-cd v3.2.6
+/// pkg/apis/application/v1alpha1/application_defaults.go:28), made the harness's kubeconfig by
+/// `ARGOCD_FAKE_IN_CLUSTER`.
+pub const IN_CLUSTER: &str = "https://kubernetes.default.svc";
+
 /// What an Application of the tests is: its Git source and where it deploys.
 #[derive(Debug, Clone)]
 pub struct AppSpec<'a> {
@@ -250,7 +255,10 @@ pub struct AppSpec<'a> {
     pub repo_url: String,
     /// `source.path`: the directory of plain manifests.
     pub path: &'a str,
-    /// `destination.namespace` on the in-cluster destination.
+    /// `destination.server`: [`IN_CLUSTER`] (the cluster Argo CD runs on) or the URL of a
+    /// cluster one of its cluster Secrets names.
+    pub server: &'a str,
+    /// `destination.namespace`.
     pub namespace: &'a str,
     /// `syncOptions: [CreateNamespace=true]`: the sync creates [`Self::namespace`]; otherwise
     /// it must exist.
@@ -279,8 +287,7 @@ pub async fn create_application(client: &Client, spec: &AppSpec<'_>) -> Result<D
             "project": "default",
             "source": {"repoURL": spec.repo_url, "path": spec.path,
                        "targetRevision": git::BRANCH},
-            "destination": {"server": "https://kubernetes.default.svc",
-                            "namespace": spec.namespace},
+            "destination": {"server": spec.server, "namespace": spec.namespace},
             "syncPolicy": sync_policy
         }
     }))?;
