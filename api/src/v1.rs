@@ -20,6 +20,10 @@ pub const TERMINATE: &str = "/v1/measurements/terminate";
 pub const GC: &str = "/v1/gc";
 /// `GET`: the destinations this server knows ([`DestinationInfo`] rows).
 pub const DESTINATIONS: &str = "/v1/destinations";
+/// `GET ?epoch=&after=&waitSeconds=`: resume hints, a long poll ([`HintPage`]).
+pub const HINTS: &str = "/v1/measurements/hints";
+/// The longest `waitSeconds` of [`HINTS`] the server holds a request for.
+pub const MAX_HINT_WAIT_SECONDS: u32 = 30;
 
 /// Measurement metadata set by Terminate: comma-separated destinations whose Jobs were not
 /// deleted yet (the server retries them; `unknown` when the plugin could not reach the server).
@@ -143,4 +147,48 @@ pub struct ApiError {
     pub code: String,
     /// what happened and what to do
     pub message: String,
+}
+
+/// A nudge: a Job of this measurement has finished on some destination, so its verdict may be
+/// ready. Never a verdict itself (the plugin asks `status` for that); hints of measurements the
+/// plugin has not in flight are dropped.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResumeHint {
+    /// the AnalysisRun's namespace (the Kargo project)
+    pub namespace: String,
+    /// the AnalysisRun's UID
+    pub run_uid: String,
+    /// the Job name (the same on every destination of the measurement)
+    pub job: String,
+}
+
+/// One answer of [`HINTS`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HintPage {
+    /// the server process's epoch: send it back with `after`
+    pub epoch: String,
+    /// the number to send as `after` next time
+    pub cursor: u64,
+    /// the hints after the `after` asked, for the caller's projects
+    pub hints: Vec<ResumeHint>,
+    /// hints may have been missed (a first call, another server process, a reader too far
+    /// behind): whatever is in flight may have finished unseen
+    pub reset: bool,
+}
+
+/// The query of [`HINTS`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HintQuery {
+    /// the epoch of the last page, if any
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<String>,
+    /// the cursor of the last page, if any
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<u64>,
+    /// how long to wait for a hint (at most [`MAX_HINT_WAIT_SECONDS`]); 0: answer at once
+    #[serde(default)]
+    pub wait_seconds: u32,
 }

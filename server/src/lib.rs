@@ -17,7 +17,8 @@
 //! * [`policy`]: which Kargo projects may use which destinations and namespaces, and with which
 //!   [`podsecurity`] profile (the Pod Security Standards check that the server and the agent run,
 //!   and what the pods may reference, set and use); [`glob`]: the globs of both.
-//! * [`engine`]: the core, [`engine::Engine`] (`ensure`, `status`, `terminate`, `gc`).
+//! * [`engine`]: the core, [`engine::Engine`] (`ensure`, `status`, `terminate`, `gc`);
+//!   [`hints`]: the resume hints its watch caches and store emit when a Job finishes.
 //! * The features, each with its routes and state: [`measure`] (the plugin's calls and the
 //!   agents' work), [`logs`] (tails in verdicts, whole logs, relayed from agents),
 //!   [`applications`] (Argo CD Applications), [`ui`] (the pages); [`app`] builds them over one
@@ -36,6 +37,7 @@ pub mod config;
 pub mod destinations;
 pub mod engine;
 pub mod glob;
+pub mod hints;
 pub mod http;
 pub mod job;
 pub mod logs;

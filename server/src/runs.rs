@@ -143,6 +143,8 @@ pub enum RunError {
 #[derive(Debug, Default)]
 struct State {
     runs: HashMap<(String, String), RunFacts>,
+    /// run uid → namespace, of `runs`
+    namespaces: HashMap<String, String>,
     /// the objects of a re-list in progress, swapped in at its end
     relist: Option<HashMap<(String, String), RunFacts>>,
     synced: bool,
@@ -154,12 +156,21 @@ impl State {
         match event {
             Event::Apply(run) => {
                 if let Some((key, facts)) = RunFacts::of(&run) {
-                    self.runs.insert(key, facts);
+                    self.namespaces.insert(facts.uid.clone(), key.0.clone());
+                    let uid = facts.uid.clone();
+                    // A run deleted and created again under its name has a new uid.
+                    if let Some(old) = self.runs.insert(key, facts) {
+                        if old.uid != uid {
+                            self.namespaces.remove(&old.uid);
+                        }
+                    }
                 }
             }
             Event::Delete(run) => {
                 if let Some((key, _)) = RunFacts::of(&run) {
-                    self.runs.remove(&key);
+                    if let Some(old) = self.runs.remove(&key) {
+                        self.namespaces.remove(&old.uid);
+                    }
                 }
             }
             Event::Init => self.relist = Some(HashMap::new()),
@@ -170,6 +181,10 @@ impl State {
             }
             Event::InitDone => {
                 if let Some(relist) = self.relist.take() {
+                    self.namespaces = relist
+                        .iter()
+                        .map(|((namespace, _), f)| (f.uid.clone(), namespace.clone()))
+                        .collect();
                     self.runs = relist;
                 }
                 self.synced = true;
@@ -250,6 +265,12 @@ impl Runs {
             .unwrap_or_else(|e| e.into_inner())
             .problem = Some(problem);
         self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// Whether the run with UID `uid` is in `namespace` (as the watch last saw it).
+    pub fn is_run_in(&self, namespace: &str, uid: &str) -> bool {
+        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+        state.namespaces.get(uid).is_some_and(|ns| ns == namespace)
     }
 
     /// Whether the first list has arrived.
@@ -416,6 +437,29 @@ mod tests {
             ),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_runs_namespace_is_known_by_its_uid_through_recreation_delete_and_relist() {
+        let runs = synced(vec![run(
+            "team-a",
+            "uat.1",
+            "uid-1",
+            json!([ours("smoke")]),
+        )]);
+        assert!(runs.is_run_in("team-a", "uid-1"));
+        assert!(
+            !runs.is_run_in("team-b", "uid-1"),
+            "a uid is in one namespace"
+        );
+        runs.apply(Event::Apply(run("team-a", "uat.1", "uid-2", json!([]))));
+        assert!(!runs.is_run_in("team-a", "uid-1") && runs.is_run_in("team-a", "uid-2"));
+        runs.apply(Event::Delete(run("team-a", "uat.1", "uid-2", json!([]))));
+        assert!(!runs.is_run_in("team-a", "uid-2"));
+        runs.apply(Event::Init);
+        runs.apply(Event::InitApply(run("team-b", "x", "uid-3", json!([]))));
+        runs.apply(Event::InitDone);
+        assert!(runs.is_run_in("team-b", "uid-3"));
     }
 
     #[test]

@@ -171,6 +171,10 @@ pub fn router<M: Measure>(features: &Features<M>, gate: Gate, metrics: Arc<Metri
             features.measure.clone(),
             metrics.clone(),
             features.measurement_calls.clone(),
+            (
+                features.engine.registry().hints().clone(),
+                features.runs.clone(),
+            ),
         ))
         .merge(agents::routes(features.agents.clone()))
         .merge(log_routes::upload_routes(features.logs.clone()))

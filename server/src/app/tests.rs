@@ -391,6 +391,7 @@ async fn the_openapi_document_lists_exactly_the_routes() {
         api::STATUS,
         api::TERMINATE,
         api::GC,
+        api::HINTS,
         "/v1/destinations",
         "/v1/openapi.json",
         agent_api::WORK,

@@ -32,6 +32,11 @@ pub type Key = (String, String);
 /// Computes the group key of an object (`None`: in no group).
 pub type GroupFn<K> = fn(&K) -> Option<String>;
 
+/// Called with the object before (`None`: new to the cache) and after each change the watch
+/// delivers — live events and, after a reconnect, what its relist changed; not for the first
+/// list (that is the state the cache starts from, not a change). Outside the cache's lock.
+pub type ChangeHook<K> = Arc<dyn Fn(Option<&K>, &K) + Send + Sync>;
+
 struct State<K> {
     objects: HashMap<Key, Arc<K>>,
     groups: HashMap<String, HashSet<Key>>,
@@ -64,6 +69,7 @@ pub struct Cache<K> {
     health: Mutex<Vec<Health>>,
     ready: watch::Sender<bool>,
     group_of: GroupFn<K>,
+    on_change: Option<ChangeHook<K>>,
 }
 
 impl<K> Debug for Cache<K> {
@@ -113,7 +119,14 @@ where
             // No namespace to watch: nothing to wait for.
             ready: watch::channel(watches == 0).0,
             group_of,
+            on_change: None,
         }
+    }
+
+    /// The cache, calling `hook` on every change ([`ChangeHook`]).
+    pub fn with_hook(mut self, hook: ChangeHook<K>) -> Self {
+        self.on_change = Some(hook);
+        self
     }
 
     /// Starts the watches (one per namespace, or one over all) with `selector`; the caller
@@ -304,7 +317,12 @@ where
             Event::Apply(obj) => {
                 if let Some(key) = key_of(&obj) {
                     let obj = Arc::new(slim(obj));
-                    insert(&mut state, self.group_of, key, obj);
+                    let old = state.objects.get(&key).cloned();
+                    insert(&mut state, self.group_of, key, obj.clone());
+                    drop(state);
+                    if let Some(hook) = &self.on_change {
+                        hook(old.as_deref(), &obj);
+                    }
                 }
             }
             Event::Delete(obj) => {
@@ -329,6 +347,15 @@ where
                     .get_mut(index)
                     .and_then(Option::take)
                     .unwrap_or_default();
+                // What the relist changed, for the hook: not on the first list.
+                let relisted = state.listed.get(index).copied().unwrap_or(false);
+                let changes: Vec<(Option<Arc<K>>, Arc<K>)> = match &self.on_change {
+                    Some(_) if relisted => fresh
+                        .iter()
+                        .map(|(key, obj)| (state.objects.get(key).cloned(), obj.clone()))
+                        .collect(),
+                    _ => Vec::new(),
+                };
                 // A relist replaces what this watch covers, and nothing the others cover.
                 match self.scopes.get(index).and_then(|s| s.as_deref()) {
                     None => state.objects = fresh,
@@ -351,6 +378,11 @@ where
                 drop(state);
                 if all_listed {
                     self.ready.send_replace(true);
+                }
+                if let Some(hook) = &self.on_change {
+                    for (old, new) in &changes {
+                        hook(old.as_deref(), new);
+                    }
                 }
             }
         }
@@ -424,6 +456,39 @@ mod tests {
 
     fn group_of(c: &ConfigMap) -> Option<String> {
         c.metadata.labels.as_ref()?.get("g").cloned()
+    }
+
+    #[test]
+    fn the_hook_sees_changes_and_relists_but_not_the_first_list() {
+        type Seen = Vec<(Option<String>, String)>;
+        let seen: Arc<Mutex<Seen>> = Arc::default();
+        let log = seen.clone();
+        let hook: ChangeHook<ConfigMap> = Arc::new(move |old, new| {
+            let g = |c: &ConfigMap| group_of(c).unwrap_or_default();
+            log.lock().unwrap().push((old.map(g), g(new)));
+        });
+        let cache = Cache::new("ConfigMap", "d", group_of, None).with_hook(hook);
+        cache.handle(0, Event::Init);
+        cache.handle(0, Event::InitApply(cm("a", "x", "g1")));
+        cache.handle(0, Event::InitDone);
+        assert!(
+            seen.lock().unwrap().is_empty(),
+            "the first list is no change"
+        );
+        cache.handle(0, Event::Apply(cm("a", "x", "g2")));
+        cache.handle(0, Event::Apply(cm("a", "y", "g1")));
+        // A reconnect: the relist brings x as it is now.
+        cache.handle(0, Event::Init);
+        cache.handle(0, Event::InitApply(cm("a", "x", "g3")));
+        cache.handle(0, Event::InitDone);
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![
+                (Some("g1".to_string()), "g2".to_string()),
+                (None, "g1".to_string()),
+                (Some("g2".to_string()), "g3".to_string()),
+            ]
+        );
     }
 
     #[tokio::test]

@@ -25,6 +25,7 @@ mod agent;
 pub mod argocd;
 pub mod cache;
 pub mod client;
+mod source;
 pub mod stage;
 
 use std::collections::BTreeMap;
@@ -39,13 +40,14 @@ use tokio::sync::watch;
 
 use crate::config::{
     check_destination_name, DestinationConfig, EngineSettings, KubeconfigContexts,
-    DEFAULT_ARGOCD_INSTANCE,
 };
+use crate::hints::Hints;
 use crate::job::MANAGED_SELECTOR;
 use crate::policy::glob_match;
 pub use agent::AgentDestination;
-use cache::Cache;
+use cache::{Cache, ChangeHook};
 use client::{AccessError, RequestCounter};
+pub use source::Source;
 
 /// The warning of a destination whose TLS certificates are not verified.
 pub const INSECURE_WARNING: &str = "insecure: TLS certificates are not verified (Argo CD \
@@ -56,131 +58,6 @@ pub const INSECURE_WARNING: &str = "insecure: TLS certificates are not verified 
 pub const IN_CLUSTER_NAME: &str = "in-cluster";
 /// Server URL of Argo CD's implicit local cluster.
 pub const IN_CLUSTER_SERVER: &str = "https://kubernetes.default.svc";
-
-/// Where a destination comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Source {
-    /// `destinations[index]` of the config file
-    Config {
-        /// position in the file
-        index: usize,
-    },
-    /// an Argo CD cluster Secret
-    ArgoCd {
-        /// the Argo CD instance (`argocd[].name`) whose Secret it is
-        instance: String,
-        /// its namespace
-        namespace: String,
-        /// its name
-        secret: String,
-    },
-    /// Argo CD's implicit `in-cluster` (the control plane), of the instance on the control plane
-    ArgoCdInCluster {
-        /// the instance (`argocd[].name`)
-        instance: String,
-    },
-    /// the cluster an Argo CD instance with `kubeconfig` runs on, named after the instance
-    ArgoCdHome {
-        /// the instance (`argocd[].name`)
-        instance: String,
-    },
-    /// a kubeconfig context
-    Kubeconfig {
-        /// the file
-        path: String,
-        /// the context
-        context: String,
-    },
-    /// `agents.destinations[index]` of the config file: reached through its agent
-    Agent {
-        /// position in the file
-        index: usize,
-    },
-    /// the cluster an agent runs in (the agent's own registry)
-    Local,
-}
-
-impl Source {
-    /// Lower wins when two sources define the same name (or, for an Application, the same
-    /// server): what the platform team configured, then `in-cluster`, then Argo CD cluster
-    /// Secrets, which whoever may write Secrets in the Argo CD namespace controls.
-    fn priority(&self) -> u8 {
-        match self {
-            // An instance's own cluster is configured like a destination: no Secret replaces it.
-            Self::Config { .. } | Self::Agent { .. } | Self::Local | Self::ArgoCdHome { .. } => 0,
-            Self::ArgoCdInCluster { .. } => 1,
-            Self::ArgoCd { .. } => 2,
-            Self::Kubeconfig { .. } => 3,
-        }
-    }
-
-    /// The setting that limits a destination of this source to namespaces, for messages.
-    pub fn namespaces_key(&self) -> String {
-        match self {
-            Self::Config { index } => format!("`destinations[{index}].namespaces`"),
-            Self::ArgoCd { .. } => {
-                format!("annotation `{}` of {self}", argocd::NAMESPACES_ANNOTATION)
-            }
-            Self::ArgoCdInCluster { instance } | Self::ArgoCdHome { instance } => {
-                if instance == DEFAULT_ARGOCD_INSTANCE {
-                    "`argocd.inClusterNamespaces`".to_string()
-                } else {
-                    format!("`argocd[].inClusterNamespaces` of Argo CD instance {instance}")
-                }
-            }
-            Self::Kubeconfig { .. } => "`namespaces` (kubeconfig contexts have none)".to_string(),
-            Self::Agent { index } => {
-                format!("the agent's `--namespaces` (agents.destinations[{index}])")
-            }
-            Self::Local => "the agent's `--namespaces`".to_string(),
-        }
-    }
-
-    /// Whether Argo CD defines it.
-    pub fn is_argocd(&self) -> bool {
-        self.argocd_instance().is_some()
-    }
-
-    /// The Argo CD instance (`argocd[].name`) that defines it, if one does.
-    pub fn argocd_instance(&self) -> Option<&str> {
-        match self {
-            Self::ArgoCd { instance, .. }
-            | Self::ArgoCdInCluster { instance }
-            | Self::ArgoCdHome { instance } => Some(instance),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for Source {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Config { index } => write!(f, "config destinations[{index}]"),
-            // The single-map form's instance is not named: its messages read as before.
-            Self::ArgoCd {
-                instance,
-                namespace,
-                secret,
-            } => {
-                write!(f, "Argo CD cluster Secret {namespace}/{secret}")?;
-                if instance != DEFAULT_ARGOCD_INSTANCE {
-                    write!(f, " of Argo CD instance {instance}")?;
-                }
-                Ok(())
-            }
-            Self::ArgoCdInCluster { .. } => {
-                f.write_str("Argo CD's implicit in-cluster destination")
-            }
-            Self::ArgoCdHome { instance } => write!(
-                f,
-                "the cluster Argo CD instance {instance} runs on (its `kubeconfig`)"
-            ),
-            Self::Kubeconfig { path, context } => write!(f, "kubeconfig {path} context {context}"),
-            Self::Agent { index } => write!(f, "config agents.destinations[{index}]"),
-            Self::Local => f.write_str("the agent's own cluster"),
-        }
-    }
-}
 
 /// Why a [`DestinationSpec`] has no client config: the credentials its source gives cannot be
 /// used. The destination is then registered as [`Broken`] with this message.
@@ -268,6 +145,16 @@ pub(crate) fn job_group(job: &Job) -> Option<String> {
     crate::job::run_uid_of(job.metadata.labels.as_ref()?).map(|(_, uid)| uid.to_string())
 }
 
+/// Emits the resume hint of a Job that has just finished (it had no final condition before, or
+/// was not in the cache).
+fn job_hints(hints: Hints) -> ChangeHook<Job> {
+    Arc::new(move |old, new| {
+        if let Some(hint) = crate::hints::of_finished_job(old, new) {
+            hints.emit(hint);
+        }
+    })
+}
+
 fn pod_group(pod: &Pod) -> Option<String> {
     let owner = pod
         .metadata
@@ -286,11 +173,13 @@ fn pod_group_key(namespace: &str, job: &str) -> String {
 }
 
 impl Destination {
-    /// Builds the client and starts the watch caches (without waiting for them).
+    /// Builds the client and starts the watch caches (without waiting for them); a Job of ours
+    /// that gets its final condition there emits a resume hint into `hints`.
     fn start(
         spec: &DestinationSpec,
         config: kube::Config,
         settings: &EngineSettings,
+        hints: &Hints,
     ) -> Result<Self, AccessError> {
         let counter = RequestCounter::default();
         let insecure = config.accept_invalid_certs;
@@ -302,7 +191,9 @@ impl Destination {
         // Limited to namespaces: one watch per namespace, so that no cluster-wide list or watch
         // (of every Pod of the cluster, plain env values included) is needed.
         let watched = spec.namespaces.as_deref();
-        let jobs = Arc::new(Cache::new("Job", &spec.name, job_group, watched));
+        let jobs = Arc::new(
+            Cache::new("Job", &spec.name, job_group, watched).with_hook(job_hints(hints.clone())),
+        );
         let pods = Arc::new(Cache::new("Pod", &spec.name, pod_group, watched));
         let mut tasks = jobs.spawn(&client, MANAGED_SELECTOR);
         tasks.extend(pods.spawn(&client, MANAGED_SELECTOR));
@@ -482,6 +373,7 @@ struct Slot {
 pub struct Registry {
     slots: RwLock<BTreeMap<String, Slot>>,
     settings: EngineSettings,
+    hints: Hints,
     version: watch::Sender<u64>,
     sources_synced: watch::Sender<bool>,
 }
@@ -501,9 +393,15 @@ impl Registry {
         Self {
             slots: RwLock::new(BTreeMap::new()),
             settings,
+            hints: Hints::new(),
             version: watch::channel(0).0,
             sources_synced: watch::channel(!live_sources).0,
         }
+    }
+
+    /// The resume hints its destinations' Job caches emit (`crate::hints`).
+    pub fn hints(&self) -> &Hints {
+        &self.hints
     }
 
     /// The entry called `name`.
@@ -586,10 +484,12 @@ impl Registry {
         let name = spec.name.clone();
         let fingerprint = spec.fingerprint;
         let entry = match &spec.config {
-            Ok(config) => match Destination::start(&spec, config.clone(), &self.settings) {
-                Ok(d) => Entry::Ready(Arc::new(d)),
-                Err(e) => Entry::Broken(Arc::new(broken(&spec, &e))),
-            },
+            Ok(config) => {
+                match Destination::start(&spec, config.clone(), &self.settings, &self.hints) {
+                    Ok(d) => Entry::Ready(Arc::new(d)),
+                    Err(e) => Entry::Broken(Arc::new(broken(&spec, &e))),
+                }
+            }
             Err(e) => Entry::Broken(Arc::new(broken(&spec, e))),
         };
         if let Entry::Broken(b) = &entry {

@@ -125,6 +125,10 @@ impl Engine {
                     )))
                 }
             });
+            if let Some(store) = &store {
+                // An agent's final report nudges the plugin as a Job's end does.
+                store.index().set_hints(registry.hints().clone());
+            }
             for (i, a) in agents.destinations.iter().enumerate() {
                 registry.insert_agent(AgentDestination::new(
                     &a.name,

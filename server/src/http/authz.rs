@@ -49,6 +49,16 @@ pub fn agent_caller(caller: &Principal, destination: &str) -> Result<(), Dispatc
 
 /// Refuses agent tokens, and callers not bound to the run's project.
 pub fn measurement_caller(caller: &Principal, run: &RunRef) -> Result<(), DispatchError> {
+    not_an_agent(caller)?;
+    let project = &run.namespace;
+    if caller.projects.allows(project) {
+        return Ok(());
+    }
+    refused_project(caller, run)
+}
+
+/// Refuses agent tokens on the plugin's routes.
+pub fn not_an_agent(caller: &Principal) -> Result<(), DispatchError> {
     if let Some(dest) = &caller.destination {
         tracing::warn!(subject = %caller.subject, token_destination = %dest,
                        "refused: agent token on a measurement route");
@@ -63,10 +73,12 @@ pub fn measurement_caller(caller: &Principal, run: &RunRef) -> Result<(), Dispat
             .into(),
         ));
     }
+    Ok(())
+}
+
+/// The refusal of `caller`, which is not bound to `run`'s project, naming the fix.
+fn refused_project(caller: &Principal, run: &RunRef) -> Result<(), DispatchError> {
     let project = &run.namespace;
-    if caller.projects.allows(project) {
-        return Ok(());
-    }
     let Projects { globs, bound_by } = &caller.projects;
     tracing::warn!(subject = %caller.subject, %project, bound_to = ?globs,
                    "refused: caller not bound to the run's project");

@@ -27,8 +27,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use crate::hints::Hints;
 use crate::verdict::DestState;
 use dispatch_api::observe::ApplicationState;
+use dispatch_api::v1::ResumeHint;
 
 /// API group of the `DispatchJob` resource.
 pub const GROUP: &str = "rollouts-dispatch.io";
@@ -224,17 +226,17 @@ impl StoreError {
 /// Where the records live: one of the two backends. Reads come from the backend's [`Index`];
 /// writes go to the backend.
 pub enum Store {
-    /// records in this process only ([`memory::MemoryStore`])
-    Memory(memory::MemoryStore),
-    /// `DispatchJob` resources on the control plane ([`kubernetes::KubeStore`]); boxed, as it is
-    /// several times the size of the memory store
+    /// records in this process only ([`memory::MemoryStore`]); boxed, like the other, so that
+    /// a `Store` is a pointer whichever it is
+    Memory(Box<memory::MemoryStore>),
+    /// `DispatchJob` resources on the control plane ([`kubernetes::KubeStore`]), boxed
     Kubernetes(Box<kubernetes::KubeStore>),
 }
 
 impl Store {
     /// An empty store in this process only.
     pub fn memory() -> Self {
-        Store::Memory(memory::MemoryStore::new())
+        Store::Memory(Box::new(memory::MemoryStore::new()))
     }
     /// The in-memory view of the records.
     pub fn index(&self) -> &Index {
@@ -346,6 +348,8 @@ struct IndexState {
     by_destination: HashMap<String, BTreeSet<String>>,
     by_run: HashMap<String, BTreeSet<String>>,
     notify: HashMap<String, watch::Sender<u64>>,
+    /// where a record of a measurement that gets its final state emits a resume hint
+    hints: Option<Hints>,
 }
 
 impl IndexState {
@@ -392,7 +396,30 @@ fn is_older(new: Option<&str>, old: Option<&str>) -> bool {
     }
 }
 
+/// The resume hint of `new`, a measurement's record whose state has just become final: it had
+/// a record before (`old`) without one. A record new to this process is not a change (the first
+/// list of the store, or a record made final at once); neither are the Application routes'
+/// records, which are no measurement.
+fn finished_hint(old: Option<&DispatchJob>, new: &DispatchJob) -> Option<ResumeHint> {
+    let is_final = |j: &DispatchJob| {
+        j.status
+            .as_ref()
+            .and_then(|st| st.state.as_ref())
+            .is_some_and(DestState::is_final)
+    };
+    let measurement = new.spec.for_stage.is_none() && new.spec.sync.is_none();
+    (measurement && is_final(new) && !is_final(old?)).then(|| ResumeHint {
+        namespace: new.spec.project.clone(),
+        run_uid: new.spec.run_uid.clone(),
+        job: new.spec.job_name.clone(),
+    })
+}
+
 fn upsert_locked(s: &mut IndexState, job: DispatchJob) -> bool {
+    let hint = s
+        .hints
+        .as_ref()
+        .and_then(|_| finished_hint(s.by_name.get(&job.name), &job));
     if let Some(old) = s.by_name.get(&job.name) {
         if *old == job
             || is_older(
@@ -419,10 +446,19 @@ fn upsert_locked(s: &mut IndexState, job: DispatchJob) -> bool {
     let destination = job.spec.destination.clone();
     s.by_name.insert(job.name.clone(), job);
     s.touch(&destination);
+    if let (Some(hint), Some(hints)) = (hint, &s.hints) {
+        hints.emit(hint);
+    }
     true
 }
 
 impl Index {
+    /// From now on, a measurement's record that gets its final state emits a resume hint into
+    /// `hints` ([`finished_hint`]).
+    pub fn set_hints(&self, hints: Hints) {
+        self.write().hints = Some(hints);
+    }
+
     /// The record called `name`.
     pub fn get(&self, name: &str) -> Option<DispatchJob> {
         self.read().by_name.get(name).cloned()

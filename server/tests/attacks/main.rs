@@ -57,6 +57,9 @@
 //! * [`destination_errors`]: an unknown destination, a selector matching only another tenant's
 //!   destination, another tenant's destination by name → refused naming only the caller's own
 //!   destinations (never another tenant's names or labels, nor whether one exists).
+//! * [`hints`]: the resume hints feed — an agent token is refused; a project's plugin token sees
+//!   only its project's hints; a tenant forging the run namespace on its own Job carries its
+//!   hint to nobody (with `confirmRuns`).
 //! * [`observe`]: an observe check (`rollout:`) redirected — the status block naming another
 //!   Rollout still observes the signed reference's; the reference edited to observe another →
 //!   403; an observed namespace outside the project's policy → 403 at ensure; no destination
@@ -114,6 +117,7 @@ mod budgets;
 mod callers;
 mod deadlines;
 mod destination_errors;
+mod hints;
 mod logs;
 mod namespaces;
 mod observe;

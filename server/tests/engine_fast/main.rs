@@ -27,6 +27,7 @@ mod doctor;
 mod expiry;
 mod failures;
 mod fake_api;
+mod hints;
 mod lifecycle;
 mod log_peers;
 mod log_secrets;
