@@ -142,7 +142,7 @@ e2e-ui: k8s-bin plugin-release ## issue #17 end to end: full logs through the AP
 	$(call summary_test,e2e_ui,$(CLUSTER_ENV),grep -vE '^time=|^[0-9-]+T[0-9:.]+Z \[')
 
 .PHONY: bench-verdict
-bench-verdict: k8s-bin plugin-release ## Job completion → AnalysisRun phase change, Jobs of 5 s, 60 s and 300 s: our plugin vs Argo's built-in job provider side by side (about 7 min; last line `verdict_ratio_5s=X verdict_ratio_60s=Y verdict_ratio_300s=Z patches_per_min=P`, ours over built-in, p50)
+bench-verdict: k8s-bin plugin-release ## Job completion → AnalysisRun phase change, Jobs of 5 s, 60 s and 300 s: our plugin vs Argo's built-in job provider side by side (about 7 min; last line `verdict_ratio_5s=X verdict_ratio_60s=Y verdict_ratio_300s=Z writes_ratio=W`, ours over built-in: p50 latencies, and AnalysisRun status writes per running measurement per minute)
 	$(call summary_test,bench_verdict,$(CLUSTER_ENV),grep -vE '^time=|^[0-9-]+T[0-9:.]+Z \[')
 
 .PHONY: test-cli

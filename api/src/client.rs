@@ -201,6 +201,22 @@ impl ServerClient {
         self.send(path, req).await
     }
 
+    /// `PATCH {base}{path}` with `body` of `content_type` (e.g. a JSON patch to a Kubernetes
+    /// API server, whose `Status` replies decode as [`ApiError`] code `http_<status>`).
+    pub async fn patch<Resp: DeserializeOwned>(
+        &self,
+        path: &str,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> Result<Resp, CallError> {
+        let req = self
+            .http
+            .patch(format!("{}{path}", self.base))
+            .header(reqwest::header::CONTENT_TYPE, content_type)
+            .body(body);
+        self.send(path, req).await
+    }
+
     /// `GET {base}{path}`; decodes a JSON reply or an [`ApiError`].
     pub async fn get<Resp: DeserializeOwned>(&self, path: &str) -> Result<Resp, CallError> {
         self.send(path, self.http.get(format!("{}{path}", self.base)))

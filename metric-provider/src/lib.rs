@@ -10,6 +10,7 @@
 //!   net/rpc `Plugin` service.
 //! * [`provider`]: the provider: local validation of the plugin block
 //!   ([`dispatch_api::JobConfig`]), then the server through [`dispatch_api::client`].
+//! * [`resume`]: the resume hints: a measurement resumes as soon as its Job ends.
 //! * [`log`]: hclog-style JSON logging on stderr.
 
 use std::process::ExitCode;
@@ -17,11 +18,13 @@ use std::sync::Arc;
 
 pub mod log;
 pub mod provider;
+pub mod resume;
 pub mod rollouts;
 
 use dispatch_api::client::{ClientConfig, ServerClient};
 use dispatch_plugin::{HandshakeConfig, ServeConfig};
 use provider::{DispatchProvider, ProviderConfig};
+use resume::Resumer;
 use rollouts::PluginService;
 
 /// This build's version, reported in metric metadata.
@@ -57,6 +60,27 @@ pub struct Args {
     /// finished Job can be noticed.
     #[arg(long, env = "ROLLOUTS_DISPATCH_MAX_RESUME_INTERVAL", default_value = "3s", value_parser = parse_duration)]
     pub max_resume_interval: std::time::Duration,
+    /// Follow the server's resume hints and resume a measurement as soon as its Job ends, by
+    /// moving its `resumeAt` with the controller's own credentials (`false`: every
+    /// `--max-resume-interval`).
+    #[arg(long, env = "ROLLOUTS_DISPATCH_RESUME_HINTS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub resume_hints: bool,
+    /// While hints flow, the longest wait between two checks of a running measurement (Go
+    /// duration): how late a verdict a hint does not announce (an image that cannot be pulled)
+    /// is noticed.
+    #[arg(long, env = "ROLLOUTS_DISPATCH_RESUME_SAFETY_INTERVAL", default_value = "60s", value_parser = parse_duration)]
+    pub resume_safety_interval: std::time::Duration,
+    /// The controller's Kubernetes API server, for the resume hints (default: in cluster,
+    /// `https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT`).
+    #[arg(long, env = "ROLLOUTS_DISPATCH_KUBE_API_SERVER")]
+    pub kube_api_server: Option<String>,
+    /// Bearer token file for `--kube-api-server` (default: the pod's ServiceAccount token, the
+    /// controller's).
+    #[arg(long, env = "ROLLOUTS_DISPATCH_KUBE_TOKEN_FILE")]
+    pub kube_token_file: Option<std::path::PathBuf>,
+    /// CA file of `--kube-api-server` (default: the pod's ServiceAccount CA).
+    #[arg(long, env = "ROLLOUTS_DISPATCH_KUBE_CA_FILE")]
+    pub kube_ca_file: Option<std::path::PathBuf>,
     /// Timeout of one request to the server (Go duration).
     #[arg(long, env = "ROLLOUTS_DISPATCH_REQUEST_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub request_timeout: std::time::Duration,
@@ -91,6 +115,11 @@ pub fn run(args: Args) -> ExitCode {
         outage_deadline,
         request_timeout,
         max_resume_interval,
+        resume_hints,
+        resume_safety_interval,
+        kube_api_server,
+        kube_token_file,
+        kube_ca_file,
         log_level: _,
     } = args;
     let client = match server {
@@ -111,10 +140,30 @@ pub fn run(args: Args) -> ExitCode {
             }
         },
     };
+    let kube = resume::KubeAccess {
+        server: kube_api_server,
+        token_file: kube_token_file,
+        ca_file: kube_ca_file,
+    };
+    let resumer = match (&client, resume_hints) {
+        (Some(server), true) => match kube.client(request_timeout) {
+            Ok(kube) => Some(Arc::new(Resumer::new(
+                server.clone(),
+                kube,
+                resume_safety_interval,
+            ))),
+            Err(why) => {
+                tracing::warn!(%why, "no resume hints: measurements resume every --max-resume-interval");
+                None
+            }
+        },
+        _ => None,
+    };
     let provider = Arc::new(DispatchProvider::new(ProviderConfig {
         client,
         outage_deadline,
         max_resume_interval,
+        resumer: resumer.clone(),
     }));
     // One thread is plenty: every call is I/O-bound, and a small footprint matters inside the controller.
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -128,6 +177,9 @@ pub fn run(args: Args) -> ExitCode {
         }
     };
     tracing::info!(version = VERSION, "rollouts-dispatch-plugin started");
+    if let Some(r) = resumer {
+        runtime.spawn(r.follow());
+    }
     let served = runtime.block_on(dispatch_plugin::serve(ServeConfig {
         handshake: HANDSHAKE,
         plugins: vec![(

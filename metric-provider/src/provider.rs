@@ -15,6 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tracing::{info, warn};
 
+use crate::resume::Resumer;
 use crate::rollouts::{
     phase, AnalysisRun, Measurement, Metric, MetricProvider, RpcError, PROVIDER_TYPE,
 };
@@ -49,9 +50,13 @@ pub struct ProviderConfig {
     pub client: Option<ServerClient>,
     /// How long a server outage may last before a measurement becomes `Error`.
     pub outage_deadline: Duration,
-    /// The longest wait between two `Resume` calls of a running measurement: how late a verdict
-    /// may be noticed (a status lookup costs the server no Kubernetes API call).
+    /// The longest wait between two `Resume` calls of a running measurement while no resume
+    /// hints flow: how late a verdict may be noticed (a status lookup costs the server no
+    /// Kubernetes API call).
     pub max_resume_interval: Duration,
+    /// The follower of the server's resume hints, which resumes a measurement as soon as its
+    /// Job ends (`crate::resume`); `None`: no Kubernetes access, or turned off.
+    pub resumer: Option<Arc<Resumer>>,
 }
 
 impl Default for ProviderConfig {
@@ -60,6 +65,7 @@ impl Default for ProviderConfig {
             client: None,
             outage_deadline: Duration::from_secs(600),
             max_resume_interval: DEFAULT_MAX_RESUME,
+            resumer: None,
         }
     }
 }
@@ -73,12 +79,12 @@ pub struct DispatchProvider {
 /// The default of [`ProviderConfig::max_resume_interval`].
 pub const DEFAULT_MAX_RESUME: Duration = Duration::from_secs(3);
 
-/// How long to wait before asking again about a measurement that has run for `elapsed`:
-/// √(2·elapsed) like Argo's job provider, at least 1 s and at most `max`.
+/// How long to wait before asking again about a measurement that has run for `elapsed`, while
+/// no resume hints flow: √(2·elapsed) like Argo's job provider, at least 1 s and at most `max`.
 ///
-/// Why a cap and not an event: the controller skips `Resume` while `ResumeAt` is in the future,
-/// whatever wakes it (argo-rollouts `analysis/analysis.go`), so `ResumeAt` bounds how late a
-/// finished Job is noticed.
+/// Why a cap: the controller skips `Resume` while `ResumeAt` is in the future, whatever wakes it
+/// (argo-rollouts `analysis/analysis.go:187-190`), so without hints `ResumeAt` bounds how late a
+/// finished Job is noticed. With them, [`Resumer::delay`].
 pub fn resume_delay(elapsed: Duration, max: Duration) -> Duration {
     Duration::from_secs_f64(
         (2.0 * elapsed.as_secs_f64())
@@ -169,6 +175,25 @@ impl DispatchProvider {
     /// A provider with `config`.
     pub fn new(config: ProviderConfig) -> Self {
         Self { config }
+    }
+
+    /// The wait before the next `Resume` of a running measurement that has run for `elapsed`:
+    /// the resumer's while hints flow and the measurement has Jobs whose end they announce;
+    /// an observe check (`rollout:`, `application:`) changes with what it reads, which no hint
+    /// announces, so it keeps `--max-resume-interval`.
+    fn next_delay(&self, elapsed: Duration, has_jobs: bool) -> Duration {
+        match &self.config.resumer {
+            Some(r) if has_jobs && r.is_flowing() => r.delay(elapsed),
+            _ => resume_delay(elapsed, self.config.max_resume_interval),
+        }
+    }
+
+    /// Tells the resumer what became of `m` (in flight or not).
+    fn tracked(&self, run: &AnalysisRun, metric: &Metric, m: Measurement) -> Measurement {
+        if let Some(r) = &self.config.resumer {
+            r.track(run, &metric.name, m.metadata.get(keys::JOB_NAME), &m);
+        }
+        m
     }
 
     /// Validates the metric's block; the error is the measurement's message.
@@ -325,7 +350,8 @@ impl MetricProvider for DispatchProvider {
     }
 
     async fn run(self: Arc<Self>, run: AnalysisRun, metric: Metric) -> Measurement {
-        self.ensure(&run, &metric, Measurement::default()).await
+        let m = self.ensure(&run, &metric, Measurement::default()).await;
+        self.tracked(&run, &metric, m)
     }
 
     async fn resume(
@@ -335,16 +361,19 @@ impl MetricProvider for DispatchProvider {
         m: Measurement,
     ) -> Measurement {
         if m.metadata.contains_key(keys::PENDING) || !m.metadata.contains_key(keys::JOB_NAME) {
-            return self.ensure(&run, &metric, m).await;
+            let m = self.ensure(&run, &metric, m).await;
+            return self.tracked(&run, &metric, m);
         }
         let now = GoTime::now();
-        let block = Self::job_config(&metric)
-            .map(|(_, b)| b)
+        let (has_jobs, block) = Self::job_config(&metric)
+            .map(|(cfg, b)| (cfg.observe().is_none(), b))
             .unwrap_or_default();
         let req = Self::measurement_ref(&run, &metric, block, &m.metadata);
         let secrets = secret_values(&run);
-        match self.call::<_, Verdict>(api::STATUS, &req).await {
-            Ok(v) => finish(m, v, now, &secrets, self.config.max_resume_interval),
+        let m = match self.call::<_, Verdict>(api::STATUS, &req).await {
+            Ok(v) => finish(m, v, now, &secrets, |elapsed| {
+                self.next_delay(elapsed, has_jobs)
+            }),
             Err(
                 CallError::Transient(reason)
                 | CallError::Busy {
@@ -357,7 +386,8 @@ impl MetricProvider for DispatchProvider {
                 err.metadata = m.metadata;
                 err
             }
-        }
+        };
+        self.tracked(&run, &metric, m)
     }
 
     async fn terminate(
@@ -411,7 +441,7 @@ impl MetricProvider for DispatchProvider {
         m.message = message;
         m.finished_at = Some(now);
         m.resume_at = None;
-        m
+        self.tracked(&run, &metric, m)
     }
 
     async fn garbage_collect(
@@ -467,7 +497,7 @@ fn finish(
     v: Verdict,
     now: GoTime,
     secrets: &Redactor,
-    max_resume: Duration,
+    delay: impl Fn(Duration) -> Duration,
 ) -> Measurement {
     m.metadata.remove(keys::OUTAGE_SINCE);
     m.metadata.extend(v.metadata);
@@ -480,7 +510,7 @@ fn finish(
         }
         _ => {
             m.phase = phase::RUNNING.into();
-            m.resume_at = Some(at(now, resume_delay(since(m.started_at, now), max_resume)));
+            m.resume_at = Some(at(now, delay(since(m.started_at, now))));
         }
     }
     m
@@ -647,7 +677,8 @@ mod tests {
             message: "a: running".into(),
             metadata: [("a".to_string(), "Running".to_string())].into(),
         };
-        let m = finish(m, v, now, &Redactor::default(), Duration::from_secs(60));
+        let capped = |e| resume_delay(e, Duration::from_secs(60));
+        let m = finish(m, v, now, &Redactor::default(), capped);
         assert_eq!(m.phase, "Running");
         assert_eq!(m.resume_at, Some(GoTime::from_unix(1_010, 0)));
         assert_eq!(m.finished_at, None);
@@ -660,7 +691,7 @@ mod tests {
             },
             now,
             &Redactor::default(),
-            Duration::from_secs(60),
+            capped,
         );
         assert_eq!(
             (done.phase.as_str(), done.finished_at, done.resume_at),
@@ -674,6 +705,7 @@ mod tests {
             client: None,
             outage_deadline: Duration::from_secs(60),
             max_resume_interval: DEFAULT_MAX_RESUME,
+            resumer: None,
         });
         let t0 = GoTime::from_unix(10_000, 0);
         let m = p.outage(Measurement::default(), "connection refused", t0);

@@ -8,7 +8,8 @@
 //! loads the `rollouts-dispatch/job` metric plugin (go-plugin starts it and `InitPlugin`
 //! succeeds) for an AnalysisRun that uses it; and on `a`, the kube-apiserver's `pods/log` of a
 //! two-container Job returns the lines of the files the test named (kwok serves the kubelet
-//! API, `dispatch_tests::cluster::pod_logs`), then follows one as the test appends lines.
+//! API, `dispatch_tests::cluster::pod_logs`), then follows one as the test appends lines; and
+//! the plugin's resume patch against the real AnalysisRun CRD (`resume_races.rs`).
 //!
 //! It is `#[ignore]`d so that a plain `cargo test` does not need the binaries; `make
 //! clusters-smoke` runs it with `--ignored`, and then it fails (never skips) when something is
@@ -17,6 +18,9 @@
 //! `make plugin-release` builds).
 //! The last line it prints (also written to `$SUMMARY_FILE` if set) is
 //! `clusters_ready=N start_s_p50=X smoke=pass`.
+
+#[path = "clusters_smoke/resume_races.rs"]
+mod resume_races;
 
 use std::time::{Duration, Instant};
 
@@ -267,6 +271,10 @@ async fn argo_smoke(control: &mut Cluster, plugin: &std::path::Path) -> Result<(
         .await
         .context("installing argo rollouts on control")?;
     let client = control.client().await?;
+    let races = resume_races::resume_patch_races(&client)
+        .await
+        .context("the resume patch against the real API server")?;
+    println!("resume patch: moved resumeAt once, and {races} races (a controller write, a finished measurement, a recreated run, a deleted run) refused by the API server");
     let runs = argo::analysis_runs(&client, "default");
     let post = PostParams::default();
     runs.create(

@@ -75,8 +75,9 @@ impl<D> World<D> {
     /// It expects: the three clusters of [`start_clusters`], in that order (`control`, `a`,
     /// `b`), with no Argo Rollouts on `control` yet (this installs it, and its controller is the
     /// World's [`World::rollouts`]); `url`, the API the plugin calls, and `plugin_args`, the
-    /// plugin's whole command line (`--server <url> --token-file … --ca-file …`, as
-    /// [`plugin_args()`] writes it; nothing is added); `dispatch` already serving at `url`
+    /// plugin's command line (`--server <url> --token-file … --ca-file …`, as
+    /// [`plugin_args()`] writes it), to which only [`kube_args`] is added (the resume hints
+    /// move `resumeAt` on `control`); `dispatch` already serving at `url`
     /// (nothing here waits for it). It does not touch `a` or `b`. What a test adds goes around
     /// it: CRDs or objects on `control` before or after (through `control.client()` or
     /// [`World::client`]), a second controller after ([`ArgoRollouts::start_instance`] on
@@ -87,6 +88,8 @@ impl<D> World<D> {
         plugin_args: Vec<String>,
         dispatch: D,
     ) -> Result<Self> {
+        let mut plugin_args = plugin_args;
+        plugin_args.extend(kube_args(&control)?);
         let plugin = MetricPlugin::file(PLUGIN_NAME, &plugin_binary()?)?.with_args(plugin_args);
         let rollouts = ArgoRollouts::install(&mut control, &[plugin]).await?;
         let client = control.client().await?;
@@ -145,6 +148,26 @@ pub fn plugin_args(url: &str, token_file: &Path, ca: &Path) -> Vec<String> {
     ]
     .map(String::from)
     .to_vec()
+}
+
+/// The plugin's access to `control`'s API server for the resume hints (`--kube-api-server`,
+/// `--kube-token-file`, `--kube-ca-file`): the admin token the controller itself runs with here
+/// (a host process with the cluster's kubeconfig; in a pod it is the controller's
+/// ServiceAccount, found by the plugin without flags), written next to the cluster.
+pub fn kube_args(control: &Cluster) -> Result<Vec<String>> {
+    let dir = control.dir.join("plugin-kube");
+    std::fs::create_dir_all(&dir)?;
+    let (token, ca) = (dir.join("token"), dir.join("ca.crt"));
+    std::fs::write(&token, &control.token)?;
+    std::fs::write(&ca, &control.ca_pem)?;
+    Ok(vec![
+        "--kube-api-server".into(),
+        control.server.clone(),
+        "--kube-token-file".into(),
+        token.display().to_string(),
+        "--kube-ca-file".into(),
+        ca.display().to_string(),
+    ])
 }
 
 /// Starts `control`, `a` and `b` in parallel: the clusters [`World::assemble`] expects.

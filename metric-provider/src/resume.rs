@@ -1,0 +1,421 @@
+//! Event-driven resumes (#30): the verdict follows a Job's end by a watch, not by a poll.
+//!
+//! The controller skips `Resume` while a measurement's `resumeAt` is in the future, whatever
+//! wakes it (argo-rollouts `analysis/analysis.go:187-190` at 9f8d111d8, line 189 in v1.9.3),
+//! and an update of the AnalysisRun enqueues it at once (`analysis/controller.go:136-140`,
+//! 132-134 in v1.9.3). So the plugin follows the server's
+//! resume hints (`GET /v1/measurements/hints`, emitted from the server's watch caches when a Job
+//! ends) and, for a measurement it has in flight, moves that measurement's `resumeAt` to now in
+//! the AnalysisRun with the controller's own credentials: the plugin runs in the controller's
+//! pod, whose ServiceAccount already gets and patches AnalysisRuns (argo-rollouts
+//! `manifests/role/argo-rollouts-clusterrole.yaml:22-36`); the server needs no new permission.
+//!
+//! The patch is a JSON patch guarded by `test`s of what it read a moment before — the run's
+//! uid, the metric's name at that index, the measurement's Job name and its `resumeAt` — so a
+//! controller write in between, a run deleted or recreated, a measurement already finished or
+//! superseded makes it fail (`422`/`404`) and nothing changes: the controller's state wins, and
+//! the measurement resumes at its own `resumeAt` as without hints. Only measurements this
+//! process returned as `Running` are ever patched; a hint about anything else is dropped.
+//!
+//! With hints flowing, a running measurement's `resumeAt` grows like `2·√(2·elapsed)` up to the
+//! safety interval (`--resume-safety-interval`, 60 s): pod-level verdicts (an image that cannot
+//! be pulled, a crash loop) and anything a hint missed are still seen within it. Without them
+//! (no Kubernetes access, a server without the route, the feed down) the plugin falls back on
+//! `--max-resume-interval`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dispatch_api::client::{CallError, ServerClient};
+use dispatch_api::v1::{self as api, HintPage, ResumeHint};
+use dispatch_plugin::gob::GoTime;
+use serde_json::{json, Value};
+use tracing::{debug, info, warn};
+
+use crate::rollouts::{phase, AnalysisRun, Measurement};
+
+/// Where the pod's ServiceAccount credentials are mounted (the controller's).
+const SA_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// How the plugin reaches the controller's Kubernetes API server: flags, else in cluster.
+#[derive(Debug, Clone, Default)]
+pub struct KubeAccess {
+    /// `--kube-api-server`
+    pub server: Option<String>,
+    /// `--kube-token-file`
+    pub token_file: Option<std::path::PathBuf>,
+    /// `--kube-ca-file`
+    pub ca_file: Option<std::path::PathBuf>,
+}
+
+impl KubeAccess {
+    /// A client of the API server; `Err` says why there is none (not in a pod, no flags).
+    pub fn client(&self, timeout: Duration) -> Result<ServerClient, String> {
+        let sa = std::path::Path::new(SA_DIR);
+        let server = match &self.server {
+            Some(s) => s.clone(),
+            None => {
+                let host = std::env::var("KUBERNETES_SERVICE_HOST").map_err(|_| {
+                    "not in a pod (no KUBERNETES_SERVICE_HOST) and no --kube-api-server".to_string()
+                })?;
+                let port =
+                    std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or_else(|_| "443".into());
+                if host.contains(':') {
+                    format!("https://[{host}]:{port}")
+                } else {
+                    format!("https://{host}:{port}")
+                }
+            }
+        };
+        let token_file = self.token_file.clone().unwrap_or_else(|| sa.join("token"));
+        if !token_file.exists() {
+            return Err(format!(
+                "no token for the Kubernetes API ({} does not exist; set --kube-token-file)",
+                token_file.display()
+            ));
+        }
+        let ca_file = self
+            .ca_file
+            .clone()
+            .or_else(|| Some(sa.join("ca.crt")).filter(|p| p.exists()));
+        ServerClient::new(&dispatch_api::client::ClientConfig {
+            server,
+            token_file: Some(token_file),
+            ca_file,
+            ca_only: true,
+            insecure_plaintext: false,
+            timeout,
+        })
+        .map_err(|e| format!("--kube-api-server: {e}"))
+    }
+}
+
+/// How long the plugin waits before asking for hints again after a failure.
+const RETRY: Duration = Duration::from_secs(5);
+
+/// A measurement this process has in flight: where its AnalysisRun is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Inflight {
+    namespace: String,
+    run: String,
+    metric: String,
+}
+
+/// What one poke did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Poke {
+    /// `resumeAt` moved to now
+    Resumed,
+    /// nothing to do: the measurement finished, resumes by itself already, or is another one
+    NotNeeded(&'static str),
+    /// the controller wrote in between, or the run went: its state wins
+    Lost(String),
+}
+
+/// The hints follower and the measurements in flight.
+pub struct Resumer {
+    server: ServerClient,
+    kube: ServerClient,
+    safety: Duration,
+    inflight: Mutex<HashMap<(String, String), Inflight>>,
+    flowing: AtomicBool,
+}
+
+impl std::fmt::Debug for Resumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resumer")
+            .field("kube", &self.kube.server())
+            .field("safety", &self.safety)
+            .field("flowing", &self.flowing.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Resumer {
+    /// Follows `server`'s hints and patches AnalysisRuns through `kube` (the controller's
+    /// cluster, with its credentials); a running measurement resumes at most `safety` later.
+    pub fn new(server: ServerClient, kube: ServerClient, safety: Duration) -> Self {
+        Self {
+            server,
+            kube,
+            safety,
+            inflight: Mutex::default(),
+            flowing: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether hints are flowing: the last call to the hints route answered.
+    pub fn is_flowing(&self) -> bool {
+        self.flowing.load(Ordering::Relaxed)
+    }
+
+    /// The delay before the next `Resume` of a measurement that has run for `elapsed`, while
+    /// hints flow: `2·√(2·elapsed)`, at least 2 s and at most the safety interval.
+    pub fn delay(&self, elapsed: Duration) -> Duration {
+        let safety = self.safety.as_secs_f64().max(2.0);
+        Duration::from_secs_f64((2.0 * (2.0 * elapsed.as_secs_f64()).sqrt()).clamp(2.0, safety))
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Inflight>> {
+        self.inflight.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps `m` of `metric` in `run`, whose Jobs are called `job` (none: not dispatched yet),
+    /// in the table while it is `Running`; drops it once it is anything else.
+    pub fn track(&self, run: &AnalysisRun, metric: &str, job: Option<&String>, m: &Measurement) {
+        let Some(job) = job else {
+            return;
+        };
+        let key = (run.object_meta.uid.clone(), job.clone());
+        if m.phase == phase::RUNNING && m.finished_at.is_none() {
+            self.table().insert(
+                key,
+                Inflight {
+                    namespace: run.object_meta.namespace.clone(),
+                    run: run.object_meta.name.clone(),
+                    metric: metric.to_string(),
+                },
+            );
+        } else {
+            self.table().remove(&key);
+        }
+    }
+
+    /// How many measurements are in flight (tests, logs).
+    pub fn in_flight(&self) -> usize {
+        self.table().len()
+    }
+
+    /// Follows the hints until the process ends.
+    pub async fn follow(self: Arc<Self>) {
+        // A long poll within the client's request timeout.
+        let wait = api::MAX_HINT_WAIT_SECONDS.min(8);
+        let (mut epoch, mut after): (Option<String>, Option<u64>) = (None, None);
+        let mut failing = false;
+        loop {
+            let mut path = format!("{}?waitSeconds={wait}", api::HINTS);
+            if let (Some(e), Some(a)) = (&epoch, after) {
+                path.push_str(&format!("&epoch={e}&after={a}"));
+            }
+            match self.server.get::<HintPage>(&path).await {
+                Ok(page) => {
+                    if failing || epoch.is_none() {
+                        info!(epoch = %page.epoch, "following the server's resume hints");
+                    }
+                    failing = false;
+                    self.flowing.store(true, Ordering::Relaxed);
+                    epoch = Some(page.epoch);
+                    after = Some(page.cursor);
+                    for hint in &page.hints {
+                        self.on_hint(hint).await;
+                    }
+                }
+                Err(CallError::Rejected(e)) if e.code == "not_found" || e.code == "http_404" => {
+                    warn!("the server has no resume hints (an older server): measurements resume by --max-resume-interval");
+                    self.flowing.store(false, Ordering::Relaxed);
+                    return;
+                }
+                Err(e) => {
+                    if !failing {
+                        warn!(error = %e, "cannot read the server's resume hints; measurements resume by --max-resume-interval until they flow again");
+                    }
+                    failing = true;
+                    self.flowing.store(false, Ordering::Relaxed);
+                    tokio::time::sleep(RETRY).await;
+                }
+            }
+        }
+    }
+
+    async fn on_hint(&self, hint: &ResumeHint) {
+        let key = (hint.run_uid.clone(), hint.job.clone());
+        let Some(entry) = self.table().get(&key).cloned() else {
+            debug!(job = %hint.job, "hint about a measurement not in flight here: dropped");
+            return;
+        };
+        match self.poke(hint, &entry).await {
+            Ok(Poke::Resumed) => {
+                info!(run = %format!("{}/{}", entry.namespace, entry.run), metric = %entry.metric,
+                      job = %hint.job, "a Job finished: the measurement resumes now")
+            }
+            Ok(other) => debug!(job = %hint.job, outcome = ?other, "hint not acted on"),
+            Err(e) => {
+                warn!(run = %format!("{}/{}", entry.namespace, entry.run), job = %hint.job, error = %e,
+                      "cannot move the measurement's resumeAt; it resumes at its own")
+            }
+        }
+    }
+
+    /// Moves the `resumeAt` of the measurement of `hint` to now, if it is still the one in
+    /// flight and waiting (see the module docs).
+    async fn poke(&self, hint: &ResumeHint, entry: &Inflight) -> Result<Poke, CallError> {
+        let path = format!(
+            "/apis/argoproj.io/v1alpha1/namespaces/{}/analysisruns/{}",
+            entry.namespace, entry.run
+        );
+        let run: Value = self.kube.get(&path).await?;
+        let now = GoTime::now();
+        let patch = match resume_patch(&run, hint, &entry.metric, now) {
+            Ok(patch) => patch,
+            Err(why) => return Ok(Poke::NotNeeded(why)),
+        };
+        let body = serde_json::to_vec(&patch).unwrap_or_default();
+        match self
+            .kube
+            .patch::<Value>(&path, "application/json-patch+json", body)
+            .await
+        {
+            Ok(_) => Ok(Poke::Resumed),
+            Err(CallError::Rejected(e)) => Ok(Poke::Lost(format!("{}: {}", e.code, e.message))),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The JSON patch that moves the `resumeAt` of `hint`'s measurement of `metric` in `run` (the
+/// AnalysisRun as the API server gave it) to `now`, guarded by tests of everything it relies on;
+/// `Err` says why there is nothing to patch.
+pub fn resume_patch(
+    run: &Value,
+    hint: &ResumeHint,
+    metric: &str,
+    now: GoTime,
+) -> Result<Value, &'static str> {
+    if run.pointer("/metadata/uid").and_then(Value::as_str) != Some(hint.run_uid.as_str()) {
+        return Err("another run under that name");
+    }
+    let results = run
+        .pointer("/status/metricResults")
+        .and_then(Value::as_array)
+        .ok_or("no metric results yet")?;
+    let i = results
+        .iter()
+        .position(|r| r["name"] == metric)
+        .ok_or("no result of the metric yet")?;
+    let measurements = results[i]["measurements"]
+        .as_array()
+        .filter(|m| !m.is_empty())
+        .ok_or("no measurement yet")?;
+    let j = measurements.len() - 1;
+    let last = &measurements[j];
+    if !last["finishedAt"].is_null() {
+        return Err("the measurement has finished");
+    }
+    if last.pointer("/metadata/job-name").and_then(Value::as_str) != Some(hint.job.as_str()) {
+        return Err("the last measurement is another one");
+    }
+    let resume_at = last["resumeAt"].as_str().ok_or("no resumeAt")?;
+    if GoTime::parse_rfc3339(resume_at).is_none_or(|t| t <= now) {
+        return Err("it resumes now anyway");
+    }
+    let at = format!("/status/metricResults/{i}/measurements/{j}");
+    let now = GoTime::from_unix(now.unix_seconds, 0).to_rfc3339();
+    Ok(json!([
+        {"op": "test", "path": "/metadata/uid", "value": hint.run_uid},
+        {"op": "test", "path": format!("/status/metricResults/{i}/name"), "value": metric},
+        {"op": "test", "path": format!("{at}/metadata/job-name"), "value": hint.job},
+        {"op": "test", "path": format!("{at}/resumeAt"), "value": resume_at},
+        {"op": "replace", "path": format!("{at}/resumeAt"), "value": now},
+    ]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hint() -> ResumeHint {
+        ResumeHint {
+            namespace: "team-a".into(),
+            run_uid: "uid-1".into(),
+            job: "uid-1.smoke.2".into(),
+        }
+    }
+
+    fn run(last: Value) -> Value {
+        json!({
+            "metadata": {"uid": "uid-1"},
+            "status": {"metricResults": [
+                {"name": "other", "measurements": []},
+                {"name": "smoke", "measurements": [
+                    {"phase": "Successful", "finishedAt": "2026-12-04T10:00:00Z",
+                     "metadata": {"job-name": "uid-1.smoke.1"}},
+                    last
+                ]}
+            ]}
+        })
+    }
+
+    const NOW: i64 = 1_780_000_000;
+
+    fn later() -> String {
+        GoTime::from_unix(NOW + 40, 0).to_rfc3339()
+    }
+
+    #[test]
+    fn the_patch_moves_the_last_measurements_resume_at_guarded_by_what_it_read() {
+        let r = run(json!({"phase": "Running", "resumeAt": later(),
+                           "metadata": {"job-name": "uid-1.smoke.2"}}));
+        let p = resume_patch(&r, &hint(), "smoke", GoTime::from_unix(NOW, 5)).unwrap();
+        let ops = p.as_array().unwrap();
+        assert_eq!(ops.len(), 5);
+        assert_eq!(ops[1]["path"], "/status/metricResults/1/name");
+        assert_eq!(
+            ops[2]["path"],
+            "/status/metricResults/1/measurements/1/metadata/job-name"
+        );
+        assert_eq!(ops[3]["value"], later());
+        assert_eq!(ops[4]["op"], "replace");
+        assert_eq!(ops[4]["value"], GoTime::from_unix(NOW, 0).to_rfc3339());
+    }
+
+    #[test]
+    fn nothing_is_patched_for_another_run_a_finished_or_other_measurement_or_a_due_one() {
+        let now = GoTime::from_unix(NOW, 0);
+        let running = |job: &str, resume_at: String| json!({"phase": "Running", "resumeAt": resume_at, "metadata": {"job-name": job}});
+        let mut other_uid = run(running("uid-1.smoke.2", later()));
+        other_uid["metadata"]["uid"] = json!("uid-2");
+        let finished = run(json!({"phase": "Successful", "finishedAt": later(),
+                                  "metadata": {"job-name": "uid-1.smoke.2"}}));
+        let newer = run(running("uid-1.smoke.3", later()));
+        let due = run(running(
+            "uid-1.smoke.2",
+            GoTime::from_unix(NOW - 1, 0).to_rfc3339(),
+        ));
+        for (r, why) in [
+            (other_uid, "another run under that name"),
+            (finished, "the measurement has finished"),
+            (newer, "the last measurement is another one"),
+            (due, "it resumes now anyway"),
+        ] {
+            assert_eq!(resume_patch(&r, &hint(), "smoke", now), Err(why));
+        }
+        assert_eq!(
+            resume_patch(
+                &run(running("uid-1.smoke.2", later())),
+                &hint(),
+                "nope",
+                now
+            ),
+            Err("no result of the metric yet")
+        );
+    }
+
+    #[test]
+    fn with_hints_a_measurement_resumes_ever_later_up_to_the_safety_interval() {
+        let client = ServerClient::new(&dispatch_api::client::ClientConfig {
+            server: "http://127.0.0.1:1".into(),
+            token_file: None,
+            ca_file: None,
+            ca_only: false,
+            insecure_plaintext: false,
+            timeout: Duration::from_secs(1),
+        })
+        .unwrap();
+        let r = Resumer::new(client.clone(), client, Duration::from_secs(60));
+        assert_eq!(r.delay(Duration::ZERO), Duration::from_secs(2));
+        assert_eq!(r.delay(Duration::from_secs(50)), Duration::from_secs(20));
+        assert_eq!(r.delay(Duration::from_secs(3600)), Duration::from_secs(60));
+    }
+}
