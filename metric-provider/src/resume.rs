@@ -18,8 +18,9 @@
 //! process returned as `Running` are ever patched; a hint about anything else is dropped.
 //!
 //! With hints flowing, a running measurement's `resumeAt` grows like `2·√(2·elapsed)` up to the
-//! safety interval (`--resume-safety-interval`, 60 s): pod-level verdicts (an image that cannot
-//! be pulled, a crash loop) and anything a hint missed are still seen within it. Without them
+//! safety interval (`--resume-safety-interval`, 60 s): what no hint announces (a container that
+//! cannot start, or a pod that cannot be scheduled, past its grace) and anything a hint missed
+//! are still seen within it. Without them
 //! (no Kubernetes access, a server without the route, the feed down) the plugin falls back on
 //! `--max-resume-interval`.
 

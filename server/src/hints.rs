@@ -2,8 +2,10 @@
 //! Rollouts resume them at once instead of at their `resumeAt` (issue #30).
 //!
 //! A hint is emitted when one of our Jobs gets its final condition in a destination's watch
-//! cache (`destinations`), and when an agent's record gets a final state in the store
-//! (`store::Index`), on every replica that sees it. The plugin reads them from
+//! cache (`destinations`), when one of its pods starts waiting for a reason that decides the
+//! verdict at once (an image that cannot be pulled or named, a crash loop: `verdict::waiting`),
+//! and when an agent's record gets a final state in the store (`store::Index`), on every replica
+//! that sees it. The plugin reads them from
 //! `GET /v1/measurements/hints` (`measure::routes`), a long poll over this buffer.
 //!
 //! A hint is only a nudge, never a verdict: the plugin still asks `status` with its own token and
@@ -23,9 +25,11 @@ use std::time::Duration;
 
 use dispatch_api::v1::{HintPage, ResumeHint};
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::watch;
 
 use crate::job::{run_uid_of, ANN_RUN_NAMESPACE};
+use crate::verdict::{CRASH_LOOP, IMAGE_PULL_REASONS, INVALID_IMAGE};
 
 /// How many hints the buffer keeps (a reader further behind is told to `reset`).
 pub const CAPACITY: usize = 8192;
@@ -179,6 +183,39 @@ pub fn of_finished_job(old: Option<&Job>, new: &Job) -> Option<ResumeHint> {
     if !is_finished(new) || old.is_some_and(is_finished) {
         return None;
     }
+    of_job(new)
+}
+
+/// The hint of the Job of `new`, a pod of ours that has just started waiting for a reason that
+/// decides the verdict at once ([`decides_at_once`]; it did not before), found by `job_of`
+/// (namespace, Job name) among the cached Jobs. `None` otherwise.
+pub fn of_waiting_pod(
+    old: Option<&Pod>,
+    new: &Pod,
+    job_of: impl Fn(&str, &str) -> Option<std::sync::Arc<Job>>,
+) -> Option<ResumeHint> {
+    if !decides_at_once(new) || old.is_some_and(decides_at_once) {
+        return None;
+    }
+    let owner = crate::job::controlling_job(new)?;
+    let job = job_of(new.metadata.namespace.as_deref()?, owner)?;
+    of_job(&job)
+}
+
+/// Whether a container of `pod` waits for a reason that decides its Job's verdict at once,
+/// without a grace: an image that cannot be pulled or does not parse, a crash loop.
+pub fn decides_at_once(pod: &Pod) -> bool {
+    let Some(status) = &pod.status else {
+        return false;
+    };
+    let containers = status.init_container_statuses.iter().flatten();
+    containers
+        .chain(status.container_statuses.iter().flatten())
+        .filter_map(|c| c.state.as_ref()?.waiting.as_ref()?.reason.as_deref())
+        .any(|r| IMAGE_PULL_REASONS.contains(&r) || r == INVALID_IMAGE || r == CRASH_LOOP)
+}
+
+fn of_job(new: &Job) -> Option<ResumeHint> {
     let meta = &new.metadata;
     let (_, run_uid) = run_uid_of(meta.labels.as_ref()?)?;
     let namespace = meta.annotations.as_ref()?.get(ANN_RUN_NAMESPACE)?;

@@ -424,6 +424,16 @@ fn inject_env(
     Ok(())
 }
 
+/// The name of the Job that controls `pod` (its controller owner reference of kind `Job`).
+pub fn controlling_job(pod: &k8s_openapi::api::core::v1::Pod) -> Option<&str> {
+    pod.metadata
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|o| o.kind == "Job" && o.controller == Some(true))
+        .map(|o| o.name.as_str())
+}
+
 /// Whether an existing Job with our name belongs to this run and was created by us.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ownership {

@@ -155,16 +155,21 @@ fn job_hints(hints: Hints) -> ChangeHook<Job> {
     })
 }
 
+/// Emits the resume hint of the Job of a pod that has just started waiting for a reason that
+/// decides the verdict at once (an image that cannot be pulled, a crash loop).
+fn pod_hints(hints: Hints, jobs: Arc<Cache<Job>>) -> ChangeHook<Pod> {
+    Arc::new(move |old, new| {
+        if let Some(hint) = crate::hints::of_waiting_pod(old, new, |ns, job| jobs.get(ns, job)) {
+            hints.emit(hint);
+        }
+    })
+}
+
 fn pod_group(pod: &Pod) -> Option<String> {
-    let owner = pod
-        .metadata
-        .owner_references
-        .as_ref()?
-        .iter()
-        .find(|o| o.kind == "Job" && o.controller == Some(true))?;
+    let owner = crate::job::controlling_job(pod)?;
     Some(pod_group_key(
         pod.metadata.namespace.as_deref().unwrap_or_default(),
-        &owner.name,
+        owner,
     ))
 }
 
@@ -194,7 +199,10 @@ impl Destination {
         let jobs = Arc::new(
             Cache::new("Job", &spec.name, job_group, watched).with_hook(job_hints(hints.clone())),
         );
-        let pods = Arc::new(Cache::new("Pod", &spec.name, pod_group, watched));
+        let pods = Arc::new(
+            Cache::new("Pod", &spec.name, pod_group, watched)
+                .with_hook(pod_hints(hints.clone(), jobs.clone())),
+        );
         let mut tasks = jobs.spawn(&client, MANAGED_SELECTOR);
         tasks.extend(pods.spawn(&client, MANAGED_SELECTOR));
         tracing::info!(destination = %spec.name, server = %spec.server, source = %spec.source,

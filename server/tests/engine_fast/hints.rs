@@ -1,6 +1,7 @@
-//! Resume hints (#30): a Job of ours that finishes in a destination's watch cache, and an agent
-//! record whose reported state becomes final, each emit one hint naming the run's namespace,
-//! its uid and the Job; a Job still running, a relisted old Job and a Running report emit none.
+//! Resume hints (#30): a Job of ours that finishes in a destination's watch cache, a pod of it
+//! that starts waiting for a reason that decides at once, and an agent record whose reported
+//! state becomes final, each emit one hint naming the run's namespace, its uid and the Job; a Job
+//! still running, a pod merely pending and a Running report emit none.
 
 use std::time::Duration;
 
@@ -11,11 +12,23 @@ use dispatch_server::store::DispatchJobStatus;
 use dispatch_server::verdict::DestState;
 use serde_json::json;
 
-use crate::cluster_side::finish_job;
+use crate::cluster_side::{finish_job, pod_for};
 use crate::world::{block, request, run, World, PROJECT};
 
 const AGENTS: &str =
     "agents: {store: memory, offlineAfter: 60s, destinations: [{name: edge, namespace: verify}]}";
+
+/// Measurement 1 of run `n` on `destination`: the run and its Job's name.
+async fn started(
+    w: &World,
+    n: u32,
+    destination: &str,
+) -> Result<(dispatch_server::job::RunContext, String)> {
+    let r = run(n);
+    let config = block(json!({"destination": destination}))?;
+    let ensured = w.engine.ensure(&request(&r, "smoke", 1, config)).await?;
+    Ok((r, ensured.job.name))
+}
 
 /// Where the reader stands now (a first call: a reset page at the newest hint).
 async fn start(hints: &Hints) -> HintPage {
@@ -33,17 +46,7 @@ async fn next(hints: &Hints, page: &HintPage, wait: Duration) -> HintPage {
 async fn a_job_that_finishes_on_a_direct_destination_emits_one_hint() -> Result<()> {
     let w = World::start("").await?;
     let hints = w.engine.registry().hints().clone();
-    let r = run(21);
-    let ensured = w
-        .engine
-        .ensure(&request(
-            &r,
-            "smoke",
-            1,
-            block(json!({"destination": "a"}))?,
-        ))
-        .await?;
-    let job = ensured.job.name.clone();
+    let (r, job) = started(&w, 21, "a").await?;
     let at = start(&hints).await;
     let quiet = next(&hints, &at, Duration::from_millis(300)).await;
     ensure!(quiet.hints.is_empty(), "a running Job: {quiet:?}");
@@ -69,18 +72,9 @@ async fn a_job_that_finishes_on_a_direct_destination_emits_one_hint() -> Result<
 async fn an_agents_final_report_emits_one_hint_and_a_running_one_none() -> Result<()> {
     let w = World::start(AGENTS).await?;
     let hints = w.engine.registry().hints().clone();
-    let r = run(22);
-    let ensured = w
-        .engine
-        .ensure(&request(
-            &r,
-            "smoke",
-            1,
-            block(json!({"destination": "edge"}))?,
-        ))
-        .await?;
+    let (r, job) = started(&w, 22, "edge").await?;
     let store = w.engine.store().context("agent store")?.clone();
-    let record = dispatch_server::store::record_name(&ensured.job.name, "edge");
+    let record = dispatch_server::store::record_name(&job, "edge");
     let at = start(&hints).await;
     let subject = "system:serviceaccount:edge:agent";
     store
@@ -103,8 +97,49 @@ async fn an_agents_final_report_emits_one_hint_and_a_running_one_none() -> Resul
             == vec![ResumeHint {
                 namespace: PROJECT.into(),
                 run_uid: r.uid.clone(),
-                job: ensured.job.name.clone(),
+                job: job.clone(),
             }],
+        "{page:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_pod_that_cannot_pull_its_image_emits_its_jobs_hint_and_a_pending_one_none() -> Result<()>
+{
+    let w = World::start("").await?;
+    let hints = w.engine.registry().hints().clone();
+    let (_, job) = started(&w, 23, "a").await?;
+    // The Job must be in the cache for its pod to name it.
+    crate::world::eventually("the Job in the cache", || async {
+        let d = w.engine.registry().get("a");
+        Ok(match d {
+            Some(dispatch_server::destinations::Entry::Ready(d)) => {
+                d.jobs().get(crate::world::NS, &job).map(|_| ())
+            }
+            _ => None,
+        })
+    })
+    .await?;
+    let at = start(&hints).await;
+    pod_for(w.api("a"), &job, json!({"phase": "Pending"}), true)?;
+    let pending = next(&hints, &at, Duration::from_millis(300)).await;
+    ensure!(pending.hints.is_empty(), "a pending pod: {pending:?}");
+    pod_for(
+        w.api("a"),
+        &job,
+        json!({"phase": "Pending", "containerStatuses": [{"name": "check", "ready": false,
+            "restartCount": 0, "image": "example.invalid/check:1", "imageID": "",
+            "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}}]}),
+        true,
+    )?;
+    let page = next(&hints, &pending, Duration::from_secs(10)).await;
+    ensure!(
+        page.hints
+            .iter()
+            .map(|h| h.job.as_str())
+            .collect::<Vec<_>>()
+            == [job.as_str()],
         "{page:?}"
     );
     Ok(())
