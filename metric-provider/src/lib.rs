@@ -151,6 +151,7 @@ pub fn run(args: Args) -> ExitCode {
                 server.clone(),
                 kube,
                 resume_safety_interval,
+                request_timeout,
             ))),
             Err(why) => {
                 tracing::warn!(%why, "no resume hints: measurements resume every --max-resume-interval");

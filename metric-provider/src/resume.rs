@@ -96,12 +96,19 @@ impl KubeAccess {
 /// How long the plugin waits before asking for hints again after a failure.
 const RETRY: Duration = Duration::from_secs(5);
 
+/// How long a measurement stays in the table without a `Run`/`Resume` call about it: a run
+/// deleted mid-measurement is never resumed again, and a running one is resumed at least every
+/// safety interval.
+const FORGET_AFTER: Duration = Duration::from_secs(15 * 60);
+
 /// A measurement this process has in flight: where its AnalysisRun is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Inflight {
     namespace: String,
     run: String,
     metric: String,
+    /// the last `Run`/`Resume` that returned it `Running`
+    seen: std::time::Instant,
 }
 
 /// What one poke did.
@@ -120,6 +127,8 @@ pub struct Resumer {
     server: ServerClient,
     kube: ServerClient,
     safety: Duration,
+    /// how long one hints call waits (within the client's request timeout)
+    wait: Duration,
     inflight: Mutex<HashMap<(String, String), Inflight>>,
     flowing: AtomicBool,
 }
@@ -135,13 +144,26 @@ impl std::fmt::Debug for Resumer {
 }
 
 impl Resumer {
-    /// Follows `server`'s hints and patches AnalysisRuns through `kube` (the controller's
-    /// cluster, with its credentials); a running measurement resumes at most `safety` later.
-    pub fn new(server: ServerClient, kube: ServerClient, safety: Duration) -> Self {
+    /// Follows `server`'s hints (each long poll shorter than `request_timeout`, the clients'
+    /// timeout) and patches AnalysisRuns through `kube` (the controller's cluster, with its
+    /// credentials); a running measurement resumes at most `safety` later.
+    pub fn new(
+        server: ServerClient,
+        kube: ServerClient,
+        safety: Duration,
+        request_timeout: Duration,
+    ) -> Self {
+        let wait = request_timeout
+            .saturating_sub(Duration::from_secs(2))
+            .clamp(
+                Duration::from_secs(1),
+                Duration::from_secs(u64::from(api::MAX_HINT_WAIT_SECONDS)),
+            );
         Self {
             server,
             kube,
             safety,
+            wait,
             inflight: Mutex::default(),
             flowing: AtomicBool::new(false),
         }
@@ -177,6 +199,7 @@ impl Resumer {
                     namespace: run.object_meta.namespace.clone(),
                     run: run.object_meta.name.clone(),
                     metric: metric.to_string(),
+                    seen: std::time::Instant::now(),
                 },
             );
         } else {
@@ -191,11 +214,11 @@ impl Resumer {
 
     /// Follows the hints until the process ends.
     pub async fn follow(self: Arc<Self>) {
-        // A long poll within the client's request timeout.
-        let wait = api::MAX_HINT_WAIT_SECONDS.min(8);
+        let wait = self.wait.as_secs();
         let (mut epoch, mut after): (Option<String>, Option<u64>) = (None, None);
         let mut failing = false;
         loop {
+            self.table().retain(|_, e| e.seen.elapsed() < FORGET_AFTER);
             let mut path = format!("{}?waitSeconds={wait}", api::HINTS);
             if let (Some(e), Some(a)) = (&epoch, after) {
                 path.push_str(&format!("&epoch={e}&after={a}"));
@@ -414,7 +437,17 @@ mod tests {
             timeout: Duration::from_secs(1),
         })
         .unwrap();
-        let r = Resumer::new(client.clone(), client, Duration::from_secs(60));
+        let r = Resumer::new(
+            client.clone(),
+            client,
+            Duration::from_secs(60),
+            Duration::from_secs(10),
+        );
+        assert_eq!(
+            r.wait,
+            Duration::from_secs(8),
+            "a long poll within the timeout"
+        );
         assert_eq!(r.delay(Duration::ZERO), Duration::from_secs(2));
         assert_eq!(r.delay(Duration::from_secs(50)), Duration::from_secs(20));
         assert_eq!(r.delay(Duration::from_secs(3600)), Duration::from_secs(60));
