@@ -160,6 +160,12 @@ async fn the_product_on_a_real_node() -> Result<()> {
     alb.abort();
     ensure!(passed == total, "examples passed {passed}/{total}");
 
+    // The plugin in the controller's pod followed the resume hints with the pod's own
+    // ServiceAccount (no --kube-* flags: the in-cluster default), and resumed a measurement when
+    // its Job ended.
+    let hints = resume_hints_in_controller_log(&client).await?;
+    println!("real: resume hints in the controller's pod: {hints}");
+
     // A real container's log, followed while it runs.
     let followed = logs::follow(&cluster, &freight).await?;
 
@@ -181,4 +187,38 @@ async fn the_product_on_a_real_node() -> Result<()> {
     );
     summary::report(&line)?;
     Ok(())
+}
+
+/// What the controller pod's log says of the plugin's resume hints: it must have followed them
+/// and resumed at least one measurement on a Job's end (`metric-provider/src/resume.rs`).
+async fn resume_hints_in_controller_log(client: &kube::Client) -> Result<String> {
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(client.clone(), ROLLOUTS_NAMESPACE);
+    let listed = pods
+        .list(&kube::api::ListParams::default().labels("app.kubernetes.io/name=argo-rollouts"))
+        .await?;
+    let pod = listed
+        .items
+        .first()
+        .and_then(|p| p.metadata.name.clone())
+        .ok_or_else(|| anyhow::anyhow!("no argo-rollouts pod"))?;
+    let log = pods.logs(&pod, &kube::api::LogParams::default()).await?;
+    let following = log.contains("following the server's resume hints");
+    let resumed = log
+        .lines()
+        .filter(|l| l.contains("a Job finished: the measurement resumes now"))
+        .count();
+    ensure!(
+        following && resumed > 0,
+        "the plugin in pod {pod} did not follow the resume hints (following: {following}, \
+         resumes on a Job's end: {resumed}); its lines:\n{}",
+        log.lines()
+            .filter(|l| l.contains("rollouts-dispatch-plugin"))
+            .take(30)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    Ok(format!(
+        "followed, {resumed} measurements resumed on their Job's end"
+    ))
 }
