@@ -30,6 +30,15 @@ async fn started(
     Ok((r, ensured.job.name))
 }
 
+/// The hint of run `r`'s Job `job`.
+fn hint_of(r: &dispatch_server::job::RunContext, job: &str) -> ResumeHint {
+    ResumeHint {
+        namespace: PROJECT.into(),
+        run_uid: r.uid.clone(),
+        job: job.into(),
+    }
+}
+
 /// Where the reader stands now (a first call: a reset page at the newest hint).
 async fn start(hints: &Hints) -> HintPage {
     hints.after(None, None, Duration::ZERO, |_| true).await
@@ -52,15 +61,7 @@ async fn a_job_that_finishes_on_a_direct_destination_emits_one_hint() -> Result<
     ensure!(quiet.hints.is_empty(), "a running Job: {quiet:?}");
     finish_job(w.api("a"), &job, "Complete", "Completed", "");
     let page = next(&hints, &quiet, Duration::from_secs(10)).await;
-    ensure!(
-        page.hints
-            == vec![ResumeHint {
-                namespace: PROJECT.into(),
-                run_uid: r.uid.clone(),
-                job: job.clone(),
-            }],
-        "{page:?}"
-    );
+    ensure!(page.hints == vec![hint_of(&r, &job)], "{page:?}");
     // The Job changing again once it has finished is no new end.
     finish_job(w.api("a"), &job, "Complete", "Completed", "again");
     let after = next(&hints, &page, Duration::from_millis(300)).await;
@@ -92,15 +93,7 @@ async fn an_agents_final_report_emits_one_hint_and_a_running_one_none() -> Resul
         )
         .await?;
     let page = next(&hints, &running, Duration::from_secs(5)).await;
-    ensure!(
-        page.hints
-            == vec![ResumeHint {
-                namespace: PROJECT.into(),
-                run_uid: r.uid.clone(),
-                job: job.clone(),
-            }],
-        "{page:?}"
-    );
+    ensure!(page.hints == vec![hint_of(&r, &job)], "{page:?}");
     Ok(())
 }
 
