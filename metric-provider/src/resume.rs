@@ -40,6 +40,20 @@ use crate::rollouts::{phase, AnalysisRun, Measurement};
 /// Where the pod's ServiceAccount credentials are mounted (the controller's).
 const SA_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
+/// Why the plugin has no client of the controller's Kubernetes API server (then no resume hints).
+#[derive(Debug, thiserror::Error)]
+pub enum KubeAccessError {
+    /// Neither in a pod nor told where the API server is.
+    #[error("not in a pod (no KUBERNETES_SERVICE_HOST) and no --kube-api-server")]
+    NoServer,
+    /// The token file is missing.
+    #[error("no token for the Kubernetes API ({} does not exist; set --kube-token-file)", .0.display())]
+    NoToken(std::path::PathBuf),
+    /// The client could not be built from the flags.
+    #[error("--kube-api-server: {0}")]
+    Client(#[source] dispatch_api::client::ClientError),
+}
+
 /// How the plugin reaches the controller's Kubernetes API server: flags, else in cluster.
 #[derive(Debug, Clone, Default)]
 pub struct KubeAccess {
@@ -53,14 +67,13 @@ pub struct KubeAccess {
 
 impl KubeAccess {
     /// A client of the API server; `Err` says why there is none (not in a pod, no flags).
-    pub fn client(&self, timeout: Duration) -> Result<ServerClient, String> {
+    pub fn client(&self, timeout: Duration) -> Result<ServerClient, KubeAccessError> {
         let sa = std::path::Path::new(SA_DIR);
         let server = match &self.server {
             Some(s) => s.clone(),
             None => {
-                let host = std::env::var("KUBERNETES_SERVICE_HOST").map_err(|_| {
-                    "not in a pod (no KUBERNETES_SERVICE_HOST) and no --kube-api-server".to_string()
-                })?;
+                let host = std::env::var("KUBERNETES_SERVICE_HOST")
+                    .map_err(|_| KubeAccessError::NoServer)?;
                 let port =
                     std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or_else(|_| "443".into());
                 if host.contains(':') {
@@ -72,10 +85,7 @@ impl KubeAccess {
         };
         let token_file = self.token_file.clone().unwrap_or_else(|| sa.join("token"));
         if !token_file.exists() {
-            return Err(format!(
-                "no token for the Kubernetes API ({} does not exist; set --kube-token-file)",
-                token_file.display()
-            ));
+            return Err(KubeAccessError::NoToken(token_file));
         }
         let ca_file = self
             .ca_file
@@ -89,7 +99,7 @@ impl KubeAccess {
             insecure_plaintext: false,
             timeout,
         })
-        .map_err(|e| format!("--kube-api-server: {e}"))
+        .map_err(KubeAccessError::Client)
     }
 }
 
