@@ -42,7 +42,7 @@ attacks: ## every attack on authorization, tenancy, pod security, TLS and budget
 	  END { printf "attacks=%d refused=%d cross_tenant_reads=%d cross_tenant_deletes=%d secret_leaks=%d cross_tenant_syncs=%d foreign_mounts=%d unbound_callers=%d starved_calls=%d\n", n, r, cr, cd, sl, sy, fm, ub, st }' "$$tally"
 
 .PHONY: bench
-bench: bench-plugin bench-engine bench-verdict bench-agents ## every benchmark, side by side with its baseline (ratios printed)
+bench: bench-plugin bench-engine bench-verdict bench-agents bench-scale ## every benchmark, side by side with its baseline (ratios printed)
 
 # Every bench at a small size, asserting only that it completes correctly (no timing asserts):
 # `make test` runs it, so a bench that no longer runs fails CI. The full sizes are the bench-*
@@ -53,6 +53,7 @@ bench-small: ## every bench at a small size, as `make test` runs them (about 4 m
 	BENCH_JOBS=200 BENCH_CLUSTERS=2 BENCH_ROUNDS=1 BENCH_NAIVE_LOOKUPS=100 $(MAKE) --no-print-directory bench-engine
 	BENCH_VERDICT_RUNS=1 BENCH_VERDICT_DURATIONS=5 $(MAKE) --no-print-directory bench-verdict
 	BENCH_AGENTS=20 BENCH_JOBS=50 $(MAKE) --no-print-directory bench-agents BENCH_AGENTS_PROFILE=debug
+	BENCH_SCALE_MEASUREMENTS=40 BENCH_SCALE_AGENTS=8 BENCH_SCALE_JOB_SECONDS=5 $(MAKE) --no-print-directory bench-scale BENCH_SCALE_PROFILE=debug
 
 # The binaries the process-level tests run.
 DISPATCH_BIN := target/debug/rollouts-dispatch
@@ -175,6 +176,18 @@ BENCH_AGENTS_PROFILE ?= release
 bench-agents: ## one server replica (default serve flags) with 1 000 simulated agents long-polling, 2 000 Jobs dispatched, no plugin call refused (last line: agents=1000 dispatch_p99_ms=X server_rss_mib=Y)
 	$(CARGO) build $(if $(filter release,$(BENCH_AGENTS_PROFILE)),--release) --locked -p dispatch-server --bin rollouts-dispatch
 	$(call summary_test,bench_agents,ROLLOUTS_DISPATCH_BINARY=$(abspath target/$(BENCH_AGENTS_PROFILE)/rollouts-dispatch))
+
+# Issue #30: 10 000 Kargo-shaped verifications on one control plane, Jobs on cluster-a (kwok),
+# then the same across 1 000 simulated agents; the release server, plugin and the real
+# controller. Sizes: BENCH_SCALE_MEASUREMENTS, BENCH_SCALE_AGENTS, BENCH_SCALE_JOB_SECONDS,
+# BENCH_SCALE_CREATE_PER_S, BENCH_SCALE_CONTROLLER_ARGS (tests/tests/bench_scale.rs). The server
+# is the release build unless BENCH_SCALE_PROFILE=debug (bench-small).
+BENCH_SCALE_PROFILE ?= release
+
+.PHONY: bench-scale
+bench-scale: k8s-bin plugin-release ## 10 000 concurrent verifications through one controller, plugin and server, direct then on 1 000 agents: verdicts, p99 latency, API writes by client, RSS; last line `scale: measurements=10000 correct=10000 verdict_p99_ms=P api_writes_per_s=A server_rss_mib=S plugin_rss_mib=R agents=1000`
+	$(CARGO) build $(if $(filter release,$(BENCH_SCALE_PROFILE)),--release) --locked -p dispatch-server --bin rollouts-dispatch
+	$(call summary_test,bench_scale,$(CLUSTER_ENV) ROLLOUTS_DISPATCH_BINARY=$(abspath target/$(BENCH_SCALE_PROFILE)/rollouts-dispatch),grep -vE '^time=|^[0-9-]+T[0-9:.]+Z ')
 
 .PHONY: chaos
 chaos: k8s-bin plugin-release ## 50 verifications on a direct and an agent destination while servers, agent, plugin and controller are killed (-9), then 4 faults (apiserver down during abort, agent silent past the deadline, transient 5xx on the agent's create, memory-store server restart); last line: verifications=50 correct=N duplicate_jobs=D orphans=O stuck=S leftover_jobs=L

@@ -10,6 +10,7 @@
 //! * [`kargo`] and [`analysis`]: AnalysisRuns shaped as Kargo creates them, and reading their
 //!   verdict as Kargo does.
 //! * [`block`]: the one builder of plugin blocks and the Jobs in them.
+//! * [`fleet`]: simulated agents (the wire protocol without a cluster) for the benches.
 //! * [`wait`]: the one [`eventually`](wait::eventually) every wait goes through.
 //! * [`ports`]: the one way to pick a free loopback port.
 //! * [`artifacts`]: where the plugin and server binaries and the repository's files are.
@@ -29,6 +30,7 @@ pub mod analysis;
 pub mod artifacts;
 pub mod block;
 pub mod cluster;
+pub mod fleet;
 pub mod kargo;
 pub mod objects;
 pub mod ports;

@@ -13,7 +13,7 @@
 //! (also written to `$SUMMARY_FILE`): `agents=1000 dispatch_p99_ms=X server_rss_mib=Y`, after a
 //! line `bench-agents: refused_plugin_calls=0 refused_polls=N`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,13 +21,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use dispatch_api::agent::{
-    self as api, Report, ReportReply, ReportRequest, WorkReply, WorkRequest,
-};
-use dispatch_api::client::{CallError, ClientConfig, ServerClient};
+use dispatch_api::client::{ClientConfig, ServerClient};
 use dispatch_api::v1::{Ensured, MeasurementRef, RunRef, Verdict};
-use dispatch_api::DestState;
 use dispatch_tests::cluster::process::status_mib;
+use dispatch_tests::fleet::{self, destination, refused, Hold};
 use dispatch_tests::wait::{eventually, Progress};
 use dispatch_tests::{free_port, summary};
 
@@ -69,16 +66,6 @@ fn knob(name: &str, default: usize) -> Result<usize> {
     }
 }
 
-/// The name of agent destination `i`.
-fn destination(i: usize) -> String {
-    format!("agent-{i:04}")
-}
-
-/// A 503 of a budget used up (`runtime::limits`: with `Retry-After`).
-fn refused(e: &CallError) -> bool {
-    matches!(e, CallError::Busy { .. }) || matches!(e, CallError::Transient(m) if m.contains("503"))
-}
-
 /// A plugin call, retried while the server refuses it for lack of a slot; each refusal counted.
 async fn plugin_call(
     plugin: &ServerClient,
@@ -95,56 +82,6 @@ async fn plugin_call(
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(e) => anyhow::bail!("{path} {}: {e}", m.run.name),
-        }
-    }
-}
-
-/// When each Job (by name) was first seen by its agent.
-type Seen = Arc<Mutex<HashMap<String, Instant>>>;
-
-async fn agent(
-    client: ServerClient,
-    destination: String,
-    seen: Seen,
-    refused_polls: Arc<AtomicUsize>,
-) {
-    let work = api::path(api::WORK, &destination);
-    let report = api::path(api::REPORT, &destination);
-    let mut fingerprint = String::new();
-    let mut done: HashSet<String> = HashSet::new();
-    loop {
-        let req = WorkRequest {
-            fingerprint: fingerprint.clone(),
-            wait_seconds: 25,
-        };
-        let reply: WorkReply = match client.post(&work, &req).await {
-            Ok(r) => r,
-            Err(e) => {
-                if refused(&e) {
-                    refused_polls.fetch_add(1, Ordering::Relaxed);
-                }
-                eprintln!("bench-agents: {destination}: {e}");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                continue;
-            }
-        };
-        let now = Instant::now();
-        fingerprint = reply.fingerprint;
-        let mut reports = Vec::new();
-        {
-            let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
-            for item in reply.jobs {
-                if done.insert(item.name.clone()) {
-                    seen.entry(item.spec.job_name.clone()).or_insert(now);
-                    reports.push(Report::new(item.name, Some(DestState::Succeeded)));
-                }
-            }
-        }
-        if !reports.is_empty() {
-            let r: Result<ReportReply, _> = client.post(&report, &ReportRequest { reports }).await;
-            if let Err(e) = r {
-                eprintln!("bench-agents: {destination}: report: {e}");
-            }
         }
     }
 }
@@ -181,13 +118,10 @@ async fn a_thousand_agents_two_thousand_jobs() -> Result<()> {
     std::fs::create_dir_all(&dir)?;
     let key = dir.join("jwt.key");
     std::fs::write(&key, KEY)?;
-    let mut config = String::from(
-        "policy: {rules: [{projects: ['*'], destinations: ['agent-*'], namespaces: ['*']}]}\n\
-         agents:\n  store: memory\n  destinations:\n",
+    let config = format!(
+        "policy: {{rules: [{{projects: ['*'], destinations: ['agent-*'], namespaces: ['*']}}]}}\n{}",
+        fleet::agents_yaml(agents_n)
     );
-    for i in 0..agents_n {
-        config.push_str(&format!("  - name: {}\n", destination(i)));
-    }
     std::fs::write(dir.join("server.yaml"), &config)?;
     let (port, admin) = (free_port()?, free_port()?);
     let server = KillOnDrop(
@@ -227,8 +161,7 @@ async fn a_thousand_agents_two_thousand_jobs() -> Result<()> {
     })
     .await?;
 
-    let seen: Seen = Arc::new(Mutex::new(HashMap::new()));
-    let refused_polls = Arc::new(AtomicUsize::new(0));
+    let seen: fleet::SeenBy = Arc::default();
     let refused_plugin_calls = Arc::new(AtomicUsize::new(0));
     let mut agents = Vec::new();
     for i in 0..agents_n {
@@ -242,11 +175,11 @@ async fn a_thousand_agents_two_thousand_jobs() -> Result<()> {
         let file = dir.join(format!("{destination}.token"));
         std::fs::write(&file, token)?;
         let c = client(&url, &file, Duration::from_secs(60))?;
-        agents.push(tokio::spawn(agent(
+        agents.push(tokio::spawn(fleet::agent(
             c,
             destination,
+            Hold::No,
             seen.clone(),
-            refused_polls.clone(),
         )));
     }
     // Let every agent open its first long poll.
@@ -286,7 +219,12 @@ async fn a_thousand_agents_two_thousand_jobs() -> Result<()> {
         s.await??;
     }
     let ensure_secs = started.elapsed().as_secs_f64();
-    let reached = || seen.lock().unwrap_or_else(|e| e.into_inner()).len();
+    let reached = || {
+        seen.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .dispatched
+            .len()
+    };
     eventually(
         "every Job at its agent",
         Duration::from_secs(60),
@@ -325,7 +263,10 @@ async fn a_thousand_agents_two_thousand_jobs() -> Result<()> {
     }
 
     let sent = sent.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let seen = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let (seen, refused_polls) = {
+        let s = seen.lock().unwrap_or_else(|e| e.into_inner());
+        (s.dispatched.clone(), s.refused_polls)
+    };
     let mut latencies: Vec<f64> = sent
         .iter()
         .filter_map(|(job, at)| {
@@ -349,10 +290,7 @@ async fn a_thousand_agents_two_thousand_jobs() -> Result<()> {
     println!(
         "bench-agents: server RSS MiB idle-with-{agents_n}-polls={rss_idle:.1} peak={rss_peak:.1}"
     );
-    let (refused_plugin_calls, refused_polls) = (
-        refused_plugin_calls.load(Ordering::Relaxed),
-        refused_polls.load(Ordering::Relaxed),
-    );
+    let refused_plugin_calls = refused_plugin_calls.load(Ordering::Relaxed);
     println!(
         "bench-agents: refused_plugin_calls={refused_plugin_calls} refused_polls={refused_polls}"
     );

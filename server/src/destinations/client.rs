@@ -297,6 +297,9 @@ fn direct_kubeconfig(d: &DirectAccess, name: &str) -> Kubeconfig {
     single_kubeconfig(name, Value::Object(cluster), Value::Object(user), None)
 }
 
+/// The `User-Agent` of every request the server sends to a Kubernetes API server.
+pub const USER_AGENT: &str = concat!("rollouts-dispatch/", env!("CARGO_PKG_VERSION"));
+
 /// Applies the engine's timeouts and builds a client that counts its requests.
 pub fn client(
     mut config: kube::Config,
@@ -307,6 +310,11 @@ pub fn client(
     // Watches are long reads: their liveness is kube-runtime's idle timeout; every other call
     // is bounded by `request_timeout` in the engine.
     config.read_timeout = None;
+    // Named in every API server's audit log, beside the controllers that write there.
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(USER_AGENT),
+    ));
     let builder = ClientBuilder::try_from(config).map_err(AccessError::Client)?;
     Ok(builder.with_layer(counter).build())
 }

@@ -85,6 +85,9 @@ pub struct ArgoRollouts {
     /// utils/controller/controller.go:287-300, the informers' selector in
     /// cmd/rollouts-controller/main.go:170-195).
     pub instance_id: Option<String>,
+    /// Flags after the scene's own (the later of two wins): a bench's `--qps`, `--burst`,
+    /// `--analysis-threads`, `--loglevel=info`.
+    extra_args: Vec<String>,
     /// Its name in the cluster's process group (and of its log file).
     process: String,
 }
@@ -92,11 +95,20 @@ pub struct ArgoRollouts {
 impl ArgoRollouts {
     /// Installs the CRDs and the ConfigMap and starts the controller; waits for `/healthz`.
     pub async fn install(cluster: &mut Cluster, plugins: &[MetricPlugin]) -> Result<Self> {
+        Self::install_with(cluster, plugins, &[]).await
+    }
+
+    /// [`Self::install`], the controller started with `extra_args` after the scene's flags.
+    pub async fn install_with(
+        cluster: &mut Cluster,
+        plugins: &[MetricPlugin],
+        extra_args: &[&str],
+    ) -> Result<Self> {
         let client = cluster.client().await?;
         apply_crds(&client, &cluster.binaries.argo_rollouts_crds).await?;
         apply_namespace(&client, NAMESPACE).await?;
         apply_config_map(&client, plugins).await?;
-        Self::launch(cluster, None).await
+        Self::launch(cluster, None, extra_args).await
     }
 
     /// Starts one more controller on `cluster`, where [`Self::install`] ran, with
@@ -104,10 +116,14 @@ impl ArgoRollouts {
     /// only the AnalysisRuns (and Rollouts, Experiments) labelled for instance `id`. Its
     /// process, log and working directory are named after `id`; waits for `/healthz`.
     pub async fn start_instance(cluster: &mut Cluster, id: &str) -> Result<Self> {
-        Self::launch(cluster, Some(id)).await
+        Self::launch(cluster, Some(id), &[]).await
     }
 
-    async fn launch(cluster: &mut Cluster, instance_id: Option<&str>) -> Result<Self> {
+    async fn launch(
+        cluster: &mut Cluster,
+        instance_id: Option<&str>,
+        extra_args: &[&str],
+    ) -> Result<Self> {
         let p = ports::allocate(2)?;
         let (healthz_port, metrics_port) = (p[0], p[1]);
         let suffix = instance_id.map(|id| format!("-{id}")).unwrap_or_default();
@@ -121,6 +137,7 @@ impl ArgoRollouts {
             healthz_port,
             metrics_port,
             instance_id: instance_id.map(String::from),
+            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
             process,
         };
         argo.spawn(cluster).await?;
@@ -162,6 +179,7 @@ impl ArgoRollouts {
         if let Some(id) = &self.instance_id {
             cmd.arg(format!("--instance-id={id}"));
         }
+        cmd.args(&self.extra_args);
         cluster.spawn_process(&self.process, cmd)?;
         eventually(
             &format!("{} /healthz ok", self.process),

@@ -16,6 +16,7 @@
 pub mod argo;
 pub mod argocd;
 pub mod argocd_real;
+pub mod audit;
 pub mod binaries;
 mod kubelet_shim;
 pub mod kwok;
@@ -63,6 +64,13 @@ pub struct ClusterOptions {
     /// Run a real node ([`node::RealNode`]: containerd, kubelet, kube-proxy, CoreDNS) instead of
     /// kwok's fake one, and enforce the `restricted` Pod Security level by default.
     pub real_node: bool,
+    /// The API server keeps an audit log of writes ([`audit`]: who wrote what, by client).
+    pub audit_writes: bool,
+    /// The controller-manager and the scheduler talk to the API server without client-side
+    /// throttling (their defaults are 20 and 50 requests a second), as kwokctl's
+    /// `--disable-qps-limits` runs them: a bench of thousands of Jobs measures our side and the
+    /// Rollouts controller, not the Job controller's rate limiter.
+    pub unthrottled: bool,
 }
 
 impl ClusterOptions {
@@ -74,6 +82,8 @@ impl ClusterOptions {
             keep_dir: std::env::var_os(KEEP_ENV).is_some(),
             ready_timeout: DEFAULT_READY_TIMEOUT,
             real_node: false,
+            audit_writes: false,
+            unthrottled: false,
         }
     }
 }
@@ -294,9 +304,17 @@ impl Cluster {
                 "--endpoint-reconciler-type=none".into(),
             ]);
         }
+        if options.audit_writes {
+            apiserver_args.extend(audit::apiserver_args(&dir)?);
+        }
         let mut apiserver = Command::new(&binaries.kube_apiserver);
         apiserver.args(&apiserver_args);
         processes.spawn("kube-apiserver", apiserver)?;
+        let unthrottled: &[&str] = if options.unthrottled {
+            &["--kube-api-qps=5000", "--kube-api-burst=10000"]
+        } else {
+            &[]
+        };
 
         let kc = kubeconfig.display().to_string();
         let mut controller_manager = Command::new(&binaries.kube_controller_manager);
@@ -317,6 +335,7 @@ impl Cluster {
             "--use-service-account-credentials=false".into(),
             "--profiling=false".into(),
         ]);
+        controller_manager.args(unthrottled);
         let mut deferred = vec![("kube-controller-manager", controller_manager)];
 
         let mut scheduler = Command::new(&binaries.kube_scheduler);
@@ -330,6 +349,7 @@ impl Cluster {
             "--leader-elect=false".into(),
             "--profiling=false".into(),
         ]);
+        scheduler.args(unthrottled);
         deferred.push(("kube-scheduler", scheduler));
 
         let mut kwok = Command::new(&binaries.kwok);
@@ -618,10 +638,15 @@ fn write_pod_security(dir: &Path) -> Result<PathBuf> {
 
 /// Starts one cluster per name, in parallel; fails (stopping the others) if any fails.
 pub async fn start_many(names: &[&str]) -> Result<Vec<Cluster>> {
+    start_many_with(names.iter().map(|n| ClusterOptions::new(n)).collect()).await
+}
+
+/// [`start_many`] with each cluster's options.
+pub async fn start_many_with(options: Vec<ClusterOptions>) -> Result<Vec<Cluster>> {
+    let names: Vec<String> = options.iter().map(|o| o.name.clone()).collect();
     let mut tasks = tokio::task::JoinSet::new();
-    for (index, name) in names.iter().enumerate() {
-        let name = (*name).to_owned();
-        tasks.spawn(async move { (index, Cluster::start(&name).await) });
+    for (index, options) in options.into_iter().enumerate() {
+        tasks.spawn(async move { (index, Cluster::start_with(options).await) });
     }
     let mut slots: Vec<Option<Cluster>> = names.iter().map(|_| None).collect();
     let mut errors = Vec::new();
