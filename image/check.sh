@@ -6,8 +6,8 @@
 # volume), started with `chroot --userspec=65532:65532`. It must answer /live and /ready, serve
 # `GET /v1/destinations` over TLS to a token it accepts, and run as uid 65532.
 #
-# Then it runs what an init container of the Rollouts controller runs (README "Deliver the plugin
-# to the controller"): `rollouts-dispatch install-plugin --to DIR` in the same chroot, DIR a
+# Then it runs what an init container of the Rollouts controller runs (docs/install.md, "Deliver
+# the plugin to the controller"): `rollouts-dispatch install-plugin --to DIR` in the same chroot, DIR a
 # writable volume, and checks the copy is the release plugin, executable.
 #
 # It also checks that the Helm chart's default image is this one (repository and appVersion).

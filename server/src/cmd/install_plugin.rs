@@ -1,7 +1,7 @@
 //! `rollouts-dispatch install-plugin`: copies the metric-provider plugin that the image ships
 //! beside this binary into a directory shared with the Argo Rollouts controller, so that an init
 //! container of the controller's pod can hand it over and the controller loads it with a
-//! `file://` location (README "Deliver the plugin to the controller").
+//! `file://` location (docs/install.md, "Deliver the plugin to the controller").
 //!
 //! Why a subcommand and not `cp`: the image has no shell and no coreutils (an empty base). The
 //! copy is written beside the target and renamed into place, so the controller never starts on a

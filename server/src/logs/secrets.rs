@@ -9,7 +9,7 @@
 //! (forbidden, gone, unreachable), the tail is withheld and the message says why: a value we
 //! could not see is a value we could not redact.
 //!
-//! Not covered, and said so in the README: values the container transforms before printing
+//! Not covered, and said so in docs/security.md: values the container transforms before printing
 //! (base64, hex, a substring), Secrets it fetches itself over the network, and the
 //! ServiceAccount token (the policy keeps `automountServiceAccountToken: false` by default).
 
@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::Api;
 
 /// Values shorter than this are still redacted, but a value this short also matches
-/// unrelated text; the README says so. (No value is skipped: over-redaction is the safe side.)
+/// unrelated text; docs/security.md says so. (No value is skipped: over-redaction is the safe side.)
 pub const SHORT_VALUE: usize = 4;
 
 /// Why the values of a referenced Secret could not be read, so the tail is withheld.
