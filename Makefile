@@ -76,6 +76,7 @@ include tests/conformance/conformance.mk
 include tests/k8s/k8s.mk
 include tests/tests.mk
 include charts/chart.mk
+include charts/monitoring.mk
 include coverage.mk
 include image/image.mk
 include tests/k8s/node.mk
