@@ -69,13 +69,14 @@ fmt: ## format Rust and Go code
 	$(CARGO) fmt --all
 
 .PHONY: docs
-docs: ## regenerate docs/configuration.md from the config types (server/src/config/reference.rs)
-	UPDATE_DOCS=1 $(CARGO) test --locked -q -p dispatch-server --lib config::reference::tests
+docs: ## regenerate docs/configuration.md from the config types (server/src/config/reference.rs) and docs/metrics.md from the metrics catalog (server/src/runtime/metrics/catalog.rs)
+	UPDATE_DOCS=1 $(CARGO) test --locked -q -p dispatch-server --lib -- config::reference::tests runtime::metrics::catalog::tests
 
 include tests/conformance/conformance.mk
 include tests/k8s/k8s.mk
 include tests/tests.mk
 include charts/chart.mk
+include charts/monitoring.mk
 include coverage.mk
 include image/image.mk
 include tests/k8s/node.mk

@@ -25,6 +25,7 @@ NAMESPACE=rollouts-dispatch
 source charts/chart-variants.sh
 SM_CRD=charts/testdata/servicemonitor-crd.yaml
 CERT_CRD=charts/testdata/certificate-crd.yaml
+PR_CRD=charts/testdata/prometheusrule-crd.yaml
 DJ_CRD=$CHART_DIR/crds/dispatchjobs.yaml
 DLR_CRD=$CHART_DIR/crds/dispatchlogrequests.yaml
 DJ_SAMPLE=charts/testdata/dispatchjob.yaml
@@ -109,6 +110,9 @@ refuse "inCluster.namespaces and inCluster.allowClusterWide are both set" -f "$C
 refuse "tls.secretName and tls.certManager.issuerRef.name are both set" -f "$CHART_DIR/ci/kubernetes-store-values.yaml" --set tls.secretName=s
 refuse "at '/rbac': additional properties 'analysisRunPatch' not allowed" --set rbac.analysisRunPatch=true
 refuse "nothing to install" --set server.enabled=false
+refuse "at '/monitoring/rules': additional properties 'enable' not allowed" --set monitoring.rules.enable=true
+refuse "monitoring.rules.disabled: RolloutsDispatchAgentGone is not an alert of monitoring/rules.yaml" \
+  --set monitoring.rules.enabled=true --set 'monitoring.rules.disabled={RolloutsDispatchAgentGone}'
 refuse "the server refuses to start without authentication" --set 'server.tokenReviewAllow=null'
 refuse "server.tokenReviewAllow system:serviceaccount:argo-rollouts:argo-rollouts matches no config.policy.callers entry" --set 'config.policy.callers=null'
 refuse "server.tokenReviewAllow system:serviceaccount:kargo:kargo-controller matches no config.policy.callers entry" \
@@ -127,6 +131,14 @@ has agent-namespaced "--ca-file=/var/run/secrets/rollouts-dispatch/agent-ca/ca.c
 has agent-namespaced "--namespaces=edge-jobs"; has agent-namespaced "--pod-security=restricted"
 has agent-namespaced "--work-keys=/etc/rollouts-dispatch/work-keys/work.keys"
 has agent-namespaced "ed25519:9xvRIYv0cIUF2or2bjkmjJYxyB4ubKD35J+XTrFFhzU="
+# Monitoring (monitoring.*): the dashboard in the sidecar's namespace with its label, every alert
+# but the one disabled, with the added label and the runbooks on the mirror; nothing by default.
+has monitoring "grafana_dashboard: \"1\""; has monitoring '"uid": "rollouts-dispatch"'
+has monitoring "kind: PrometheusRule"; has monitoring "team: platform"
+has monitoring "alert: RolloutsDispatchAgentSilent"; hasnt monitoring "alert: RolloutsDispatchOverBudget"
+has monitoring "runbook_url: https://git.example.com/platform/rollouts-dispatch/-/blob/main/docs/troubleshooting.md#agent-silent"
+has monitoring 'summary: The agent of destination {{ $labels.destination }}'
+hasnt default "kind: PrometheusRule"; hasnt default "grafana_dashboard"
 # The in-cluster destination is limited to inCluster.namespaces (its caches watch only those).
 has test "inClusterNamespaces:"; hasnt cluster-scope "inClusterNamespaces"
 echo "chart: helm template ok ($refused invalid value sets refused) in $(since "$t")"
@@ -190,6 +202,9 @@ done
 # cert-manager's Certificate likewise (charts/testdata/certificate-crd.yaml, a strict schema).
 "$KUBECTL" apply -f "$CERT_CRD" >/dev/null
 "$KUBECTL" wait --for=condition=Established --timeout=60s crd/certificates.cert-manager.io >/dev/null
+# PrometheusRule likewise (charts/testdata/prometheusrule-crd.yaml: the rule group's fields, strict).
+"$KUBECTL" apply -f "$PR_CRD" >/dev/null
+"$KUBECTL" wait --for=condition=Established --timeout=60s crd/prometheusrules.monitoring.coreos.com >/dev/null
 # The chart's own CRD (crds/, installed by helm install, not in `helm template`), for real.
 "$KUBECTL" apply --validate=strict -f "$DJ_CRD" -f "$DLR_CRD" >"$CHART_OUT/apply-crds.log" 2>&1 ||
   { cat "$CHART_OUT/apply-crds.log"; echo "chart: kubectl apply $DJ_CRD $DLR_CRD FAILED" >&2; exit 1; }

@@ -1,4 +1,7 @@
-//! Prometheus metrics of the server (`/metrics` on the admin port).
+//! Prometheus metrics of the server and the agent (`/metrics` on the admin port). Names, types,
+//! labels and help come from [`catalog::CATALOG`], the one table `docs/metrics.md` is generated from.
+
+pub mod catalog;
 
 use std::sync::Mutex;
 use std::time::Instant;
@@ -11,7 +14,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 use std::sync::Arc;
 
@@ -84,6 +87,12 @@ struct SweptLabels {
     reason: &'static str,
 }
 
+/// Registers `metric` under `name` with the help text of its catalog entry.
+fn register(registry: &mut Registry, name: &str, metric: impl Metric) {
+    let doc = catalog::doc(name);
+    registry.register(doc.name, doc.help, metric);
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
@@ -93,7 +102,7 @@ impl Default for Metrics {
 impl Metrics {
     /// A fresh registry with the prefix `rollouts_dispatch`.
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("rollouts_dispatch");
+        let mut registry = Registry::with_prefix(catalog::PREFIX);
         let requests = Family::<RequestLabels, Counter>::default();
         let latency = Family::<RouteLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.001, 2.0, 14))
@@ -101,104 +110,47 @@ impl Metrics {
         let verdicts = Family::<PhaseLabels, Counter>::default();
         let jobs = Family::<JobLabels, Gauge>::default();
         let verdict_latency = Histogram::new(exponential_buckets(0.05, 2.0, 14));
-        registry.register(
-            "http_requests",
-            "API requests by route, method and status code",
-            requests.clone(),
-        );
-        registry.register(
+        register(&mut registry, "http_requests", requests.clone());
+        register(
+            &mut registry,
             "http_request_duration_seconds",
-            "API request latency by route",
             latency.clone(),
         );
-        registry.register(
-            "verdicts",
-            "measurement verdicts returned, by phase",
-            verdicts.clone(),
-        );
-        registry.register(
-            "jobs",
-            "Jobs known to the engine, by destination and phase",
-            jobs.clone(),
-        );
-        registry.register(
+        register(&mut registry, "verdicts", verdicts.clone());
+        register(&mut registry, "jobs", jobs.clone());
+        register(
+            &mut registry,
             "verdict_latency_seconds",
-            "time from a Job finishing to its verdict being reported",
             verdict_latency.clone(),
         );
         let agent_connected = Family::<DestinationLabels, Gauge>::default();
         let agent_reports = Family::<DestinationLabels, Counter>::default();
-        registry.register(
-            "agent_connected",
-            "1 when the agent of an agent destination polled this replica within agents.offlineAfter",
-            agent_connected.clone(),
-        );
-        registry.register(
-            "agent_reports",
-            "Job states reported by agents, by destination",
-            agent_reports.clone(),
-        );
+        register(&mut registry, "agent_connected", agent_connected.clone());
+        register(&mut registry, "agent_reports", agent_reports.clone());
         let jobs_swept = Family::<SweptLabels, Counter>::default();
-        registry.register(
-            "jobs_swept",
-            "Jobs deleted by the sweep (agent destinations: deletions asked of the agent), by \
-             destination and reason (deleted_run: the AnalysisRun is gone; retention: it completed \
-             longer ago than jobs.retention; run_completed: it completed while the Job still ran; \
-             record_retention: its agent record finished longer ago than the records' retention)",
-            jobs_swept.clone(),
-        );
+        register(&mut registry, "jobs_swept", jobs_swept.clone());
         let past_deadline = Counter::default();
-        registry.register(
+        register(
+            &mut registry,
             "measurements_past_deadline",
-            "Measurements ended because they had no verdict by the server's deadline (the \
-             block's activeDeadline, else engine.measurementDeadline, plus engine.deadlineGrace \
-             for Jobs): in Error for an agent gone, a destination unreachable, a Job never \
-             started; in Failed for an observe check whose object never got as it wants",
             past_deadline.clone(),
         );
         let gc_failures = Family::<DestinationLabels, Counter>::default();
-        registry.register(
-            "gc_failures",
-            "Garbage collection calls that could not delete on a destination (best effort: the \
-             call still succeeds; the Jobs end by their TTL and the sweep), by destination",
-            gc_failures.clone(),
-        );
+        register(&mut registry, "gc_failures", gc_failures.clone());
         let pending_deletions = Family::<DestinationLabels, Gauge>::default();
-        registry.register(
+        register(
+            &mut registry,
             "pending_deletions",
-            "Jobs a Terminate (or a sweep, a garbage collection) asked to delete that are not \
-             gone yet, by destination: a direct destination that could not be reached (the server \
-             retries), or an agent that has not confirmed the deletion",
             pending_deletions.clone(),
         );
         let budget_in_use = Family::<BudgetLabels, Gauge>::default();
-        registry.register(
-            "budget_in_use",
-            "Requests being served now, by request budget (api: the plugin and the API; \
-             agent_polls, agent_reports, log_uploads, log_reads: see serve --help)",
-            budget_in_use.clone(),
-        );
+        register(&mut registry, "budget_in_use", budget_in_use.clone());
         let budget_refused = Family::<BudgetLabels, Counter>::default();
-        registry.register(
-            "budget_refused",
-            "Requests answered 503 overloaded because their budget was used up, by budget \
-             (raise the serve flag the reply names, or add a replica)",
-            budget_refused.clone(),
-        );
+        register(&mut registry, "budget_refused", budget_refused.clone());
         let budget_size = Family::<BudgetLabels, Gauge>::default();
-        registry.register(
-            "budget_size",
-            "The size of each request budget (its serve flag)",
-            budget_size.clone(),
-        );
+        register(&mut registry, "budget_size", budget_size.clone());
         let over_budget = Family::<KeyLabels, Counter>::default();
-        registry.register(
-            "over_budget",
-            "Requests answered 429 over_budget because their project (or agent destination) \
-             held its share of a per-owner budget, by the config key of that budget (raise it \
-             in the server's config if the load is legitimate)",
-            over_budget.clone(),
-        );
+        register(&mut registry, "over_budget", over_budget.clone());
         Self {
             over_budget,
             budget_in_use,
