@@ -29,6 +29,7 @@ test: ## the whole suite: Rust tests, golden vectors, Go conformance, real clust
 	$(MAKE) e2e-agent
 	$(MAKE) e2e-observe
 	$(MAKE) chart
+	$(MAKE) monitoring-check
 	$(MAKE) bench-small
 	@tests/leftovers.sh check
 
