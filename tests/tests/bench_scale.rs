@@ -14,7 +14,8 @@
 //!   an agent's final report) to the run's phase (a watch on the AnalysisRuns), p50 and p99;
 //! * the API servers' write rates by client, from their audit logs
 //!   ([`dispatch_tests::cluster::audit`]): ours (the plugin's `resumeAt` patches, the server's
-//!   Jobs) beside the controller's status writes, per second of the phase;
+//!   Jobs) beside the controller's status writes, per second of the phase (`-` is the bench
+//!   itself creating the runs, as Kargo would);
 //! * peak RSS (`VmHWM`) of the server, the plugin and the controller.
 //!
 //! The controller runs with `--qps`/`--burst` raised (`BENCH_SCALE_CONTROLLER_ARGS`, default
@@ -24,7 +25,7 @@
 //! the scheduler of the test clusters are unthrottled too (`ClusterOptions::unthrottled`).
 //!
 //! Sizes from the environment: `BENCH_SCALE_MEASUREMENTS` (10000 per phase), `BENCH_SCALE_AGENTS`
-//! (1000), `BENCH_SCALE_JOB_SECONDS` (180: the shortest Job; the longest is 2 minutes more),
+//! (1000), `BENCH_SCALE_JOB_SECONDS` (180: the shortest Job; the longest two thirds more),
 //! `BENCH_SCALE_CREATE_PER_S` (100: how fast "Kargo" creates the runs). `make test` runs it
 //! small. Last line: `scale: measurements=N correct=C verdict_p99_ms=P api_writes_per_s=A
 //! server_rss_mib=S plugin_rss_mib=R agents=G`, where C is the lower of the two phases' correct
@@ -382,8 +383,9 @@ async fn phase_run(scene: &Scene, sizes: Sizes, on_agents: bool, tag: &str) -> R
             "cluster-a".to_string()
         };
         let fails = i % 10 == 7;
-        // 3 to 5 minutes, spread so that Jobs do not all end in one second.
-        let seconds = sizes.job_seconds + (i * 7919) % 121;
+        // 3 to 5 minutes at full size (two thirds more than the shortest), spread so that
+        // Jobs do not all end in one second.
+        let seconds = sizes.job_seconds + (i * 7919) % (sizes.job_seconds * 2 / 3 + 1);
         let object = Verification::new(
             &format!("s{tag}{i}"),
             &format!("01jscale{tag}{i:017}"),
@@ -422,11 +424,21 @@ async fn phase_run(scene: &Scene, sizes: Sizes, on_agents: bool, tag: &str) -> R
         "scale {label}: {n} runs created in {created_s:.0}s ({:.0}/s)",
         n as f64 / created_s
     );
-    let timeout = Duration::from_secs(sizes.job_seconds + 121 + 900);
+    let timeout = Duration::from_secs(sizes.job_seconds * 5 / 3 + 900);
     let mut peak_in_flight = 0;
     let mut last_print = Instant::now();
+    // The watch lists the earlier phase's runs too: count only this phase's.
+    let names: Vec<String> = planned
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .keys()
+        .cloned()
+        .collect();
     loop {
-        let decided = seen_runs.lock().unwrap_or_else(|e| e.into_inner()).len();
+        let decided = {
+            let seen = seen_runs.lock().unwrap_or_else(|e| e.into_inner());
+            names.iter().filter(|n| seen.contains_key(*n)).count()
+        };
         peak_in_flight = peak_in_flight.max(n.saturating_sub(decided));
         if decided >= n {
             break;
