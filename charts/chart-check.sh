@@ -8,7 +8,8 @@
 # configuration (config/server.yaml and each ```yaml block of the Markdown files made of server
 # config keys, an "example": linted, rendered, its rendered server.yaml parsed as `serve` does and
 # holding every key of the example as written), renderings that must fail with a clear message,
-# both CRDs rendered (templates/crds.yaml), the RBAC golden test (charts/chart-rbac.sh: every grant
+# both CRDs rendered (templates/crds.yaml), values.yaml's words on the agent's grants what
+# templates/agent-rbac.yaml renders, the RBAC golden test (charts/chart-rbac.sh: every grant
 # against charts/rbac-allowlist.txt), then against a real kube-apiserver started by the Rust
 # launcher (tests/src/bin/test-cluster.rs): the CRDs as a release of before had them applied for
 # real and established, `kubectl apply --dry-run=server` of every rendering and example (and of a
@@ -174,6 +175,8 @@ if "$HELM" template "$RELEASE" "$CHART_DIR" --namespace "$NAMESPACE" -f "$DEFAUL
 fi
 refuse "config.agents and agents.destinations are both set" -f "$CHART_OUT/examples/config-server-yaml-values.yaml" --set 'agents.destinations[0].name=edge-9'
 refuse "config.agents.namespace rollouts-dispatch is not the release namespace other" --namespace other -f "$CHART_OUT/examples/config-server-yaml-values.yaml"
+# values.yaml's words on the agent's grants are what templates/agent-rbac.yaml renders.
+"$CHART_CONFIG" agent-rbac "$CHART_OUT/agent.yaml" "$CHART_OUT/agent-namespaced.yaml" "$CHART_DIR/values.yaml"
 echo "chart: helm template ok ($refused invalid value sets refused) in $(since "$t")"
 
 # --- RBAC golden test: every grant of every rendering against charts/rbac-allowlist.txt ---------

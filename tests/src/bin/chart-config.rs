@@ -13,6 +13,10 @@
 //! `schema VALUES-SCHEMA` checks that the `config` property of the chart's values.schema.json is
 //! `config_schema()`, generated from the config types (`make docs` writes it).
 //!
+//! `agent-rbac RENDERING SYNC-RENDERING VALUES-YAML` checks that values.yaml's text on the agent's
+//! grants (`granting exactly: …`) says what the agent's Role or ClusterRole of RENDERING grants,
+//! then what SYNC-RENDERING (with `agent.argocd.sync`) grants on top.
+//!
 //! `check VARIANT=RENDERING[=VALUES]...` reads the `server.yaml` of each rendering's ConfigMap and
 //! parses it as `serve` does at start (`ServerConfig::parse`); with the values file, every key of
 //! its `config` must be in the rendered file with the same value (the chart adds keys, never drops
@@ -27,7 +31,8 @@ use dispatch_server::config::{config_schema, reference, ServerConfig};
 use serde_json::{json, Value};
 
 const USAGE: &str = "usage: chart-config examples OUTDIR FILE... | chart-config schema \
-                     VALUES-SCHEMA | chart-config check VARIANT=RENDERING[=VALUES]...";
+                     VALUES-SCHEMA | chart-config agent-rbac RENDERING SYNC-RENDERING VALUES-YAML \
+                     | chart-config check VARIANT=RENDERING[=VALUES]...";
 
 /// The release namespace of `make chart`.
 const NAMESPACE: &str = "rollouts-dispatch";
@@ -49,6 +54,9 @@ fn run() -> Result<()> {
             examples(Path::new(out), files)
         }
         Some((mode, [file])) if mode == "schema" => schema(file),
+        Some((mode, [base, sync, values])) if mode == "agent-rbac" => {
+            agent_rbac(base, sync, values)
+        }
         Some((mode, renderings)) if mode == "check" && !renderings.is_empty() => {
             renderings.iter().try_for_each(|r| check(r))
         }
@@ -69,6 +77,79 @@ fn schema(file: &str) -> Result<()> {
     println!(
         "chart: values.schema.json config schema up to date ({} documented keys)",
         reference().len()
+    );
+    Ok(())
+}
+
+/// The rules of the agent's Role or ClusterRole in `rendering`.
+fn agent_rules(rendering: &str) -> Result<Vec<Value>> {
+    let text =
+        std::fs::read_to_string(rendering).with_context(|| format!("reading {rendering}"))?;
+    let docs: Vec<Option<Value>> = serde_saphyr::from_multiple(&text)?;
+    docs.into_iter()
+        .flatten()
+        .find(|d| {
+            (d["kind"] == "Role" || d["kind"] == "ClusterRole")
+                && d.pointer("/metadata/labels/app.kubernetes.io~1component")
+                    == Some(&json!("agent"))
+        })
+        .and_then(|d| d["rules"].as_array().cloned())
+        .with_context(|| format!("no Role or ClusterRole of the agent in {rendering}"))
+}
+
+/// `jobs (batch) create, get`: the resources of a rule, its group, its verbs.
+fn describe(rule: &Value) -> String {
+    let list = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .map(str::to_owned)
+            .collect()
+    };
+    let group = list(&rule["apiGroups"]).join(", ");
+    let group = if group.is_empty() {
+        String::new()
+    } else {
+        format!(" ({group})")
+    };
+    format!(
+        "{}{group} {}",
+        list(&rule["resources"]).join(" and "),
+        list(&rule["verbs"]).join(", ")
+    )
+}
+
+fn agent_rbac(base: &str, sync: &str, values: &str) -> Result<()> {
+    let base = agent_rules(base)?;
+    let extra: Vec<Value> = agent_rules(sync)?
+        .into_iter()
+        .filter(|r| !base.contains(r))
+        .collect();
+    ensure!(
+        !extra.is_empty(),
+        "{sync} grants the agent nothing more than the first rendering"
+    );
+    let describe_all = |rules: &[Value]| rules.iter().map(describe).collect::<Vec<_>>().join("; ");
+    let want = format!(
+        "granting exactly: {}; with `agent.argocd.sync`, {}.",
+        describe_all(&base),
+        describe_all(&extra)
+    );
+    // The comments of values.yaml as one line of text.
+    let text = std::fs::read_to_string(values).with_context(|| format!("reading {values}"))?;
+    let comments: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix('#'))
+        .map(|l| l.trim_start_matches('-').trim())
+        .collect();
+    ensure!(
+        comments.join(" ").contains(&want),
+        "{values} does not describe the agent's RBAC as templates/agent-rbac.yaml renders it; want: {want}"
+    );
+    println!(
+        "chart: values.yaml describes the agent's {} grants as rendered",
+        base.len() + extra.len()
     );
     Ok(())
 }
