@@ -1,0 +1,207 @@
+//! The extractor and the checks against planted mistakes: for each kind, a reference that exists
+//! passes and one that does not is reported, with its file and line.
+
+use std::sync::OnceLock;
+
+use dispatch_tests::artifacts::repo_path;
+
+use super::check::{check_doc, Anchors, Report};
+use super::extract::Tops;
+use super::known::Known;
+
+fn known() -> &'static Known {
+    static KNOWN: OnceLock<Known> = OnceLock::new();
+    KNOWN.get_or_init(|| Known::from_repo(&repo_path("")))
+}
+
+/// The report lines of `text` read as the Markdown file `file`.
+fn broken(file: &str, text: &str) -> Vec<String> {
+    let root = repo_path("");
+    let mut anchors = Anchors {
+        root: &root,
+        cache: Default::default(),
+    };
+    let mut report = Report::default();
+    check_doc(
+        file,
+        text,
+        known(),
+        &Tops::of(known()),
+        &mut anchors,
+        &mut report,
+    );
+    report.broken
+}
+
+/// `bad` is reported at line 1 with `needle`; `good` is not reported.
+fn catches(file: &str, good: &str, bad: &str, needle: &str) {
+    let ok = broken(file, good);
+    assert!(ok.is_empty(), "{good:?} reported: {ok:?}");
+    let b = broken(file, bad);
+    assert!(
+        b.iter()
+            .any(|l| l.starts_with(&format!("{file}:")) && l.contains(needle)),
+        "{bad:?} not reported with {needle:?}: {b:?}"
+    );
+}
+
+#[test]
+fn make_targets() {
+    catches(
+        "README.md",
+        "Run `make docs` or `make test-fast`.",
+        "Run `make docs-nope`.",
+        "make target 'docs-nope' does not exist",
+    );
+    catches(
+        "README.md",
+        "```sh\nSOAK_RUNS=4 make soak\n```",
+        "```sh\nmake lint docs-nope\n```",
+        "'docs-nope'",
+    );
+    // Prose is not code: "make one" is English.
+    assert!(broken("README.md", "tokens make one wonder").is_empty());
+}
+
+#[test]
+fn flags_of_our_commands() {
+    catches(
+        "README.md",
+        "```sh\nrollouts-dispatch serve --config x.yaml --jwt-key-file k\n```",
+        "```sh\nrollouts-dispatch serve --config x.yaml --no-such-flag\n```",
+        "flag '--no-such-flag'",
+    );
+    catches(
+        "README.md",
+        "`token issue --key-file`",
+        "`token issue --no-such-flag`",
+        "not a flag of `rollouts-dispatch token issue`",
+    );
+    catches(
+        "README.md",
+        "```sh\nrollouts-dispatch-plugin --server https://x --ca-file ca.crt\n```",
+        "```sh\nrollouts-dispatch-plugin --serve https://x\n```",
+        "flag '--serve'",
+    );
+    catches("README.md", "`--pod-ip`", "`--pod-ipp`", "flag '--pod-ipp'");
+    // Another tool's flag on a line that names it is not ours to check.
+    assert!(broken("README.md", "helm's `--skip-crds`").is_empty());
+}
+
+#[test]
+fn config_keys() {
+    catches(
+        "README.md",
+        "`engine.connectTimeout` and `policy.rules[].projects`",
+        "`engine.connectTimeoutt`",
+        "config key 'engine.connectTimeoutt'",
+    );
+    catches(
+        "README.md",
+        "`policy.rules[].resources.max.cpu`",
+        "`agents.destinations[].namespacee: x`",
+        "'agents.destinations[].namespacee'",
+    );
+}
+
+#[test]
+fn chart_values() {
+    catches(
+        "charts/rollouts-dispatch/README.md",
+        "`server.replicas`, `config.engine.connectTimeout`",
+        "`server.replicass`",
+        "chart value 'server.replicass'",
+    );
+    catches(
+        "README.md",
+        "```sh\nhelm install x charts/rollouts-dispatch --set server.enabled=false\n```",
+        "```sh\nhelm install x charts/rollouts-dispatch --set server.enabledd=false\n```",
+        "chart value 'server.enabledd'",
+    );
+}
+
+#[test]
+fn metrics() {
+    catches(
+        "README.md",
+        "`rollouts_dispatch_jobs_swept_total` and rollouts_dispatch_pending_deletions",
+        "alert on `rollouts_dispatch_jobs_sweeped_total`",
+        "metric 'rollouts_dispatch_jobs_sweeped_total'",
+    );
+}
+
+#[test]
+fn paths_and_anchors() {
+    catches(
+        "README.md",
+        "`config/server.yaml`, `server/src/cmd/mod.rs:12-20`, `tests/`",
+        "`config/serverr.yaml`",
+        "path 'config/serverr.yaml'",
+    );
+    catches(
+        "docs/x.md",
+        "[ref](configuration.md#top-level), [here](#a-title)\n\n## A title",
+        "[ref](configuration.md#no-such-heading)",
+        "no heading with anchor #no-such-heading",
+    );
+    catches(
+        "README.md",
+        "```sh\nkubectl apply -f config/crds/dispatchjobs.yaml\n```",
+        "```sh\nkubectl apply -f config/crds/dispatchjob.yaml\n```",
+        "path 'config/crds/dispatchjob.yaml'",
+    );
+}
+
+#[test]
+fn yaml_blocks() {
+    let block = |s: &str| format!("```yaml\n{s}\n```");
+    catches(
+        "README.md",
+        &block("engine:\n  connectTimeout: 5s"),
+        &block("engine:\n  connectTimeoutt: 5s"),
+        "yaml block 'server config' does not validate",
+    );
+    catches(
+        "charts/rollouts-dispatch/README.md",
+        &block("server:\n  replicas: 2"),
+        &block("server:\n  replicas: two"),
+        "yaml block 'chart values' does not validate",
+    );
+    catches(
+        "charts/rollouts-dispatch/README.md",
+        &block("config:\n  engine: {connectTimeout: 5s}"),
+        &block("config:\n  engine: {connectTimeoutt: 5s}"),
+        "server config",
+    );
+    catches(
+        "README.md",
+        &block("rollouts-dispatch/job:\n  destination: \"{{args.destination}}\"\n  rollout: {name: web, image: x}"),
+        &block("rollouts-dispatch/job:\n  destination: a\n  nonsense: 1"),
+        "yaml block 'plugin block' does not validate",
+    );
+    catches(
+        "README.md",
+        &block("apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: x}\nrules: [{apiGroups: [batch], resources: [jobs], verbs: [get]}]"),
+        &block("apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: x}\nrules: [{apiGroup: [batch], resources: [jobs], verbs: [get]}]"),
+        "unknown field(s) rules[0].apiGroup",
+    );
+    catches(
+        "README.md",
+        &block("metricProviderPlugins: |\n  - name: rollouts-dispatch/job\n    location: file:///x\n    args: [--server, https://x]"),
+        &block("metricProviderPlugins: |\n  - name: rollouts-dispatch/job\n    location: file:///x\n    args: [--serverr, https://x]"),
+        "the plugin refuses its args",
+    );
+    // A block of no known kind fails unless marked partial; its plugin block is checked anyway.
+    catches(
+        "README.md",
+        &block("# docs-check: fragment\nspec: {metrics: []}"),
+        &block("spec: {metrics: []}"),
+        "no known kind",
+    );
+    catches(
+        "README.md",
+        "```yaml fragment\nspec: {}\n```",
+        "```yaml fragment\nm:\n  rollouts-dispatch/job: {nonsense: 1}\n```",
+        "plugin block",
+    );
+}
