@@ -132,14 +132,18 @@ fn classify(
 /// The chart's schema over `value`, then its `config:` as a server config.
 pub(crate) fn chart_values(value: &Value, known: &Known) -> Vec<String> {
     let mut errors = Vec::new();
-    match jsonschema::validator_for(&known.chart_schema) {
-        Ok(v) => errors.extend(v.iter_errors(value).map(|e| {
-            format!(
-                "values.schema.json at '{}': {}",
-                e.instance_path(),
-                one_line(&e.to_string())
-            )
-        })),
+    match jsonschema::JSONSchema::compile(&known.chart_schema) {
+        Ok(schema) => {
+            if let Err(found) = schema.validate(value) {
+                errors.extend(found.map(|e| {
+                    format!(
+                        "values.schema.json at '{}': {}",
+                        e.instance_path,
+                        one_line(&e.to_string())
+                    )
+                }));
+            }
+        }
         Err(e) => errors.push(format!(
             "charts/rollouts-dispatch/values.schema.json is not a schema: {e}"
         )),
