@@ -88,9 +88,28 @@ pub(crate) fn run(root: &Path, known: &Known) -> Report {
     {
         let text =
             std::fs::read_to_string(root.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
-        yaml_block(file, 1, &text, false, false, known, &mut report);
+        check_config_file(file, &text, known, &tops, &mut anchors, &mut report);
     }
     report
+}
+
+/// Checks a YAML file of `config/`: validated as a block, its comments' references as prose.
+pub(crate) fn check_config_file(
+    file: &str,
+    text: &str,
+    known: &Known,
+    tops: &Tops,
+    anchors: &mut Anchors<'_>,
+    report: &mut Report,
+) {
+    yaml_block(file, 1, text, false, false, known, report);
+    let comments = markdown::Parsed {
+        prose: yaml_comments(text),
+        blocks: Vec::new(),
+    };
+    for r in extract::comment_refs(file, &comments, &tops.for_doc(file, &known.files)) {
+        check_ref(file, r, known, anchors, report);
+    }
 }
 
 /// Checks one Markdown file's references and YAML blocks into `report`.
@@ -104,42 +123,13 @@ pub(crate) fn check_doc(
 ) {
     let parsed = markdown::parse(text);
     let chart_doc = file.starts_with("charts/");
+    let tops = &tops.for_doc(file, &known.files);
     anchors
         .cache
         .entry(file.to_string())
         .or_insert_with(|| markdown::anchors(text));
     for r in extract::refs(file, &parsed, tops, chart_doc) {
-        // Distinct names: a flag per command it is given to.
-        let id = match &r.kind {
-            Kind::Flag(Tool::Server(path)) => format!("rollouts-dispatch {path} {}", r.name),
-            Kind::Flag(Tool::Plugin) => format!("rollouts-dispatch-plugin {}", r.name),
-            _ => r.name.clone(),
-        };
-        report.checked.entry(r.kind.word()).or_default().insert(id);
-        if r.foreign
-            && exists(
-                file,
-                &Ref {
-                    foreign: false,
-                    ..r.clone()
-                },
-                known,
-                anchors,
-            )
-            .is_err()
-        {
-            report
-                .foreign
-                .push(format!("{file}:{}: {} '{}'", r.line, r.kind.word(), r.name));
-        }
-        if let Err(hint) = exists(file, &r, known, anchors) {
-            report.broken.push(format!(
-                "{file}:{}: {} '{}' does not exist ({hint})",
-                r.line,
-                r.kind.word(),
-                r.name
-            ));
-        }
+        check_ref(file, r, known, anchors, report);
     }
     for b in &parsed.blocks {
         let mut info = b.info.split_whitespace();
@@ -148,6 +138,53 @@ pub(crate) fn check_doc(
             yaml_block(file, b.line, &b.text(), fragment, chart_doc, known, report);
         }
     }
+}
+
+/// Counts `r` and reports it when what it names does not exist.
+fn check_ref(file: &str, r: Ref, known: &Known, anchors: &mut Anchors<'_>, report: &mut Report) {
+    // Distinct names: a flag per command it is given to.
+    let id = match &r.kind {
+        Kind::Flag(Tool::Server(path)) => format!("rollouts-dispatch {path} {}", r.name),
+        Kind::Flag(Tool::Plugin) => format!("rollouts-dispatch-plugin {}", r.name),
+        _ => r.name.clone(),
+    };
+    report.checked.entry(r.kind.word()).or_default().insert(id);
+    if r.foreign
+        && exists(
+            file,
+            &Ref {
+                foreign: false,
+                ..r.clone()
+            },
+            known,
+            anchors,
+        )
+        .is_err()
+    {
+        report
+            .foreign
+            .push(format!("{file}:{}: {} '{}'", r.line, r.kind.word(), r.name));
+    }
+    if let Err(hint) = exists(file, &r, known, anchors) {
+        report.broken.push(format!(
+            "{file}:{}: {} '{}' does not exist ({hint})",
+            r.line,
+            r.kind.word(),
+            r.name
+        ));
+    }
+}
+
+/// The full-line comments of a YAML file, without their `#`.
+fn yaml_comments(text: &str) -> Vec<(usize, String)> {
+    text.lines()
+        .enumerate()
+        .filter_map(|(i, l)| {
+            l.trim_start()
+                .strip_prefix('#')
+                .map(|c| (i + 1, c.to_string()))
+        })
+        .collect()
 }
 
 fn yaml_block(

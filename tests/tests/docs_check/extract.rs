@@ -105,7 +105,8 @@ pub(crate) fn names_other_tool(line: &str) -> bool {
 /// The first segments of the names the extractor looks for, from [`Known`].
 #[derive(Debug, Default)]
 pub(crate) struct Tops {
-    /// the repository's top-level directories and files
+    /// the repository's top-level directories and files, and those of the doc's directory
+    /// (`src/` in tests/README.md)
     pub(crate) repo: BTreeSet<String>,
     /// the server config's top-level keys
     pub(crate) config: BTreeSet<String>,
@@ -137,6 +138,27 @@ impl Tops {
     }
 }
 
+impl Tops {
+    /// These, with the entries of the directory of `file` as roots too.
+    pub(crate) fn for_doc(&self, file: &str, files: &BTreeSet<String>) -> Self {
+        let mut repo = self.repo.clone();
+        if let Some((dir, _)) = file.rsplit_once('/') {
+            let prefix = format!("{dir}/");
+            repo.extend(files.iter().filter_map(|f| {
+                f.strip_prefix(&prefix)
+                    .and_then(|rest| rest.split('/').next())
+                    .map(str::to_string)
+            }));
+        }
+        Tops {
+            repo,
+            config: self.config.clone(),
+            chart: self.chart.clone(),
+            commands: self.commands.clone(),
+        }
+    }
+}
+
 /// The top-level directories and files a path may start with.
 fn is_repo_rooted(token: &str, tops: &Tops) -> bool {
     let first = token.split('/').next().unwrap_or("");
@@ -153,7 +175,12 @@ pub(crate) fn refs(file: &str, parsed: &Parsed, tops: &Tops, chart_doc: bool) ->
         for span in markdown::code_spans(line) {
             span_refs(&span, *n, tops, chart_doc, &mut out);
         }
-        for target in markdown::links(line) {
+        let definition = line
+            .trim_start()
+            .strip_prefix('[')
+            .and_then(|l| l.split_once("]: "))
+            .map(|(_, t)| t.split_whitespace().next().unwrap_or("").to_string());
+        for target in markdown::links(line).into_iter().chain(definition) {
             if let Some(p) = link_path(file, &target) {
                 out.push(Ref {
                     kind: Kind::Path,
@@ -177,6 +204,27 @@ pub(crate) fn refs(file: &str, parsed: &Parsed, tops: &Tops, chart_doc: bool) ->
     }
     for r in &mut out {
         r.foreign = foreign.contains(&r.line);
+    }
+    out
+}
+
+/// The references of the comments of a YAML file (`parsed.prose`: the comment lines): as in
+/// prose, and every word that is a repository path, code span or not.
+pub(crate) fn comment_refs(file: &str, parsed: &Parsed, tops: &Tops) -> Vec<Ref> {
+    let mut out = refs(file, parsed, tops, false);
+    let foreign = foreign_lines(parsed);
+    for (n, line) in &parsed.prose {
+        for word in markdown::without_spans(line).split_whitespace() {
+            if let Some(p) = path_token(word, tops) {
+                let foreign = foreign.contains(n);
+                out.push(Ref {
+                    kind: Kind::Path,
+                    name: p,
+                    line: *n,
+                    foreign,
+                });
+            }
+        }
     }
     out
 }
@@ -337,8 +385,8 @@ pub(crate) fn dotted(span: &str) -> Option<String> {
 /// quotes, trailing punctuation and a line suffix dropped; `None` for anything else.
 pub(crate) fn path_token(token: &str, tops: &Tops) -> Option<String> {
     let t = token
-        .trim_matches(|c| "'\"(),;".contains(c))
-        .trim_end_matches(['.', ':']);
+        .trim_start_matches(|c| "'\"(`".contains(c))
+        .trim_end_matches(|c| "'\"(),;.:`".contains(c));
     let t = match t.split_once(':') {
         Some((p, lines))
             if lines
@@ -382,7 +430,8 @@ fn shell_refs(lines: &[(usize, String)], tops: &Tops, out: &mut Vec<Ref>) {
             }
             continue;
         }
-        for cmd in line.split(['|', ';']).flat_map(|c| c.split("&&")) {
+        let commands = line.split(['|', ';', '(', ')']).flat_map(|c| c.split("&&"));
+        for cmd in commands {
             let words: Vec<&str> = cmd.split_whitespace().collect();
             command_refs(&words, n, tops, out);
         }
@@ -401,6 +450,14 @@ fn command_refs(words: &[&str], n: usize, tops: &Tops, out: &mut Vec<Ref>) {
         .position(|w| !is_assignment(w))
         .unwrap_or(words.len());
     let words = &words[start..];
+    // `kubectl exec … -- rollouts-dispatch token issue …`: our command after the `--`.
+    if let Some(i) = words
+        .windows(2)
+        .position(|w| w[0] == "--" && w[1].starts_with("rollouts-dispatch"))
+    {
+        command_refs(&words[i + 1..], n, tops, out);
+        return command_refs(&words[..i], n, tops, out);
+    }
     let Some(first) = words.first() else { return };
     let mut rest = &words[1..];
     match *first {

@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 
 use dispatch_tests::artifacts::repo_path;
 
-use super::check::{check_doc, Anchors, Report};
+use super::check::{check_config_file, check_doc, Anchors, Report};
 use super::extract::Tops;
 use super::known::Known;
 
@@ -14,7 +14,7 @@ fn known() -> &'static Known {
     KNOWN.get_or_init(|| Known::from_repo(&repo_path("")))
 }
 
-/// The report lines of `text` read as the Markdown file `file`.
+/// The report lines of `text` read as the Markdown file `file` (or a YAML file of `config/`).
 fn broken(file: &str, text: &str) -> Vec<String> {
     let root = repo_path("");
     let mut anchors = Anchors {
@@ -22,14 +22,12 @@ fn broken(file: &str, text: &str) -> Vec<String> {
         cache: Default::default(),
     };
     let mut report = Report::default();
-    check_doc(
-        file,
-        text,
-        known(),
-        &Tops::of(known()),
-        &mut anchors,
-        &mut report,
-    );
+    let tops = Tops::of(known());
+    if file.ends_with(".yaml") {
+        check_config_file(file, text, known(), &tops, &mut anchors, &mut report);
+    } else {
+        check_doc(file, text, known(), &tops, &mut anchors, &mut report);
+    }
     report.broken
 }
 
@@ -84,8 +82,25 @@ fn flags_of_our_commands() {
         "flag '--serve'",
     );
     catches("README.md", "`--pod-ip`", "`--pod-ipp`", "flag '--pod-ipp'");
-    // Another tool's flag on a line that names it is not ours to check.
-    assert!(broken("README.md", "helm's `--skip-crds`").is_empty());
+    catches(
+        "charts/rollouts-dispatch/README.md",
+        "```sh\nkubectl exec deploy/x -- \\\n  rollouts-dispatch token issue --key-file k >t\n```",
+        "```sh\nkubectl exec deploy/x -- \\\n  rollouts-dispatch token issue --key-fil k >t\n```",
+        "flag '--key-fil'",
+    );
+    // Another tool's flag in a paragraph that names it is not ours to check; without the
+    // name, it is reported.
+    assert!(broken(
+        "README.md",
+        "The repo-server runs with\n`--repo-server-plaintext`."
+    )
+    .is_empty());
+    catches(
+        "README.md",
+        "`--pod-ip`",
+        "The server runs with\n`--repo-server-plaintext`.",
+        "flag '--repo-server-plaintext'",
+    );
 }
 
 #[test]
@@ -149,6 +164,21 @@ fn paths_and_anchors() {
         "```sh\nkubectl apply -f config/crds/dispatchjobs.yaml\n```",
         "```sh\nkubectl apply -f config/crds/dispatchjob.yaml\n```",
         "path 'config/crds/dispatchjob.yaml'",
+    );
+    // A doc in a directory names paths from there too (tests/README.md: `src/` is tests/src/).
+    catches(
+        "tests/README.md",
+        "`src/bin/test-cluster.rs`",
+        "`src/bin/test-clusterr.rs`",
+        "path 'src/bin/test-clusterr.rs'",
+    );
+    // The comments of a config/ file: every path word, in a code span or not.
+    let yaml = |comment: &str| format!("# {comment}\nengine: {{connectTimeout: 5s}}\n");
+    catches(
+        "config/x.yaml",
+        &yaml("see docs/configuration.md."),
+        &yaml("see docs/configuratio.md."),
+        "path 'docs/configuratio.md'",
     );
 }
 
