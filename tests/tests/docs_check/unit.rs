@@ -234,4 +234,22 @@ fn yaml_blocks() {
         "```yaml fragment\nm:\n  rollouts-dispatch/job: {nonsense: 1}\n```",
         "plugin block",
     );
+    // An alert names metrics that exist, and is an alert.
+    let rule = |body: &str| {
+        block(&format!(
+            "apiVersion: monitoring.coreos.com/v1\nkind: PrometheusRule\nmetadata: {{name: r}}\nspec:\n  groups:\n  - name: g\n    rules:\n    - {body}"
+        ))
+    };
+    catches(
+        "README.md",
+        &rule("{alert: A, expr: 'rate(rollouts_dispatch_gc_failures_total[5m]) > 0'}"),
+        &rule("{alert: A, expr: 'rate(rollouts_dispatch_gc_failure_total[5m]) > 0'}"),
+        "metric 'rollouts_dispatch_gc_failure_total'",
+    );
+    catches(
+        "README.md",
+        &rule("{record: r, expr: up}"),
+        &rule("{alert: A}"),
+        "a rule without alert/record or expr",
+    );
 }

@@ -256,7 +256,7 @@ pub(crate) fn registration(value: &Value) -> Result<(), String> {
 /// One Kubernetes object: a known built-in kind through its k8s-openapi type with no field left
 /// over, an Argo or Kargo kind by its key fields.
 pub(crate) fn kubernetes(v: &Value) -> Result<(), String> {
-    use k8s_openapi::api::{apps, batch, core, rbac};
+    use k8s_openapi::api::{apps, batch, core, networking, policy, rbac};
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let api = v["apiVersion"]
         .as_str()
@@ -293,8 +293,36 @@ pub(crate) fn kubernetes(v: &Value) -> Result<(), String> {
         ("argoproj.io/v1alpha1", "Rollout") => fields(v, kind, &["/spec/template", "/spec/strategy"]),
         ("argoproj.io/v1alpha1", "Application") => fields(v, kind, &["/spec/destination", "/spec/project"]),
         ("kargo.akuity.io/v1alpha1", "Stage") => fields(v, kind, &["/spec"]),
+        ("kargo.akuity.io/v1alpha1", "Project" | "Warehouse" | "PromotionTask" | "Freight") => Ok(()),
+        ("argoproj.io/v1alpha1", "AppProject") => fields(v, kind, &["/spec"]),
+        ("networking.k8s.io/v1", "NetworkPolicy") => typed::<networking::v1::NetworkPolicy>(v),
+        ("policy/v1", "PodDisruptionBudget") => typed::<policy::v1::PodDisruptionBudget>(v),
+        ("cert-manager.io/v1", "Certificate" | "Issuer" | "ClusterIssuer") => fields(v, kind, &["/spec"]),
+        ("monitoring.coreos.com/v1", "ServiceMonitor") => fields(v, kind, &["/spec/selector", "/spec/endpoints"]),
+        ("monitoring.coreos.com/v1", "PrometheusRule") => prometheus_rule(v),
         _ => Err(format!("{api} {kind}: a kind this check does not know (add it to tests/tests/docs_check/yaml.rs)")),
     }
+}
+
+/// Every rule of a PrometheusRule has an `expr` and is an `alert` or a `record`.
+fn prometheus_rule(v: &Value) -> Result<(), String> {
+    let groups = v["spec"]["groups"]
+        .as_array()
+        .ok_or("PrometheusRule: no spec.groups")?;
+    for g in groups {
+        for r in g["rules"]
+            .as_array()
+            .ok_or("PrometheusRule: a group without rules")?
+        {
+            let named = r["alert"].is_string() || r["record"].is_string();
+            if !named || r["expr"].is_null() {
+                return Err(format!(
+                    "PrometheusRule: a rule without alert/record or expr: {r}"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn fields(v: &Value, kind: &str, pointers: &[&str]) -> Result<(), String> {
