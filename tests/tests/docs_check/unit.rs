@@ -253,3 +253,26 @@ fn yaml_blocks() {
         "a rule without alert/record or expr",
     );
 }
+
+/// A server config the server takes must also be one the chart's `config:` takes.
+#[test]
+fn server_config_blocks_fit_the_charts_config_value() {
+    let mut known = known().clone();
+    known.chart_schema = serde_json::json!({
+        "type": "object",
+        "properties": {"config": {"type": "object", "additionalProperties": false, "properties": {"engine": {}}}}
+    });
+    let ok = super::yaml::validate("engine: {connectTimeout: 5s}\n", false, false, &known);
+    assert_eq!(
+        (ok.kind.as_str(), ok.errors.len()),
+        ("server config", 0),
+        "{ok:?}"
+    );
+    let bad = super::yaml::validate("jobs: {retention: 24h}\n", false, false, &known);
+    assert!(
+        bad.errors
+            .iter()
+            .any(|e| e.starts_with("as the chart's config:") && e.contains("jobs")),
+        "{bad:?}"
+    );
+}

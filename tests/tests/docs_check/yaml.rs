@@ -80,8 +80,13 @@ fn documents(text: &str) -> Vec<String> {
     docs
 }
 
+/// `s` on one line, at most 300 characters (a schema error quotes the whole value).
 fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
+    let line = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    match line.char_indices().nth(300) {
+        Some((i, _)) => format!("{}…", &line[..i]),
+        None => line,
+    }
 }
 
 /// What kind of document `value` is, with its problems added to `errors`.
@@ -114,8 +119,17 @@ fn classify(
     let config = top(&known.config_keys);
     let chart = top(&known.chart_values);
     if config && !(chart && chart_doc) {
-        if let Err(e) = dispatch_server::config::ServerConfig::parse(doc, "the block") {
-            errors.push(format!("server config: {}", one_line(&e.to_string())));
+        match dispatch_server::config::ServerConfig::parse(doc, "the block") {
+            Err(e) => errors.push(format!("server config: {}", one_line(&e.to_string()))),
+            // What the server accepts, the chart's `config:` takes (the docs say so).
+            Ok(_) => {
+                let values = serde_json::json!({ "config": value });
+                errors.extend(
+                    schema_errors(&values, known)
+                        .into_iter()
+                        .map(|e| format!("as the chart's config: {e}")),
+                );
+            }
         }
         return "server config";
     }
@@ -131,6 +145,26 @@ fn classify(
 
 /// The chart's schema over `value`, then its `config:` as a server config.
 pub(crate) fn chart_values(value: &Value, known: &Known) -> Vec<String> {
+    let mut errors = Vec::new();
+    errors.extend(schema_errors(value, known));
+    if let Some(config) = value.get("config").filter(|c| !c.is_null()) {
+        let text = serde_json::to_string(config).expect("JSON");
+        if let Err(e) = dispatch_server::config::ServerConfig::parse(&text, "config:") {
+            errors.push(format!("server config: {}", one_line(&e.to_string())));
+        }
+    }
+    errors
+}
+
+/// What [`nested`] found.
+#[derive(Debug, Default)]
+struct Nested {
+    plugin_blocks: usize,
+    registration: bool,
+}
+
+/// `values.schema.json`'s complaints about `value`.
+fn schema_errors(value: &Value, known: &Known) -> Vec<String> {
     let mut errors = Vec::new();
     match jsonschema::JSONSchema::compile(&known.chart_schema) {
         Ok(schema) => {
@@ -148,20 +182,7 @@ pub(crate) fn chart_values(value: &Value, known: &Known) -> Vec<String> {
             "charts/rollouts-dispatch/values.schema.json is not a schema: {e}"
         )),
     }
-    if let Some(config) = value.get("config").filter(|c| !c.is_null()) {
-        let text = serde_json::to_string(config).expect("JSON");
-        if let Err(e) = dispatch_server::config::ServerConfig::parse(&text, "config:") {
-            errors.push(format!("server config: {}", one_line(&e.to_string())));
-        }
-    }
     errors
-}
-
-/// What [`nested`] found.
-#[derive(Debug, Default)]
-struct Nested {
-    plugin_blocks: usize,
-    registration: bool,
 }
 
 /// Checks the plugin blocks and plugin registrations anywhere in `value`.
