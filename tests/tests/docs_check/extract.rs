@@ -202,8 +202,44 @@ pub(crate) fn refs(file: &str, parsed: &Parsed, tops: &Tops, chart_doc: bool) ->
             metrics(l, *n, &mut out);
         }
     }
+    let cited = cited_lines(parsed);
     for r in &mut out {
-        r.foreign = foreign.contains(&r.line);
+        r.foreign = match r.kind {
+            Kind::Path => cited.contains(&r.line),
+            _ => foreign.contains(&r.line),
+        };
+    }
+    out
+}
+
+/// The projects whose code the docs cite by path (`Kargo api/v1alpha1/stage_types.go:216`).
+const UPSTREAM: [&str; 10] = [
+    "kargo",
+    "akuity",
+    "argo",
+    "argoproj",
+    "argocd",
+    "argo-cd",
+    "argo-rollouts",
+    "kubernetes",
+    "kube-rs",
+    "prometheus",
+];
+
+/// The prose lines that name an upstream project, or follow one that does (a citation broken
+/// over two lines): a path there that is not ours is that project's.
+fn cited_lines(parsed: &Parsed) -> BTreeSet<usize> {
+    let names = |line: &str| {
+        line.to_lowercase()
+            .split(|c: char| !(c.is_alphanumeric() || c == '-' || c == '_'))
+            .any(|w| UPSTREAM.contains(&w))
+    };
+    let mut out = BTreeSet::new();
+    for (n, line) in &parsed.prose {
+        if names(line) {
+            out.insert(*n);
+            out.insert(n + 1);
+        }
     }
     out
 }
@@ -212,11 +248,11 @@ pub(crate) fn refs(file: &str, parsed: &Parsed, tops: &Tops, chart_doc: bool) ->
 /// prose, and every word that is a repository path, code span or not.
 pub(crate) fn comment_refs(file: &str, parsed: &Parsed, tops: &Tops) -> Vec<Ref> {
     let mut out = refs(file, parsed, tops, false);
-    let foreign = foreign_lines(parsed);
+    let cited = cited_lines(parsed);
     for (n, line) in &parsed.prose {
         for word in markdown::without_spans(line).split_whitespace() {
             if let Some(p) = path_token(word, tops) {
-                let foreign = foreign.contains(n);
+                let foreign = cited.contains(n);
                 out.push(Ref {
                     kind: Kind::Path,
                     name: p,

@@ -172,6 +172,14 @@ fn paths_and_anchors() {
         "`src/bin/test-clusterr.rs`",
         "path 'src/bin/test-clusterr.rs'",
     );
+    // An upstream project's path is cited with the project's name; a tool's name is not enough.
+    assert!(broken("README.md", "Kargo's `api/v1alpha1/stage_types.go:216`").is_empty());
+    catches(
+        "README.md",
+        "helm renders `charts/rollouts-dispatch/values.yaml`",
+        "helm renders `charts/rollouts-dispatch/valuess.yaml`",
+        "path 'charts/rollouts-dispatch/valuess.yaml'",
+    );
     // The comments of a config/ file: every path word, in a code span or not.
     let yaml = |comment: &str| format!("# {comment}\nengine: {{connectTimeout: 5s}}\n");
     catches(
