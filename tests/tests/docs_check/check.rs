@@ -69,17 +69,12 @@ impl Report {
 
 /// Checks the repository at `root`.
 pub(crate) fn run(root: &Path, known: &Known) -> Report {
-    let mut report = Report::default();
-    let tops = Tops::of(known);
-    let mut anchors = Anchors {
-        root,
-        cache: BTreeMap::new(),
-    };
+    let mut checker = Checker::new(root, known);
     for file in markdown::doc_files(&known.files) {
         let text =
             std::fs::read_to_string(root.join(&file)).unwrap_or_else(|e| panic!("{file}: {e}"));
-        check_doc(&file, &text, known, &tops, &mut anchors, &mut report);
-        report.files += 1;
+        checker.doc(&file, &text);
+        checker.report.files += 1;
     }
     for file in known
         .files
@@ -88,90 +83,113 @@ pub(crate) fn run(root: &Path, known: &Known) -> Report {
     {
         let text =
             std::fs::read_to_string(root.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
-        check_config_file(file, &text, known, &tops, &mut anchors, &mut report);
+        checker.config_file(file, &text);
     }
-    report
+    checker.report
 }
 
-/// Checks a YAML file of `config/`: validated as a block, its comments' references as prose.
-pub(crate) fn check_config_file(
-    file: &str,
-    text: &str,
-    known: &Known,
-    tops: &Tops,
-    anchors: &mut Anchors<'_>,
-    report: &mut Report,
-) {
-    yaml_block(file, 1, text, false, false, known, report);
-    let comments = markdown::Parsed {
-        prose: yaml_comments(text),
-        blocks: Vec::new(),
-    };
-    for r in extract::comment_refs(file, &comments, &tops.for_doc(file, &known.files)) {
-        check_ref(file, r, known, anchors, report);
-    }
+/// What is known, and the report being written.
+pub(crate) struct Checker<'a> {
+    known: &'a Known,
+    tops: Tops,
+    anchors: Anchors<'a>,
+    /// what was found so far
+    pub(crate) report: Report,
 }
 
-/// Checks one Markdown file's references and YAML blocks into `report`.
-pub(crate) fn check_doc(
-    file: &str,
-    text: &str,
-    known: &Known,
-    tops: &Tops,
-    anchors: &mut Anchors<'_>,
-    report: &mut Report,
-) {
-    let parsed = markdown::parse(text);
-    let chart_doc = file.starts_with("charts/");
-    let tops = &tops.for_doc(file, &known.files);
-    anchors
-        .cache
-        .entry(file.to_string())
-        .or_insert_with(|| markdown::anchors(text));
-    for r in extract::refs(file, &parsed, tops, chart_doc) {
-        check_ref(file, r, known, anchors, report);
-    }
-    for b in &parsed.blocks {
-        let mut info = b.info.split_whitespace();
-        if matches!(info.next(), Some("yaml" | "yml")) {
-            let fragment = info.any(|w| w == "fragment");
-            yaml_block(file, b.line, &b.text(), fragment, chart_doc, known, report);
+impl<'a> Checker<'a> {
+    /// A checker of the files of `root` against `known`.
+    pub(crate) fn new(root: &'a Path, known: &'a Known) -> Self {
+        Checker {
+            known,
+            tops: Tops::of(known),
+            anchors: Anchors {
+                root,
+                cache: BTreeMap::new(),
+            },
+            report: Report::default(),
         }
     }
-}
 
-/// Counts `r` and reports it when what it names does not exist.
-fn check_ref(file: &str, r: Ref, known: &Known, anchors: &mut Anchors<'_>, report: &mut Report) {
-    // Distinct names: a flag per command it is given to.
-    let id = match &r.kind {
-        Kind::Flag(Tool::Server(path)) => format!("rollouts-dispatch {path} {}", r.name),
-        Kind::Flag(Tool::Plugin) => format!("rollouts-dispatch-plugin {}", r.name),
-        _ => r.name.clone(),
-    };
-    report.checked.entry(r.kind.word()).or_default().insert(id);
-    if r.foreign
-        && exists(
-            file,
-            &Ref {
-                foreign: false,
-                ..r.clone()
-            },
-            known,
-            anchors,
-        )
-        .is_err()
-    {
-        report
-            .foreign
-            .push(format!("{file}:{}: {} '{}'", r.line, r.kind.word(), r.name));
+    /// Checks one Markdown file's references and YAML blocks.
+    pub(crate) fn doc(&mut self, file: &str, text: &str) {
+        let parsed = markdown::parse(text);
+        let chart_doc = file.starts_with("charts/");
+        self.anchors
+            .cache
+            .entry(file.to_string())
+            .or_insert_with(|| markdown::anchors(text));
+        let tops = self.tops.for_doc(file, &self.known.files);
+        for r in extract::refs(file, &parsed, &tops, chart_doc) {
+            self.reference(file, r);
+        }
+        for b in &parsed.blocks {
+            let mut info = b.info.split_whitespace();
+            if matches!(info.next(), Some("yaml" | "yml")) {
+                let fragment = info.any(|w| w == "fragment");
+                self.yaml_block(file, b.line, &b.text(), fragment, chart_doc);
+            }
+        }
     }
-    if let Err(hint) = exists(file, &r, known, anchors) {
-        report.broken.push(format!(
-            "{file}:{}: {} '{}' does not exist ({hint})",
-            r.line,
-            r.kind.word(),
-            r.name
-        ));
+
+    /// Checks a YAML file of `config/`: validated as a block, its comments' references as prose.
+    pub(crate) fn config_file(&mut self, file: &str, text: &str) {
+        self.yaml_block(file, 1, text, false, false);
+        let comments = markdown::Parsed {
+            prose: yaml_comments(text),
+            blocks: Vec::new(),
+        };
+        let tops = self.tops.for_doc(file, &self.known.files);
+        for r in extract::comment_refs(file, &comments, &tops) {
+            self.reference(file, r);
+        }
+    }
+
+    /// Counts `r` and reports it when what it names does not exist.
+    fn reference(&mut self, file: &str, r: Ref) {
+        // Distinct names: a flag per command it is given to.
+        let id = match &r.kind {
+            Kind::Flag(Tool::Server(path)) => format!("rollouts-dispatch {path} {}", r.name),
+            Kind::Flag(Tool::Plugin) => format!("rollouts-dispatch-plugin {}", r.name),
+            _ => r.name.clone(),
+        };
+        let report = &mut self.report;
+        report.checked.entry(r.kind.word()).or_default().insert(id);
+        let ours = Ref {
+            foreign: false,
+            ..r.clone()
+        };
+        if r.foreign && exists(file, &ours, self.known, &mut self.anchors).is_err() {
+            report
+                .foreign
+                .push(format!("{file}:{}: {} '{}'", r.line, r.kind.word(), r.name));
+        }
+        if let Err(hint) = exists(file, &r, self.known, &mut self.anchors) {
+            report.broken.push(format!(
+                "{file}:{}: {} '{}' does not exist ({hint})",
+                r.line,
+                r.kind.word(),
+                r.name
+            ));
+        }
+    }
+
+    fn yaml_block(&mut self, file: &str, line: usize, text: &str, fragment: bool, chart_doc: bool) {
+        let outcome = yaml::validate(text, fragment, chart_doc, self.known);
+        let report = &mut self.report;
+        report.yaml_blocks += 1;
+        report
+            .yaml_kinds
+            .push(format!("{file}:{line}: {}", outcome.kind));
+        if outcome.kind.contains("fragment") {
+            report.fragments += 1;
+        }
+        for e in outcome.errors {
+            report.broken.push(format!(
+                "{file}:{line}: yaml block '{}' does not validate ({e})",
+                outcome.kind
+            ));
+        }
     }
 }
 
@@ -187,35 +205,10 @@ fn yaml_comments(text: &str) -> Vec<(usize, String)> {
         .collect()
 }
 
-fn yaml_block(
-    file: &str,
-    line: usize,
-    text: &str,
-    fragment: bool,
-    chart_doc: bool,
-    known: &Known,
-    report: &mut Report,
-) {
-    let outcome = yaml::validate(text, fragment, chart_doc, known);
-    report.yaml_blocks += 1;
-    report
-        .yaml_kinds
-        .push(format!("{file}:{line}: {}", outcome.kind));
-    if outcome.kind.contains("fragment") {
-        report.fragments += 1;
-    }
-    for e in outcome.errors {
-        report.broken.push(format!(
-            "{file}:{line}: yaml block '{}' does not validate ({e})",
-            outcome.kind
-        ));
-    }
-}
-
 /// The heading anchors of the Markdown files, read once.
-pub(crate) struct Anchors<'a> {
-    pub(crate) root: &'a Path,
-    pub(crate) cache: BTreeMap<String, BTreeSet<String>>,
+struct Anchors<'a> {
+    root: &'a Path,
+    cache: BTreeMap<String, BTreeSet<String>>,
 }
 
 impl Anchors<'_> {
@@ -230,7 +223,7 @@ impl Anchors<'_> {
 }
 
 /// `Ok` when what `r` names exists, else a hint of where it was looked for.
-pub(crate) fn exists(
+fn exists(
     file: &str,
     r: &Ref,
     known: &Known,

@@ -5,8 +5,7 @@ use std::sync::OnceLock;
 
 use dispatch_tests::artifacts::repo_path;
 
-use super::check::{check_config_file, check_doc, Anchors, Report};
-use super::extract::Tops;
+use super::check::Checker;
 use super::known::Known;
 
 fn known() -> &'static Known {
@@ -17,18 +16,13 @@ fn known() -> &'static Known {
 /// The report lines of `text` read as the Markdown file `file` (or a YAML file of `config/`).
 fn broken(file: &str, text: &str) -> Vec<String> {
     let root = repo_path("");
-    let mut anchors = Anchors {
-        root: &root,
-        cache: Default::default(),
-    };
-    let mut report = Report::default();
-    let tops = Tops::of(known());
+    let mut checker = Checker::new(&root, known());
     if file.ends_with(".yaml") {
-        check_config_file(file, text, known(), &tops, &mut anchors, &mut report);
+        checker.config_file(file, text);
     } else {
-        check_doc(file, text, known(), &tops, &mut anchors, &mut report);
+        checker.doc(file, text);
     }
-    report.broken
+    checker.report.broken
 }
 
 /// `bad` is reported at line 1 with `needle`; `good` is not reported.
