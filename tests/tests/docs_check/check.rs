@@ -223,12 +223,7 @@ impl Anchors<'_> {
 }
 
 /// `Ok` when what `r` names exists, else a hint of where it was looked for.
-fn exists(
-    file: &str,
-    r: &Ref,
-    known: &Known,
-    anchors: &mut Anchors<'_>,
-) -> Result<(), String> {
+fn exists(file: &str, r: &Ref, known: &Known, anchors: &mut Anchors<'_>) -> Result<(), String> {
     let chart_doc = file.starts_with("charts/");
     let name = r.name.as_str();
     let found = match &r.kind {

@@ -6,7 +6,8 @@
 //! block, plugin registration, Kubernetes objects). Nothing here needs a cluster.
 //!
 //! - [`markdown`] finds the files and splits them into prose, code spans, code blocks and links;
-//! - [`extract`] turns those into references ([`extract::Ref`]);
+//! - [`extract`] turns those into references ([`extract::Ref`]), [`commands`] those of shell
+//!   commands;
 //! - [`known`] collects what exists, from the code itself (clap's command tree, the config
 //!   reference, a fresh metrics registry, the Makefiles, the chart's values and schema, git);
 //! - [`yaml`] classifies and validates the YAML blocks;
@@ -16,6 +17,7 @@
 //! `make docs-check` runs it. The other tests here plant one broken reference of each kind.
 
 mod check;
+mod commands;
 mod extract;
 mod known;
 mod markdown;
