@@ -127,6 +127,18 @@ fn chart_values() {
         "```sh\nhelm install x charts/rollouts-dispatch --set server.enabledd=false\n```",
         "chart value 'server.enabledd'",
     );
+    catches(
+        "docs/x.md",
+        "`.Values.tls.enabled` and `--set config.engine.connectTimeout=5s`",
+        "`--set config.engine.connectTimeoutt=5s`",
+        "chart value 'config.engine.connectTimeoutt'",
+    );
+    catches(
+        "docs/x.md",
+        "`.Values.tls.enabled`",
+        "`.Values.tls.enabledd`",
+        "chart value 'tls.enabledd'",
+    );
 }
 
 #[test]
