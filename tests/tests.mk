@@ -33,6 +33,19 @@ test: ## the whole suite: Rust tests, golden vectors, Go conformance, real clust
 	$(MAKE) bench-small
 	@tests/leftovers.sh check
 
+# Every Markdown file and every YAML file of config/ against the code (tests/tests/docs_check,
+# tests/README.md "Docs that cannot drift"): no cluster, seconds once built. The unit tests of
+# the extractor run too; the report's failures come first, its tally is the last line.
+.PHONY: docs-check
+docs-check: ## the docs name only what exists (make targets, flags, config keys, chart values, metrics, paths) and their YAML blocks validate (last line `docs: files=F … broken=0`)
+	@set -uo pipefail; \
+	report=$$(mktemp); log=$$(mktemp); trap 'rm -f "$$report" "$$log"' EXIT; \
+	DOCS_REPORT=$$report $(CARGO) test --locked -q -p dispatch-tests --test docs_check -- --include-ignored >"$$log" 2>&1; \
+	status=$$?; \
+	if [ ! -s "$$report" ]; then cat "$$log"; echo "docs-check: FAILED (no report; cargo test exit $$status)"; exit 1; fi; \
+	if [ "$$status" -ne 0 ] && tail -n 1 "$$report" | grep -q ' broken=0$$'; then cat "$$log"; fi; \
+	cat "$$report"; exit $$status
+
 .PHONY: attacks
 attacks: ## every attack on authorization, tenancy, pod security, TLS and budgets, each asserted refused (last line: the tally)
 	@set -euo pipefail; \
