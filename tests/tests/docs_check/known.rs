@@ -1,7 +1,7 @@
 //! What exists, each from its source of truth: `make` targets from the Makefile and its
 //! includes, flags from clap's command trees (the server's `Cli`, the plugin's `Args`), config
 //! keys from `config::reference::reference()`, chart values from `values.yaml` and
-//! `values.schema.json`, metric names from a fresh registry's exposition, paths from git.
+//! `values.schema.json`, metric names from the server's metrics catalog, paths from git.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -45,7 +45,7 @@ impl Known {
             targets: make_targets(root, "Makefile"),
             commands: server_commands(),
             plugin_flags: flags_of(&dispatch_metric_provider::Args::command()),
-            metrics: metric_names(root),
+            metrics: metric_names(),
             files,
             chart_schema: schema.clone(),
             ..Known::default()
@@ -235,86 +235,16 @@ pub(crate) fn flags_of(cmd: &clap::Command) -> BTreeSet<String> {
     out
 }
 
-/// The names a scrape of the server shows (`# TYPE` lines): each family, a counter's `_total`,
-/// a histogram's `_bucket`, `_sum` and `_count`. A family shows only once it has a series, so
-/// every one is given one first, through the server's own setters and its HTTP middleware (a
-/// small catalog of ours until `runtime::metrics` has one); a family this misses fails the
-/// check rather than the docs that name it.
-fn metric_names(root: &Path) -> BTreeSet<String> {
-    use dispatch_server::runtime::metrics::{track, Metrics};
-    let m = std::sync::Arc::new(Metrics::new());
-    m.observe_verdict("Successful");
-    m.observe_verdict_latency(1.0);
-    m.set_agent_connected("d", true);
-    m.count_agent_reports("d", 1);
-    m.count_swept("d", "retention");
-    m.count_gc_failure("d");
-    m.set_pending_deletions(&BTreeMap::from([("d".to_string(), 1)]));
-    m.count_past_deadline();
-    m.set_jobs("d", "Running", 1);
-    m.set_budget_size("api", 1);
-    m.count_budget_refused("api");
-    m.count_over_budget("budgets.measurementCallsPerProject");
-    let app = axum::Router::new()
-        .route("/x", axum::routing::get(|| async { "" }))
-        .layer(axum::middleware::from_fn_with_state(m.clone(), track));
-    let request = http::Request::get("/x")
-        .body(axum::body::Body::empty())
-        .expect("request");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("runtime");
-    runtime
-        .block_on(tower::ServiceExt::oneshot(app, request))
-        .expect("the route answers");
-
-    let text = m.encode();
-    let mut out = BTreeSet::new();
-    let mut families = 0;
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("# TYPE ") else {
-            continue;
-        };
-        let mut parts = rest.split_whitespace();
-        let (Some(name), Some(ty)) = (parts.next(), parts.next()) else {
-            continue;
-        };
-        families += 1;
-        out.insert(name.to_string());
-        let suffixes: &[&str] = match ty {
-            "counter" => &["_total"],
-            "histogram" => &["_bucket", "_sum", "_count"],
-            _ => &[],
-        };
-        out.extend(suffixes.iter().map(|s| format!("{name}{s}")));
-    }
-    // How many families the source registers: the entries of the catalog when there is one,
-    // else the register calls of `Metrics::new`.
-    let catalog = root.join("server/src/runtime/metrics/catalog.rs");
-    let (registered, source) = match std::fs::read_to_string(&catalog) {
-        Ok(text) => {
-            let entries = text
-                .lines()
-                .filter(|l| l.trim_start().starts_with("name: \""))
-                .count();
-            (entries, "server/src/runtime/metrics/catalog.rs")
-        }
-        Err(_) => {
-            let path = root.join("server/src/runtime/metrics.rs");
-            let text = std::fs::read_to_string(path).expect("metrics.rs");
-            (
-                text.matches("registry.register(").count(),
-                "server/src/runtime/metrics.rs",
-            )
-        }
-    };
-    assert_eq!(
-        families, registered,
-        "{source} registers {registered} families, the docs check gave a series to {families}: \
-         give the new one a series in tests/tests/docs_check/known.rs metric_names (or read the \
-         names from runtime::metrics' catalog there)"
-    );
-    out
+/// The metric names a scrape of the server shows: each family of the server's catalog
+/// (`runtime::metrics::catalog`, which its own tests hold equal to what `Metrics::new`
+/// registers) and the names of its series (a counter's `_total`, a histogram's `_bucket`,
+/// `_sum` and `_count`).
+fn metric_names() -> BTreeSet<String> {
+    use dispatch_server::runtime::metrics::catalog::CATALOG;
+    CATALOG
+        .iter()
+        .flat_map(|m| std::iter::once(m.full_name()).chain(m.series()))
+        .collect()
 }
 
 /// The dotted paths of a JSON schema's `properties` (list items at the list's path); a map of
