@@ -19,6 +19,7 @@ test: export ROLLOUTS_DISPATCH_TEST_RUN := make-test-$(shell date +%s)-$(shell e
 test: ## the whole suite: Rust tests, golden vectors, Go conformance, real clusters, every bench small, no process left behind (README, .ci/run)
 	@tests/leftovers.sh selftest
 	$(MAKE) test-fast
+	$(MAKE) docs-check
 	$(MAKE) attacks
 	$(MAKE) golden-check
 	$(MAKE) conformance
