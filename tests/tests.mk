@@ -222,7 +222,7 @@ demo-up: export DEMO_KEEP := 1
 demo-up: demo ## make demo kept up after the verdicts: prints the page's URL, a token, the `logs` and `kubectl` commands; Ctrl-C or `make demo-down` ends it (same last line)
 
 .PHONY: demo-down
-demo-down: ## stop the demo that `make demo-up` keeps up (its process, then its clusters' process groups) and remove $(DEMO_STATE_DIR)
+demo-down: ## stop the demo that `make demo-up` keeps up (its process, then its clusters' process groups) and remove target/demo
 	@tests/demo-down.sh $(DEMO_STATE_DIR)
 
 .PHONY: demo-debug
