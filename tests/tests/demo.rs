@@ -52,7 +52,11 @@ async fn demo() -> Result<()> {
     let state = StateDir::claim()?;
     let mut shown = tokio::select! {
         shown = show(kept::options()) => shown?,
-        signal = stop.signalled() => bail!("demo: {signal} before the verdicts; everything torn down"),
+        signal = stop.signalled() => {
+            // Said on stdout (the make target shows only `demo:` lines); the error fails the run.
+            kept::say(&format!("demo: {signal} before the verdicts: tearing everything down"));
+            bail!("stopped by {signal} before the verdicts");
+        }
     };
     println!("demo: done in {:.0}s", started.elapsed().as_secs_f64());
     let waited = kept::keep(&mut shown.world, &shown.failing_run, &state, &mut stop).await;
