@@ -69,8 +69,8 @@ fmt: ## format Rust and Go code
 	$(CARGO) fmt --all
 
 .PHONY: docs
-docs: ## regenerate docs/configuration.md from the config types (server/src/config/reference.rs) and docs/metrics.md from the metrics catalog (server/src/runtime/metrics/catalog.rs)
-	UPDATE_DOCS=1 $(CARGO) test --locked -q -p dispatch-server --lib -- config::reference::tests runtime::metrics::catalog::tests
+docs: ## regenerate docs/configuration.md and the chart's config schema (values.schema.json `config`) from the config types (server/src/config/reference.rs), and docs/metrics.md from the metrics catalog (server/src/runtime/metrics/catalog.rs)
+	UPDATE_DOCS=1 $(CARGO) test --locked -q -p dispatch-server --lib -- config::reference::tests config::schema::tests runtime::metrics::catalog::tests
 
 include tests/conformance/conformance.mk
 include tests/k8s/k8s.mk

@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
 # `make chart` (charts/chart.mk): the README's values table up to date (charts/chart-docs.sh check:
 # helm-docs into a temp dir, diffed with the committed README; checked first, its line printed
-# just before the last line), then helm lint and helm template of charts/rollouts-dispatch with the
-# default values (plus the policy rule it requires) and each ci/*-values.yaml (every one is a
-# "variant", charts/chart-variants.sh), renderings that must fail with a clear message, the RBAC
-# golden test (charts/chart-rbac.sh: every grant against charts/rbac-allowlist.txt), then against
-# a real kube-apiserver started by the Rust launcher
-# (tests/src/bin/test-cluster.rs): the DispatchJob CRD (crds/) applied for real and established,
-# `kubectl apply --dry-run=server` of every rendering (and of a DispatchJob), then the renderings
-# with RBAC checks applied for real, each as its own release in its own namespace (so that no two
-# share a ServiceAccount or a ClusterRole), and their least privilege checked with
-# SubjectAccessReviews; a DispatchJob created and its status patched as the kubernetes-store
-# server's ServiceAccount. The cluster is stopped at the end, also on failure: SIGTERM to the PID
-# started here, never by name.
+# just before the last line), the `config` schema of values.schema.json up to date with the
+# server's config types (tests/src/bin/chart-config.rs), then helm lint and helm template of
+# charts/rollouts-dispatch with the default values (plus the policy rule it requires) and each
+# ci/*-values.yaml (every one is a "variant", charts/chart-variants.sh), and every documented server
+# configuration (config/server.yaml and each ```yaml block of the Markdown files made of server
+# config keys, an "example": linted, rendered, its rendered server.yaml parsed as `serve` does and
+# holding every key of the example as written), renderings that must fail with a clear message,
+# both CRDs rendered (templates/crds.yaml), values.yaml's words on the agent's grants what
+# templates/agent-rbac.yaml renders, the RBAC golden test (charts/chart-rbac.sh: every grant
+# against charts/rbac-allowlist.txt), then against a real kube-apiserver started by the Rust
+# launcher (tests/src/bin/test-cluster.rs): the CRDs as a release of before had them applied for
+# real and established, `kubectl apply --dry-run=server` of every rendering and example (and of a
+# DispatchJob), then the renderings with RBAC checks applied for real (upgrading the CRDs), each as
+# its own release in its own namespace (so that no two share a ServiceAccount or a ClusterRole),
+# and their least privilege checked with SubjectAccessReviews; a DispatchJob created and its status
+# patched as the kubernetes-store server's ServiceAccount. The cluster is stopped at the end, also
+# on failure: SIGTERM to the PID started here, never by name.
 #
 # Environment (set by chart.mk): HELM, HELM_DOCS, CARGO, K8S_BIN_ENV, CHART_DIR, CHART_OUT.
 set -euo pipefail
@@ -26,8 +31,12 @@ source charts/chart-variants.sh
 SM_CRD=charts/testdata/servicemonitor-crd.yaml
 CERT_CRD=charts/testdata/certificate-crd.yaml
 PR_CRD=charts/testdata/prometheusrule-crd.yaml
-DJ_CRD=$CHART_DIR/crds/dispatchjobs.yaml
-DLR_CRD=$CHART_DIR/crds/dispatchlogrequests.yaml
+DJ_CRD=$CHART_DIR/files/crds/dispatchjobs.yaml
+DLR_CRD=$CHART_DIR/files/crds/dispatchlogrequests.yaml
+# Documented server configurations (charts/chart-config: config/server.yaml and every ```yaml block
+# of the Markdown files whose keys are server config keys), each rendered as an "example" variant.
+EXAMPLE_SOURCES=(config/server.yaml)
+while IFS= read -r f; do EXAMPLE_SOURCES+=("$f"); done < <(git ls-files '*.md' '*.md.gotmpl')
 DJ_SAMPLE=charts/testdata/dispatchjob.yaml
 # Renderings applied for real (variant release namespace): each as its own release in its own
 # namespace; the RBAC checks below name their ServiceAccounts.
@@ -45,6 +54,14 @@ since() { echo "$(( $(date +%s) - $1 ))s"; }
 # --- README: helm-docs' values table (fails with "… is out of date: run `make chart-docs`") ----
 docs_line=$(HELM_DOCS="$HELM_DOCS" CHART_DIR="$CHART_DIR" bash charts/chart-docs.sh check)
 
+# --- the config schema, generated from the server's config types ------------------------------
+t=$(date +%s)
+nice -n 10 "$CARGO" build -q -p dispatch-tests --bin chart-config --bin test-cluster --bin chart-rbac
+target_dir=$("$CARGO" metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+CHART_CONFIG="$target_dir/debug/chart-config"
+"$CHART_CONFIG" schema "$CHART_DIR/values.schema.json"
+echo "chart: chart-config, test-cluster and chart-rbac built in $(since "$t")"
+
 # --- lint -----------------------------------------------------------------------------------
 t=$(date +%s)
 for v in "${VARIANTS[@]}"; do
@@ -53,6 +70,25 @@ for v in "${VARIANTS[@]}"; do
     { cat "$CHART_OUT/lint-$v.log"; echo "chart: helm lint ($v values) FAILED" >&2; exit 1; }
 done
 echo "chart: helm lint --strict ok (${VARIANTS[*]}) in $(since "$t")"
+
+# --- the documented server configurations, each installed through the chart --------------------
+t=$(date +%s)
+mkdir -p "$CHART_OUT/examples"; rm -f "$CHART_OUT"/examples/*
+EXAMPLES=()
+"$CHART_CONFIG" examples "$CHART_OUT/examples" "${EXAMPLE_SOURCES[@]}" >"$CHART_OUT/examples.txt"
+while read -r name ns values; do EXAMPLES+=("$name $ns $values"); done <"$CHART_OUT/examples.txt"
+[ "${#EXAMPLES[@]}" -gt 0 ] || { echo "chart: no documented server configuration found (config/server.yaml?)" >&2; exit 1; }
+checks=()
+for e in "${EXAMPLES[@]}"; do
+  read -r name ns values <<<"$e"
+  "$HELM" lint "$CHART_DIR" --strict --namespace "$ns" -f "$values" >"$CHART_OUT/lint-example-$name.log" 2>&1 ||
+    { cat "$CHART_OUT/lint-example-$name.log"; echo "chart: helm lint of documented config $name ($values) FAILED" >&2; exit 1; }
+  "$HELM" template "$RELEASE" "$CHART_DIR" --namespace "$ns" -f "$values" >"$CHART_OUT/example-$name.yaml" 2>"$CHART_OUT/template-example-$name.log" ||
+    { cat "$CHART_OUT/template-example-$name.log"; echo "chart: helm template of documented config $name ($values) FAILED" >&2; exit 1; }
+  checks+=("example-$name=$CHART_OUT/example-$name.yaml=$values")
+done
+"$CHART_CONFIG" check "${checks[@]}"
+echo "chart: ${#EXAMPLES[@]} documented server configurations lint, render and parse in $(since "$t")"
 
 # --- template -------------------------------------------------------------------------------
 t=$(date +%s)
@@ -141,6 +177,18 @@ has monitoring 'summary: The agent of destination {{ $labels.destination }}'
 hasnt default "kind: PrometheusRule"; hasnt default "grafana_dashboard"
 # The in-cluster destination is limited to inCluster.namespaces (its caches watch only those).
 has test "inClusterNamespaces:"; hasnt cluster-scope "inClusterNamespaces"
+# Both CRDs are templates (upgraded with the release), kept on uninstall; none without the server
+# or with crds.install=false.
+for crd in dispatchjobs dispatchlogrequests; do has default "name: $crd.rollouts-dispatch.io"; has test "name: $crd.rollouts-dispatch.io"; done
+has default "helm.sh/resource-policy: keep"
+hasnt agent "kind: CustomResourceDefinition"; hasnt agent-namespaced "kind: CustomResourceDefinition"
+if "$HELM" template "$RELEASE" "$CHART_DIR" --namespace "$NAMESPACE" -f "$DEFAULT_VALUES" --set crds.install=false | grep -q 'kind: CustomResourceDefinition'; then
+  echo "chart: crds.install=false still renders a CustomResourceDefinition" >&2; exit 1
+fi
+refuse "config.agents and agents.destinations are both set" -f "$CHART_OUT/examples/config-server-yaml-values.yaml" --set 'agents.destinations[0].name=edge-9'
+refuse "config.agents.namespace rollouts-dispatch is not the release namespace other" --namespace other -f "$CHART_OUT/examples/config-server-yaml-values.yaml"
+# values.yaml's words on the agent's grants are what templates/agent-rbac.yaml renders.
+"$CHART_CONFIG" agent-rbac "$CHART_OUT/agent.yaml" "$CHART_OUT/agent-namespaced.yaml" "$CHART_DIR/values.yaml"
 echo "chart: helm template ok ($refused invalid value sets refused) in $(since "$t")"
 
 # --- RBAC golden test: every grant of every rendering against charts/rbac-allowlist.txt ---------
@@ -150,9 +198,6 @@ echo "chart: RBAC golden test in $(since "$t")"
 
 # --- dry run against a real kube-apiserver ----------------------------------------------------
 t=$(date +%s)
-nice -n 10 "$CARGO" build -q -p dispatch-tests --bin test-cluster
-echo "chart: test-cluster built in $(since "$t")"
-
 t=$(date +%s)
 cluster_log="$CHART_OUT/test-cluster.log"
 cluster_pid=""
@@ -174,7 +219,6 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 # The launcher binary itself (what `cargo run -p dispatch-tests --bin test-cluster` runs), started
 # directly so that $! is its PID whatever wraps cargo; SIGTERM makes it stop its cluster.
-target_dir=$("$CARGO" metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 launcher="$target_dir/debug/test-cluster"
 [ -x "$launcher" ] || { echo "chart: no $launcher after cargo build" >&2; exit 1; }
 K8S_BIN_ENV="$K8S_BIN_ENV" "$launcher" up chart >"$cluster_log" 2>&1 </dev/null &
@@ -205,7 +249,8 @@ done
 # PrometheusRule likewise (charts/testdata/prometheusrule-crd.yaml: the rule group's fields, strict).
 "$KUBECTL" apply -f "$PR_CRD" >/dev/null
 "$KUBECTL" wait --for=condition=Established --timeout=60s crd/prometheusrules.monitoring.coreos.com >/dev/null
-# The chart's own CRD (crds/, installed by helm install, not in `helm template`), for real.
+# The chart's CRDs as a release of before had them (crds/ then), for real; the renderings applied
+# below upgrade them (templates/crds.yaml).
 "$KUBECTL" apply --validate=strict -f "$DJ_CRD" -f "$DLR_CRD" >"$CHART_OUT/apply-crds.log" 2>&1 ||
   { cat "$CHART_OUT/apply-crds.log"; echo "chart: kubectl apply $DJ_CRD $DLR_CRD FAILED" >&2; exit 1; }
 for crd in dispatchjobs dispatchlogrequests; do
@@ -215,12 +260,14 @@ done
 "$KUBECTL" -n "$NAMESPACE" apply --dry-run=server --validate=strict -f "$DJ_SAMPLE" >"$CHART_OUT/dry-run-dispatchjob.log" 2>&1 ||
   { cat "$CHART_OUT/dry-run-dispatchjob.log"; echo "chart: kubectl apply --dry-run=server $DJ_SAMPLE FAILED" >&2; exit 1; }
 echo "chart: CRD dispatchjobs.rollouts-dispatch.io established; a DispatchJob dry-run accepted"
-for v in "${VARIANTS[@]}"; do
+VARIANTS_AND_EXAMPLES=("${VARIANTS[@]}")
+for e in "${EXAMPLES[@]}"; do read -r name _ _ <<<"$e"; VARIANTS_AND_EXAMPLES+=("example-$name"); done
+for v in "${VARIANTS_AND_EXAMPLES[@]}"; do
   "$KUBECTL" apply --dry-run=server --validate=strict -f "$CHART_OUT/$v.yaml" >"$CHART_OUT/dry-run-$v.log" 2>&1 ||
     { cat "$CHART_OUT/dry-run-$v.log"; echo "chart: kubectl apply --dry-run=server ($v values) FAILED" >&2; exit 1; }
   echo "chart: dry-run $v: $(grep -c '(server dry run)' "$CHART_OUT/dry-run-$v.log")/$(grep -c '^kind: ' "$CHART_OUT/$v.yaml") objects accepted"
 done
-echo "chart: dry run ok in $(since "$t")"
+echo "chart: dry run ok (${#VARIANTS[@]} variants, ${#EXAMPLES[@]} documented configs) in $(since "$t")"
 
 # --- the RBAC renderings, for real: what each ServiceAccount may and may not do --------------
 t=$(date +%s)
@@ -231,6 +278,14 @@ for a in "${APPLY[@]}"; do
     { cat "$CHART_OUT/apply-$v.log"; echo "chart: kubectl apply ($v values, release $rel in $ns) FAILED" >&2; exit 1; }
   echo "chart: applied $v as release $rel in namespace $ns: $(grep -cE ' (created|configured|unchanged)$' "$CHART_OUT/apply-$v.log") objects"
 done
+# The CRDs of before (applied from files above) upgraded by the renderings: both carry the release's
+# labels and the keep policy now, and are established.
+for crd in dispatchjobs dispatchlogrequests; do
+  keep=$("$KUBECTL" get crd "$crd.rollouts-dispatch.io" -o jsonpath='{.metadata.annotations.helm\.sh/resource-policy}')
+  [ "$keep" = keep ] || { echo "chart: CRD $crd.rollouts-dispatch.io not upgraded by the rendering (resource-policy: \"$keep\")" >&2; exit 1; }
+  "$KUBECTL" wait --for=condition=Established --timeout=60s "crd/$crd.rollouts-dispatch.io" >/dev/null
+done
+echo "chart: CRDs dispatchjobs and dispatchlogrequests upgraded by the rendering (helm.sh/resource-policy: keep), established"
 rbac_fail=0
 sars=0
 SA="" SA_NS=""
@@ -435,4 +490,4 @@ echo "chart: generated TLS kept across upgrades (CA and certificate unchanged; n
 stop_cluster
 cluster_pid=""
 echo "$docs_line"
-echo "chart: lint=ok template=ok dry_run=ok apply=ok rbac=ok ($sars SubjectAccessReviews) variants=${#VARIANTS[@]}"
+echo "chart: lint=ok template=ok dry_run=ok apply=ok rbac=ok ($sars SubjectAccessReviews) variants=${#VARIANTS[@]} examples=${#EXAMPLES[@]}"

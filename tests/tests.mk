@@ -19,6 +19,7 @@ test: export ROLLOUTS_DISPATCH_TEST_RUN := make-test-$(shell date +%s)-$(shell e
 test: ## the whole suite: Rust tests, golden vectors, Go conformance, real clusters, every bench small, no process left behind (README, .ci/run)
 	@tests/leftovers.sh selftest
 	$(MAKE) test-fast
+	$(MAKE) docs-check
 	$(MAKE) attacks
 	$(MAKE) golden-check
 	$(MAKE) conformance
@@ -32,6 +33,19 @@ test: ## the whole suite: Rust tests, golden vectors, Go conformance, real clust
 	$(MAKE) monitoring-check
 	$(MAKE) bench-small
 	@tests/leftovers.sh check
+
+# Every Markdown file and every YAML file of config/ against the code (tests/tests/docs_check,
+# tests/README.md "Docs that cannot drift"): no cluster, seconds once built. The unit tests of
+# the extractor run too; the report's failures come first, its tally is the last line.
+.PHONY: docs-check
+docs-check: ## the docs name only what exists (make targets, flags, config keys, chart values, metrics, paths) and their YAML blocks validate (last line `docs: files=F … broken=0`)
+	@set -uo pipefail; \
+	report=$$(mktemp); log=$$(mktemp); trap 'rm -f "$$report" "$$log"' EXIT; \
+	DOCS_REPORT=$$report $(CARGO) test --locked -q -p dispatch-tests --test docs_check -- --include-ignored >"$$log" 2>&1; \
+	status=$$?; \
+	if [ ! -s "$$report" ]; then cat "$$log"; echo "docs-check: FAILED (no report; cargo test exit $$status)"; exit 1; fi; \
+	if [ "$$status" -ne 0 ] && tail -n 1 "$$report" | grep -q ' broken=0$$'; then cat "$$log"; fi; \
+	cat "$$report"; exit $$status
 
 .PHONY: attacks
 attacks: ## every attack on authorization, tenancy, pod security, TLS and budgets, each asserted refused (last line: the tally)
@@ -62,14 +76,15 @@ DISPATCH_RELEASE_BIN := target/release/rollouts-dispatch
 # What every test that loads the plugin into the real Argo Rollouts controller needs.
 CLUSTER_ENV := K8S_BIN_ENV=$(K8S_BIN_ENV) PLUGIN_BINARY=$(abspath $(PLUGIN_BIN))
 
-# $(call summary_test,TEST,ENV,OUTPUT_FILTER): run the #[ignore]d tests of dispatch-tests' test
-# TEST with the environment ENV and SUMMARY_FILE naming a temporary file, show the output
+# $(call summary_test,TEST,ENV,OUTPUT_FILTER,PREFIX): run the #[ignore]d tests of dispatch-tests'
+# test TEST with the environment ENV and SUMMARY_FILE naming a temporary file, show the output
 # (through the shell filter OUTPUT_FILTER, if given, which keeps the interesting lines), and end
 # with the one line the test wrote to $SUMMARY_FILE (dispatch_tests::summary): what scripts and
 # the README read. A failed test, or one that wrote no summary, fails the target and says so last.
+# PREFIX, if given, is a shell command run first (`demo` with DEMO_KEEP: `trap '' INT`).
 define summary_test
 	@set -euo pipefail; \
-	summary=$$(mktemp); trap 'rm -f "$$summary"' EXIT; status=0; \
+	summary=$$(mktemp); trap 'rm -f "$$summary"' EXIT; status=0; $(if $(4),$(4);) \
 	$(2) SUMMARY_FILE=$$summary $(CARGO) test --locked -p dispatch-tests --test $(1) -- --ignored --nocapture \
 	  $(if $(3),2>&1 | { $(3) || true; }) || status=$$?; \
 	if [ "$$status" -ne 0 ]; then why="cargo test exit $$status"; \
@@ -201,9 +216,29 @@ soak: k8s-bin plugin-release ## 500 Kargo-shaped verifications (pass, fail, abor
 	$(CARGO) build --locked -p dispatch-server --bin rollouts-dispatch
 	$(call summary_test,soak,$(CLUSTER_ENV),grep -E '^(soak|test |Error)')
 
+# With DEMO_KEEP=1 (any value but 0; `make demo-up` sets it) the demo keeps everything up after
+# the verdicts and prints the page's URL, a token, the `logs` and `kubectl` commands and how to
+# stop it (tests/src/kept.rs), then waits in the foreground for Ctrl-C or `make demo-down`. Its
+# recipe ignores SIGINT (inherited by cargo and the filter), so that Ctrl-C reaches only the
+# test, which catches it, tears everything down and still prints the last line. The filter is
+# line-buffered so that the block shows while the demo waits.
+DEMO_KEEP_ON = $(filter-out 0,$(DEMO_KEEP))
+# What a kept demo writes for people and for demo-down (pid, process groups, token, CA,
+# kubeconfig): `target/demo` of the workspace, as `dispatch_tests::kept::StateDir` names it.
+DEMO_STATE_DIR := target/demo
+
 .PHONY: demo
-demo: k8s-bin plugin-release ## the main job locally: 3 clusters, Argo Rollouts, the server, a passing and a failing verification; last line `demo: cluster-a=… cluster-b=…`
-	$(call summary_test,demo,$(CLUSTER_ENV),grep -E '^(demo:|ANALYSISRUN|[a-z0-9-]+\.[0-9a-z]+\.[0-9a-f]{7} |$$)' | grep -v '^demo: cluster-a=')
+demo: k8s-bin plugin-release ## the main job locally: 3 clusters, Argo Rollouts, the server, a passing and a failing verification; last line `demo: cluster-a=… cluster-b=…` (DEMO_KEEP=1: kept up, see demo-up)
+	$(if $(DEMO_KEEP_ON),$(CARGO) build --locked -p dispatch-server --bin rollouts-dispatch)
+	$(call summary_test,demo,$(CLUSTER_ENV),grep --line-buffered -E '^(demo:|ANALYSISRUN|[a-z0-9-]+\.[0-9a-z]+\.[0-9a-f]{7} |$$)' | grep --line-buffered -v '^demo: cluster-a=',$(if $(DEMO_KEEP_ON),trap '' INT))
+
+.PHONY: demo-up
+demo-up: export DEMO_KEEP := 1
+demo-up: demo ## make demo kept up after the verdicts: prints the page's URL, a token, the `logs` and `kubectl` commands; Ctrl-C or `make demo-down` ends it (same last line)
+
+.PHONY: demo-down
+demo-down: ## stop the demo that `make demo-up` keeps up (its process, then its clusters' process groups) and remove target/demo
+	@tests/demo-down.sh $(DEMO_STATE_DIR)
 
 .PHONY: demo-debug
 demo-debug: k8s-bin plugin-release ## make demo with every log line

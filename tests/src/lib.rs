@@ -20,6 +20,7 @@
 //! * [`tls`]: the CA and certificate of the API (the scenes serve it over TLS only).
 //! * [`shared`]: one scene per test binary, shared by its tests; [`summary`]: the last line of
 //!   benchmarks and smoke tests.
+//! * [`kept`]: the demo's World kept up for a person until they stop it (`make demo-up`).
 //!
 //! Tests that need real clusters are `#[ignore]`d, so `cargo test` runs without the Go-built
 //! binaries; see `tests/README.md`.
@@ -32,6 +33,7 @@ pub mod block;
 pub mod cluster;
 pub mod fleet;
 pub mod kargo;
+pub mod kept;
 pub mod objects;
 pub mod ports;
 pub mod server;

@@ -3,14 +3,19 @@
 //! registered in `argo-rollouts-config`; one Kargo-shaped verification per destination (the one
 //! on cluster-b runs a check that fails). Prints the AnalysisRuns as a table and, last,
 //! `demo: cluster-a=<phase> cluster-b=<phase>`. Everything is torn down at the end.
+//!
+//! With `DEMO_KEEP=1` (`make demo-up`) everything stays up after the verdicts, with the page's
+//! URL, a token, the `logs` and `kubectl` commands to try printed, until Ctrl-C or `make
+//! demo-down` (`dispatch_tests::kept`); then it is torn down and the same last line printed.
 
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use dispatch_tests::analysis::{measurement_message, phase};
 use dispatch_tests::kargo::Verification;
+use dispatch_tests::kept::{self, StateDir, Stop};
 use dispatch_tests::summary;
-use dispatch_tests::world::World;
+use dispatch_tests::world::{Direct, DirectOptions, World};
 use kube::api::DynamicObject;
 
 /// The first line of the last measurement's message: one row per run in the table.
@@ -22,13 +27,52 @@ fn last_message(ar: &DynamicObject) -> String {
         .to_string()
 }
 
+/// What the demo showed: the World still up, the summary line, the failing run's name.
+struct Shown {
+    world: World<Direct>,
+    summary: String,
+    failing_run: String,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "starts real clusters: run `make demo`"]
 async fn demo() -> Result<()> {
     let started = Instant::now();
+    if !kept::requested() {
+        let shown = show(DirectOptions::default()).await?;
+        println!(
+            "demo: done in {:.0}s; tearing everything down",
+            started.elapsed().as_secs_f64()
+        );
+        drop(shown.world);
+        return summary::report(&shown.summary);
+    }
+    // Ours from the start: Ctrl-C while the clusters start tears them down too.
+    let mut stop = Stop::listen()?;
+    let state = StateDir::claim()?;
+    let mut shown = tokio::select! {
+        shown = show(kept::options()) => shown?,
+        signal = stop.signalled() => {
+            // Said on stdout (the make target shows only `demo:` lines); the error fails the run.
+            kept::say(&format!("demo: {signal} before the verdicts: tearing everything down"));
+            bail!("stopped by {signal} before the verdicts");
+        }
+    };
+    println!("demo: done in {:.0}s", started.elapsed().as_secs_f64());
+    let waited = kept::keep(&mut shown.world, &shown.failing_run, &state, &mut stop).await;
+    drop(shown.world);
+    drop(state);
+    waited?;
+    kept::say("demo: everything torn down");
+    summary::report(&shown.summary)
+}
+
+/// The demo up to its verdicts, with the server configured with `options`: starts the World,
+/// submits the two verifications, prints their table and the failure's message.
+async fn show(options: DirectOptions) -> Result<Shown> {
     println!("demo: starting clusters control, a, b, rollouts-dispatch serve (destinations cluster-a, cluster-b) and the Argo Rollouts controller with plugin rollouts-dispatch/job ...");
     // Keep the whole world alive to the end: its clusters stop when it is dropped.
-    let world = World::start().await?;
+    let world = World::start_with(options).await?;
     println!("demo: all up; the plugin talks to {}", world.url);
     println!(
         "demo: Kargo verifies Freight {} on Stage uat (cluster-a) and Stage prod (cluster-b) ...",
@@ -70,12 +114,9 @@ async fn demo() -> Result<()> {
         }
     }
     println!();
-    println!(
-        "demo: done in {:.0}s; tearing everything down",
-        started.elapsed().as_secs_f64()
-    );
-    summary::report(&format!(
-        "demo: cluster-a={} cluster-b={}",
-        rows[0].2, rows[1].2
-    ))
+    Ok(Shown {
+        summary: format!("demo: cluster-a={} cluster-b={}", rows[0].2, rows[1].2),
+        failing_run: rows[1].0.clone(),
+        world,
+    })
 }

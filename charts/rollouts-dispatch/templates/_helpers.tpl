@@ -71,8 +71,36 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
+{{/* "true" when the server confirms runs: `confirmRuns` of config when it has one (it wins),
+else server.confirmRuns. Decides the config's `controlPlane: {}` and the analysisruns grant. */}}
+{{- define "rollouts-dispatch.confirmRuns" -}}
+{{- $config := .Values.config | default dict }}
+{{- if hasKey $config "confirmRuns" }}{{ if $config.confirmRuns }}true{{ end }}
+{{- else if .Values.server.confirmRuns }}true
+{{- end }}
+{{- end }}
+
+{{/* The server's agent destinations (JSON): config.agents when config has one (as written,
+`namespace` defaulting to the release namespace), else agents.* when agents.destinations is
+non-empty, else {}. Both at once fail (templates/validate.yaml). Decides the `agents` block of the
+config, the DispatchJob RBAC, the checks and the NOTES. */}}
+{{- define "rollouts-dispatch.agents" -}}
+{{- $config := .Values.config | default dict }}
+{{- if hasKey $config "agents" }}
+{{- $agents := deepCopy ($config.agents | default dict) }}
+{{- if not (hasKey $agents "namespace") }}{{ $_ := set $agents "namespace" .Release.Namespace }}{{ end }}
+{{- if not (hasKey $agents "store") }}{{ $_ := set $agents "store" "memory" }}{{ end }}
+{{- toJson $agents }}
+{{- else if .Values.agents.destinations }}
+{{- toJson (dict "store" .Values.agents.store "namespace" .Release.Namespace "offlineAfter" .Values.agents.offlineAfter "destinations" .Values.agents.destinations) }}
+{{- else }}{}
+{{- end }}
+{{- end }}
+
 {{/* The server configuration file: .Values.config, plus an `argocd` block from argocd.* (and
-inCluster.namespaces as its inClusterNamespaces) when enabled, plus an `agents` block from agents.* when agents.destinations is non-empty. */}}
+inCluster.namespaces as its inClusterNamespaces) when enabled, plus an `agents` block from
+agents.* when agents.destinations is non-empty, plus `confirmRuns` and `ui` from server.confirmRuns
+and ui.*; a key config sets itself wins. */}}
 {{- define "rollouts-dispatch.config" -}}
 {{- $config := deepCopy (.Values.config | default dict) }}
 {{- if and .Values.argocd.enabled (not (hasKey $config "argocd")) }}
@@ -84,12 +112,14 @@ each of them, and a placement elsewhere is refused (server/src/destinations/argo
 {{- end }}
 {{- $_ := set $config "argocd" $argocd }}
 {{- end }}
-{{- if .Values.server.confirmRuns }}
+{{- if include "rollouts-dispatch.confirmRuns" . }}
 {{- if not (hasKey $config "controlPlane") }}
 {{- $_ := set $config "controlPlane" dict }}
 {{- end }}
 {{- end }}
+{{- if not (hasKey $config "confirmRuns") }}
 {{- $_ := set $config "confirmRuns" (.Values.server.confirmRuns | default false) }}
+{{- end }}
 {{- if not (hasKey $config "ui") }}
 {{- if .Values.ui.enabled }}
 {{- $ui := dict }}
@@ -108,8 +138,9 @@ each of them, and a placement elsewhere is refused (server/src/destinations/argo
 {{- $_ := set $config "ui" (dict "people" (dict "tokenReview" false)) }}
 {{- end }}
 {{- end }}
-{{- if .Values.agents.destinations }}
-{{- $_ := set $config "agents" (dict "store" .Values.agents.store "namespace" .Release.Namespace "offlineAfter" .Values.agents.offlineAfter "destinations" .Values.agents.destinations) }}
+{{- $agents := include "rollouts-dispatch.agents" . | fromJson }}
+{{- if $agents }}
+{{- $_ := set $config "agents" $agents }}
 {{- end }}
 {{- if $config }}
 {{- toYaml $config }}
@@ -180,7 +211,8 @@ configMap:
 
 {{/* True ("true") when the server keeps agent jobs in DispatchJob resources (needs their RBAC). */}}
 {{- define "rollouts-dispatch.kubernetesStore" -}}
-{{- if and .Values.server.enabled .Values.agents.destinations (eq .Values.agents.store "kubernetes") }}true{{ end }}
+{{- $agents := include "rollouts-dispatch.agents" . | fromJson }}
+{{- if and .Values.server.enabled $agents.destinations (eq (toString $agents.store) "kubernetes") }}true{{ end }}
 {{- end }}
 
 {{/* True ("true") when the replicas share agents' log requests (agents.store: kubernetes): each
@@ -237,23 +269,32 @@ written from argocd.* above): without it the Roles are made but no measurement c
 {{- fail "rollouts-dispatch: inCluster.enabled needs argocd.enabled: true (or an `argocd` key in config): the server's `in-cluster` destination is Argo CD's implicit one (`argocd[].inCluster` in server.yaml), so without it no measurement can name `in-cluster`" }}
 {{- end }}
 {{- end }}
-{{- if .Values.agents.destinations }}
-{{- if and (gt (int .Values.server.replicas) 1) (ne .Values.agents.store "kubernetes") }}
-{{- fail (printf "rollouts-dispatch: server.replicas=%v with agents.destinations needs agents.store: kubernetes (agents.store: %s keeps agent state in one replica)" .Values.server.replicas .Values.agents.store) }}
+{{- $config := .Values.config | default dict }}
+{{- if and (hasKey $config "agents") .Values.agents.destinations }}
+{{- fail "rollouts-dispatch: config.agents and agents.destinations are both set: give the agent destinations in one place (agents.* writes the config's `agents` block)" }}
+{{- end }}
+{{- $agents := include "rollouts-dispatch.agents" . | fromJson }}
+{{- $from := ternary "config.agents" "agents" (hasKey $config "agents") }}
+{{- if and (hasKey $config "agents") (ne (toString $agents.namespace) .Release.Namespace) }}
+{{- fail (printf "rollouts-dispatch: config.agents.namespace %s is not the release namespace %s: the chart grants the server its DispatchJob Role in the release namespace; remove config.agents.namespace or install the release in %s" (toString $agents.namespace) .Release.Namespace (toString $agents.namespace)) }}
+{{- end }}
+{{- if $agents.destinations }}
+{{- if and (gt (int .Values.server.replicas) 1) (ne (toString $agents.store) "kubernetes") }}
+{{- fail (printf "rollouts-dispatch: server.replicas=%v with %s.destinations needs %s.store: kubernetes (%s.store: %s keeps agent state in one replica)" .Values.server.replicas $from $from $from (toString $agents.store)) }}
 {{- end }}
 {{- if not (include "rollouts-dispatch.signingKeySecret" .) }}
-{{- fail "rollouts-dispatch: agents.destinations needs signingKey.value or signingKey.existingSecret (agent tokens are signed JWTs from `rollouts-dispatch token issue --destination NAME`)" }}
+{{- fail (printf "rollouts-dispatch: %s.destinations needs signingKey.value or signingKey.existingSecret (agent tokens are signed JWTs from `rollouts-dispatch token issue --destination NAME`)" $from) }}
 {{- end }}
 {{- $seen := dict }}
-{{- range (.Values.config | default dict).destinations | default list }}
+{{- range $config.destinations | default list }}
 {{- if .name }}{{ $_ := set $seen (toString .name) "config.destinations" }}{{ end }}
 {{- end }}
-{{- range .Values.agents.destinations }}
+{{- range $agents.destinations }}
 {{- $name := toString .name }}
 {{- if hasKey $seen $name }}
-{{- fail (printf "rollouts-dispatch: agents.destinations: destination %q is already in %s (names must be unique)" $name (get $seen $name)) }}
+{{- fail (printf "rollouts-dispatch: %s.destinations: destination %q is already in %s (names must be unique)" $from $name (get $seen $name)) }}
 {{- end }}
-{{- $_ := set $seen $name "agents.destinations" }}
+{{- $_ := set $seen $name (printf "%s.destinations" $from) }}
 {{- end }}
 {{- end }}
 {{- end }}

@@ -8,7 +8,7 @@
 //! This module holds the typed configuration and its entry points ([`ServerConfig::load`],
 //! [`ServerConfig::parse`], [`ServerConfig::embedded_default`]); `raw` holds the file format as
 //! written and the validation that turns it into these types; `reference` the documentation of
-//! every key.
+//! every key; `schema` the JSON Schema of the file (the chart's values.schema.json `config`).
 //!
 //! ```yaml
 //! controlPlane: {kubeconfig: /etc/cp.kubeconfig, context: cp}  # default: in-cluster, else $KUBECONFIG
@@ -67,6 +67,7 @@
 pub mod budgets;
 mod raw;
 mod reference;
+mod schema;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -81,6 +82,7 @@ pub use raw::{
     check_destination_name, check_namespaces, InvalidName, InvalidNamespace, InvalidNamespaces,
 };
 pub use reference::{reference, reference_markdown, FieldDefault, FieldDoc};
+pub use schema::config_schema;
 
 /// A configuration that cannot be used: one message naming the file and the field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -452,7 +452,7 @@ mod tests {
         assert_eq!(
             crd,
             serde_saphyr::from_str::<serde_json::Value>(include_str!(
-                "../../../charts/rollouts-dispatch/crds/dispatchlogrequests.yaml"
+                "../../../charts/rollouts-dispatch/files/crds/dispatchlogrequests.yaml"
             ))
             .unwrap(),
             "the chart ships the same CRD as config/crds"

@@ -359,7 +359,7 @@ mod tests {
         assert_eq!(
             crd,
             serde_saphyr::from_str::<Value>(include_str!(
-                "../../../charts/rollouts-dispatch/crds/dispatchjobs.yaml"
+                "../../../charts/rollouts-dispatch/files/crds/dispatchjobs.yaml"
             ))
             .unwrap(),
             "the chart ships the same CRD as config/crds"

@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 
 use axum::extract::{ConnectInfo, Form, FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{middleware, Extension, Router};
@@ -305,14 +305,18 @@ struct LoginForm {
 }
 
 /// Whether a form post comes from our own pages: a browser sends `Origin` with every POST; one
-/// naming another host is a cross-site post (CSRF) and refused.
-fn same_origin(headers: &HeaderMap) -> bool {
+/// naming another host is a cross-site post (CSRF) and refused. Our host is the `Host` header
+/// (HTTP/1.1) or the request's authority (`uri`): over HTTP/2, which browsers speak when the
+/// TLS listener offers `h2`, there is no `Host` header, only `:authority`, which hyper puts in
+/// the URI.
+fn same_origin(headers: &HeaderMap, uri: &Uri) -> bool {
     let Some(origin) = headers.get(header::ORIGIN).and_then(|o| o.to_str().ok()) else {
         return true; // not a browser (curl), or an old one: SameSite=Strict still holds
     };
     let host = headers
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
+        .or_else(|| uri.authority().map(|a| a.as_str()))
         .unwrap_or_default();
     let forwarded = headers
         .get("x-forwarded-host")
@@ -344,10 +348,11 @@ fn cookie(value: &str, max_age: u64) -> HeaderValue {
 async fn login(
     State(state): State<Pages>,
     headers: HeaderMap,
+    uri: Uri,
     peer: Peer,
     Form(form): Form<LoginForm>,
 ) -> Response {
-    if !same_origin(&headers) {
+    if !same_origin(&headers, &uri) {
         return cross_site("login");
     }
     let token = form.token.trim();
@@ -399,8 +404,8 @@ async fn login(
     }
 }
 
-async fn logout(State(state): State<Pages>, headers: HeaderMap) -> Response {
-    if !same_origin(&headers) {
+async fn logout(State(state): State<Pages>, headers: HeaderMap, uri: Uri) -> Response {
+    if !same_origin(&headers, &uri) {
         return cross_site("logout");
     }
     // The session ends here, not only in this browser: a copy of the cookie is worth nothing.
@@ -420,19 +425,35 @@ mod tests {
 
     #[test]
     fn posts_come_from_us() {
+        // HTTP/1.1: the path alone in the URI, our host in `Host`.
+        let path = Uri::from_static("/ui/login");
         let mut h = HeaderMap::new();
         h.insert(header::HOST, HeaderValue::from_static("dispatch.example"));
-        assert!(same_origin(&h));
+        assert!(same_origin(&h, &path));
         h.insert(
             header::ORIGIN,
             HeaderValue::from_static("https://dispatch.example"),
         );
-        assert!(same_origin(&h));
+        assert!(same_origin(&h, &path));
         h.insert(
             header::ORIGIN,
             HeaderValue::from_static("https://evil.example"),
         );
-        assert!(!same_origin(&h));
+        assert!(!same_origin(&h, &path));
+        // HTTP/2: no `Host`, our host in the URI's authority.
+        let h2 = Uri::from_static("https://dispatch.example:8443/ui/login");
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("https://dispatch.example:8443"),
+        );
+        assert!(same_origin(&h, &h2));
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("https://evil.example:8443"),
+        );
+        assert!(!same_origin(&h, &h2));
+        assert!(!same_origin(&h, &path), "no host known: refused");
         let c = cookie("id", 28800);
         assert_eq!(
             c.to_str().unwrap(),

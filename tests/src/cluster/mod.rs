@@ -554,6 +554,12 @@ impl Cluster {
         self.processes.log_path(name)
     }
 
+    /// The id of the process group that holds every process of the cluster (its watchdog's
+    /// pid): what `make demo-down` ends when the process that kept the cluster up is gone.
+    pub fn process_group(&self) -> i32 {
+        self.processes.pgid()
+    }
+
     /// Directory with the cluster's state.
     pub fn dir(&self) -> &Path {
         &self.dir
