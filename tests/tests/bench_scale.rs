@@ -295,8 +295,9 @@ impl Scene {
             .collect()
     }
 
-    fn rss(&self) -> Result<[f64; 3]> {
-        let server = status_mib(self.server.0.id(), "VmHWM")?;
+    /// `field` (`VmHWM`: the peak, `VmRSS`: now) of the server, the plugin and the controller.
+    fn rss(&self, field: &str) -> Result<[f64; 3]> {
+        let server = status_mib(self.server.0.id(), field)?;
         let work_dir = self.rollouts.work_dir.clone();
         let plugin = pid_of(|exe| exe.starts_with(&work_dir))
             .context("no plugin process under the controller's working directory")?;
@@ -304,8 +305,8 @@ impl Scene {
         let controller = pid_of(|exe| exe == controller_exe).context("no controller process")?;
         Ok([
             server,
-            status_mib(plugin, "VmHWM")?,
-            status_mib(controller, "VmHWM")?,
+            status_mib(plugin, field)?,
+            status_mib(controller, field)?,
         ])
     }
 
@@ -527,6 +528,11 @@ async fn phase_run(scene: &Scene, sizes: Sizes, on_agents: bool, tag: &str) -> R
         ours_per_s,
         controller_per_s,
     };
+    let [server_now, plugin_now, controller_now] = scene.rss("VmRSS")?;
+    println!(
+        "scale {label}: RSS MiB at the end server={server_now:.0} plugin={plugin_now:.0} \
+         controller={controller_now:.0}"
+    );
     println!(
         "scale {label}: measurements={n} correct={correct} peak_in_flight={peak_in_flight} \
          verdict_ms p50={:.0} p99={:.0} (of {} with a seen end) writes_per_s ours={ours_per_s:.1} \
@@ -571,7 +577,7 @@ async fn ten_thousand_measurements_on_one_control_plane() -> Result<()> {
     let scene = Scene::start(sizes.agents, &args).await?;
     let direct = phase_run(&scene, sizes, false, "d").await?;
     let agents = phase_run(&scene, sizes, true, "g").await?;
-    let [server_rss, plugin_rss, controller_rss] = scene.rss()?;
+    let [server_rss, plugin_rss, controller_rss] = scene.rss("VmHWM")?;
     println!(
         "scale: peak RSS MiB server={server_rss:.0} plugin={plugin_rss:.0} controller={controller_rss:.0}; \
          writes per second ours/controller direct={:.2} agents={:.2}",
