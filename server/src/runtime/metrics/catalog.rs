@@ -194,6 +194,23 @@ pub const CATALOG: &[MetricDoc] = &[
                in the server's config if the load is legitimate)",
         set_by: Set::Server,
     },
+    MetricDoc {
+        name: "runtime_tasks",
+        kind: Kind::Gauge,
+        labels: &[],
+        help: "Tasks alive in the process's async runtime, read at each scrape: it follows the \
+               work in flight and comes back down when the work ends (a floor that keeps rising \
+               under a steady load is a leak)",
+        set_by: Set::ServerAndAgent,
+    },
+    MetricDoc {
+        name: "open_fds",
+        kind: Kind::Gauge,
+        labels: &[],
+        help: "File descriptors open in the process (sockets, watches, files), read at each \
+               scrape from /proc/self/fd (absent where that does not exist)",
+        set_by: Set::ServerAndAgent,
+    },
 ];
 
 /// The catalog entry of `name` (without the prefix).
@@ -223,9 +240,11 @@ metrics below (`charts/rollouts-dispatch/monitoring/`).
 
 Both processes expose the same registry: a metric a process never sets has no series there, or
 stays at 0. The agent sets only `rollouts_dispatch_agent_reports_total` (the reports its server
-accepted); everything else comes from the server. The plugin (`rollouts-dispatch-plugin`) has no
-`/metrics`: it runs inside the Argo Rollouts controller and keeps no state, and what it does shows
-in the server's request metrics (`route=\"/v1/measurements/…\"`).
+accepted) and the two process gauges (`rollouts_dispatch_runtime_tasks`,
+`rollouts_dispatch_open_fds`); everything else comes from the server. The plugin
+(`rollouts-dispatch-plugin`) has no `/metrics`: it runs inside the Argo Rollouts controller and
+keeps no state, and what it does shows in the server's request metrics
+(`route=\"/v1/measurements/…\"`).
 
 Label values are bounded: `route` is the matched route template (`unmatched` for any other path),
 `method` one of the RFC 9110 methods or `other`, `destination` a configured destination,
