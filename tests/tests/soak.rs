@@ -16,11 +16,15 @@
 //!
 //! Measured: the peak number of our Jobs on either destination (sampled every 3 s), the Jobs and
 //! DispatchJob records left once the last run is older than the retention and a sweep has
-//! passed, and the growth of the replicas' resident memory from after warm-up to the end. Last
-//! line (also to `$SUMMARY_FILE`):
-//! `soak: verifications=N peak_jobs_per_destination=P final_jobs=F store_records=R server_rss_growth_mib=G`.
+//! passed, and, from after warm-up to the end, the growth of the replicas' resident memory, open
+//! file descriptors (`/proc/<pid>/fd`) and async tasks (`rollouts_dispatch_runtime_tasks` on
+//! their admin ports). Last line (also to `$SUMMARY_FILE`):
+//! `soak: verifications=N peak_jobs_per_destination=P final_jobs=F store_records=R server_rss_growth_mib=G fds_growth=D tasks_growth=T`.
 //!
-//! `SOAK_RUNS=40` (any number) runs a shorter soak.
+//! `SOAK_RUNS=40` (any number) runs a shorter soak; `SOAK_HOURS=2` (a decimal number) a longer
+//! one, one submission per 1.2 s for that long (3 000 verifications an hour). Not here yet: the
+//! faults injected on a schedule during a long soak (issue #32), and the agent's own process
+//! (its memory, descriptors and tasks are not sampled, only the replicas').
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -28,6 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use dispatch_tests::admin::get_body;
 use dispatch_tests::analysis::{is_finished, last_measurement, measurement_message, name, phase};
 use dispatch_tests::cluster::process::status_mib;
 use dispatch_tests::kargo::Verification;
@@ -60,8 +65,14 @@ const DELETION_SLACK: Duration = Duration::from_secs(30);
 /// Measured: 3 MiB; 28 MiB when the sweep parsed the runs in pages of 500 (`RUNS_PAGE` in
 /// server/src/engine/sweep.rs), which this limit catches.
 const RSS_GROWTH_LIMIT_MIB: f64 = 16.0;
-/// The whole test, cluster start included.
-const TEST_TIMEOUT: Duration = Duration::from_secs(25 * 60);
+/// A replica may hold this many more file descriptors at the end than after warm-up: a socket
+/// or a watch kept per verification shows at once over hundreds of runs.
+const FDS_GROWTH_LIMIT: i64 = 8;
+/// A replica may run this many more async tasks at the end (idle) than after warm-up (30 runs
+/// in flight): a task left behind per verification shows at once over hundreds of runs.
+const TASKS_GROWTH_LIMIT: i64 = 16;
+/// The test's time beyond its submissions: cluster start, the drain, the retention's wait.
+const TEST_SLACK: Duration = Duration::from_secs(15 * 60);
 
 /// What a verification does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,19 +173,79 @@ fn measuring(run: &DynamicObject) -> bool {
         == Some("Running")
 }
 
-/// Resident memory (MiB) of each server replica.
-fn replicas_rss(w: &World<Agents>) -> Result<Vec<f64>> {
-    w.dispatch
-        .replicas
-        .iter()
-        .map(|r| {
-            let pid = w
-                .control
-                .pid(&r.name)
-                .with_context(|| format!("{} is not running", r.name))?;
-            status_mib(pid, "VmRSS")
-        })
-        .collect()
+/// What a server replica holds at one moment.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    rss_mib: f64,
+    fds: i64,
+    tasks: i64,
+}
+
+/// What each server replica holds now: resident memory, open descriptors, async tasks.
+async fn replicas_held(w: &World<Agents>) -> Result<Vec<Held>> {
+    let mut held = Vec::new();
+    for r in &w.dispatch.replicas {
+        let pid = w
+            .control
+            .pid(&r.name)
+            .with_context(|| format!("{} is not running", r.name))?;
+        let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .with_context(|| format!("listing the descriptors of {}", r.name))?
+            .count();
+        let metrics = get_body(r.admin, "/metrics")
+            .await
+            .with_context(|| format!("{}'s /metrics does not answer", r.name))?;
+        let tasks = metrics
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("rollouts_dispatch_runtime_tasks ")?
+                    .parse()
+                    .ok()
+            })
+            .with_context(|| {
+                format!(
+                    "no rollouts_dispatch_runtime_tasks on {}'s /metrics",
+                    r.name
+                )
+            })?;
+        held.push(Held {
+            rss_mib: status_mib(pid, "VmRSS")?,
+            fds: i64::try_from(fds)?,
+            tasks,
+        });
+    }
+    Ok(held)
+}
+
+/// The largest growth of `what` over the replicas, from `warm` to `end`.
+fn growth<T: std::ops::Sub<Output = T> + PartialOrd + Copy>(
+    warm: &[Held],
+    end: &[Held],
+    what: impl Fn(&Held) -> T,
+) -> Option<T> {
+    warm.iter()
+        .zip(end)
+        .map(|(w, e)| what(e) - what(w))
+        .reduce(|a, b| if b > a { b } else { a })
+}
+
+/// The number of verifications `SOAK_RUNS` or `SOAK_HOURS` asks for, else [`DEFAULT_RUNS`].
+fn runs_wanted() -> Result<usize> {
+    match (std::env::var("SOAK_RUNS"), std::env::var("SOAK_HOURS")) {
+        (Ok(_), Ok(_)) => bail!("SOAK_RUNS and SOAK_HOURS: set one of them, not both"),
+        (Ok(runs), _) => runs
+            .parse()
+            .context("SOAK_RUNS: want a number of verifications"),
+        (_, Ok(hours)) => {
+            let hours: f64 = hours
+                .parse()
+                .ok()
+                .filter(|h: &f64| h.is_finite() && *h > 0.0)
+                .context("SOAK_HOURS: want a positive number of hours, such as 2 or 0.5")?;
+            Ok((hours * 3600.0 / SUBMIT_EVERY.as_secs_f64()).ceil() as usize)
+        }
+        _ => Ok(DEFAULT_RUNS),
+    }
 }
 
 /// Our Jobs on cluster-a and cluster-b, and the DispatchJob records.
@@ -187,20 +258,16 @@ async fn leftovers(w: &World<Agents>) -> Result<(usize, usize, usize)> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "runs for about 12 minutes on 3 real clusters: run `make soak`"]
+#[ignore = "runs for about 12 minutes (SOAK_HOURS: longer) on 3 real clusters: run `make soak`"]
 async fn verifications_leave_nothing_behind() -> Result<()> {
-    tokio::time::timeout(TEST_TIMEOUT, soak())
+    let runs_wanted = runs_wanted()?;
+    let timeout = SUBMIT_EVERY * u32::try_from(runs_wanted)? + TEST_SLACK;
+    tokio::time::timeout(timeout, soak(runs_wanted))
         .await
-        .context("the soak did not end within 25 minutes")?
+        .with_context(|| format!("the soak did not end within {}s", timeout.as_secs()))?
 }
 
-async fn soak() -> Result<()> {
-    let runs_wanted: usize = match std::env::var("SOAK_RUNS") {
-        Ok(v) => v
-            .parse()
-            .context("SOAK_RUNS: want a number of verifications")?,
-        Err(_) => DEFAULT_RUNS,
-    };
+async fn soak(runs_wanted: usize) -> Result<()> {
     let sweep = format!("{}s", SWEEP_EVERY.as_secs());
     let w = World::start_with_agent_config(
         &["--sweep-orphans-every", &sweep],
@@ -244,7 +311,7 @@ async fn soak() -> Result<()> {
     let mut pending: BTreeMap<usize, (String, Instant, bool)> = BTreeMap::new();
     let mut decided: BTreeMap<usize, (DynamicObject, Duration)> = BTreeMap::new();
     let mut peak = [0usize; 2];
-    let mut rss_warm: Option<Vec<f64>> = None;
+    let mut warm: Option<Vec<Held>> = None;
     let (mut last_sample, mut last_log) = (Instant::now() - SAMPLE_EVERY, Instant::now());
     let mut submitter = Some(submitter);
     while decided.len() < runs_wanted {
@@ -283,17 +350,17 @@ async fn soak() -> Result<()> {
             last_sample = Instant::now();
             let (a, b, records) = leftovers(&w).await?;
             peak = [peak[0].max(a), peak[1].max(b)];
-            if rss_warm.is_none() && decided.len() >= warm_up {
-                rss_warm = Some(replicas_rss(&w)?);
+            if warm.is_none() && decided.len() >= warm_up {
+                warm = Some(replicas_held(&w).await?);
             }
             if last_log.elapsed() >= Duration::from_secs(30) {
                 last_log = Instant::now();
                 println!(
-                    "soak: t={}s decided={} in_flight={} jobs a={a} b={b} records={records} rss_mib={:?}",
+                    "soak: t={}s decided={} in_flight={} jobs a={a} b={b} records={records} replicas={:?}",
                     started.elapsed().as_secs(),
                     decided.len(),
                     pending.len(),
-                    replicas_rss(&w)?
+                    replicas_held(&w).await?
                 );
             }
         }
@@ -335,13 +402,11 @@ async fn soak() -> Result<()> {
         }
         tokio::time::sleep(SAMPLE_EVERY).await;
     };
-    let rss_end = replicas_rss(&w)?;
-    let rss_warm = rss_warm.context("no warm-up memory sample was taken")?;
-    let growth = rss_warm
-        .iter()
-        .zip(&rss_end)
-        .map(|(w, e)| e - w)
-        .fold(f64::MIN, f64::max);
+    let end = replicas_held(&w).await?;
+    let warm = warm.context("no warm-up sample was taken")?;
+    let rss_growth = growth(&warm, &end, |h| h.rss_mib).context("no replica")?;
+    let fds_growth = growth(&warm, &end, |h| h.fds).context("no replica")?;
+    let tasks_growth = growth(&warm, &end, |h| h.tasks).context("no replica")?;
 
     // What bounds P: a destination gets every second run, one per 2 × SUBMIT_EVERY; a run's Job
     // lives from its creation until the first sweep after its completion + the retention (an
@@ -353,7 +418,7 @@ async fn soak() -> Result<()> {
     let peak_jobs = peak[0].max(peak[1]);
     println!(
         "soak: {} runs in {}s, slowest verdict {}s; peak Jobs cluster-a={} cluster-b={} (bound {peak_bound}); \
-         rss_mib warm={rss_warm:?} end={rss_end:?}",
+         replicas warm={warm:?} end={end:?}",
         decided.len(),
         drained.duration_since(started).as_secs(),
         slowest.as_secs(),
@@ -365,7 +430,8 @@ async fn soak() -> Result<()> {
     }
     let line = format!(
         "soak: verifications={} peak_jobs_per_destination={peak_jobs} final_jobs={final_jobs} \
-         store_records={store_records} server_rss_growth_mib={growth:.0}",
+         store_records={store_records} server_rss_growth_mib={rss_growth:.0} \
+         fds_growth={fds_growth} tasks_growth={tasks_growth}",
         decided.len()
     );
     if !wrong.is_empty() {
@@ -377,8 +443,14 @@ async fn soak() -> Result<()> {
     if peak_jobs > peak_bound {
         bail!("{line}: more Jobs at once than the retention allows (bound {peak_bound})");
     }
-    if growth > RSS_GROWTH_LIMIT_MIB {
+    if rss_growth > RSS_GROWTH_LIMIT_MIB {
         bail!("{line}: a replica's memory grew beyond {RSS_GROWTH_LIMIT_MIB} MiB");
+    }
+    if fds_growth > FDS_GROWTH_LIMIT {
+        bail!("{line}: a replica holds more than {FDS_GROWTH_LIMIT} more file descriptors");
+    }
+    if tasks_growth > TASKS_GROWTH_LIMIT {
+        bail!("{line}: a replica runs more than {TASKS_GROWTH_LIMIT} more async tasks");
     }
     summary::report(&line)
 }
