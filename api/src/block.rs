@@ -157,7 +157,7 @@ impl JobConfig {
         }
         Err(err(if others.is_empty() {
             format!(
-                "the metric has no provider.plugin.{PLUGIN_NAME} block; add one (see the README)"
+                "the metric has no provider.plugin.{PLUGIN_NAME} block; add one (docs/templates.md)"
             )
         } else {
             format!(
