@@ -94,7 +94,10 @@ pub fn router(pages: Pages) -> Router {
         .with_state(pages)
 }
 
-/// Headers of every page: the policy, no sniffing, no framing, no caching, no referrer.
+/// Headers of every page: the policy, no sniffing, no framing, no caching, no referrer to other
+/// sites. `same-origin`, not `no-referrer`: under `no-referrer` a browser sends `Origin: null`
+/// with the login form's POST (Fetch, "append a request Origin header"), which the same-origin
+/// check below must refuse, so no browser could log in (`make e2e-ui`, Chromium 156).
 async fn protect(mut response: Response) -> Response {
     let h = response.headers_mut();
     if let Ok(csp) = HeaderValue::from_str(render::csp()) {
@@ -108,7 +111,7 @@ async fn protect(mut response: Response) -> Response {
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     h.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     response
 }
