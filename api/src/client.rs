@@ -2,7 +2,8 @@
 //!
 //! Pure-Rust TLS (rustls with ring) and DNS (hickory): the plugin is a static binary in a
 //! distroless image, where glibc's NSS resolver does not work. The bearer token is read from its
-//! file on every request, because projected ServiceAccount tokens are rotated in place.
+//! file on every request, because projected ServiceAccount tokens are rotated in place; the CA
+//! file is read again when its content changes ([`trust`]), so a CA rotation needs no restart.
 //!
 //! A reply is read chunk by chunk and refused as soon as it exceeds the client's limit
 //! ([`DEFAULT_MAX_REPLY_BYTES`], or [`ServerClient::with_max_reply_bytes`]): a broken server or
@@ -13,12 +14,16 @@
 //! token, and for an agent the Jobs it will run, would otherwise cross the network in clear.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::v1::ApiError;
+
+mod trust;
+pub use trust::CA_CHECK_EVERY;
 
 /// A request body, for [`ServerClient::post_stream`] (`Body::wrap_stream`: sent as it comes).
 pub use reqwest::Body;
@@ -33,7 +38,8 @@ pub struct ClientConfig {
     pub server: String,
     /// file holding the bearer token (re-read on every request)
     pub token_file: Option<PathBuf>,
-    /// CA certificate (PEM) to trust, e.g. the server's private CA
+    /// CA certificate(s) (PEM; every certificate of a bundle) to trust, e.g. the server's
+    /// private CA; read again when its content changes (at most every [`CA_CHECK_EVERY`])
     pub ca_file: Option<PathBuf>,
     /// with `ca_file`: trust only that CA, not the system roots too (agents pin the server's
     /// CA: a certificate from any public CA for the server's name is not enough)
@@ -94,7 +100,9 @@ pub enum ClientError {
 /// A client of the server's `/v1` API.
 #[derive(Debug, Clone)]
 pub struct ServerClient {
-    http: reqwest::Client,
+    /// the HTTP client, following the CA file; shared by clones
+    trust: Arc<trust::Trust>,
+    ca_check_every: Duration,
     base: String,
     token_file: Option<PathBuf>,
     max_reply_bytes: usize,
@@ -112,44 +120,10 @@ impl ServerClient {
         if plaintext && !config.insecure_plaintext && !is_loopback(&url) {
             return Err(ClientError::Plaintext(config.server.clone()));
         }
-        // One process-wide crypto provider; a second install is a no-op error we can ignore.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let mut builder = reqwest::Client::builder()
-            .timeout(config.timeout)
-            .connect_timeout(Duration::from_secs(5))
-            .user_agent(concat!(
-                "rollouts-dispatch-plugin/",
-                env!("CARGO_PKG_VERSION")
-            ))
-            // No redirect may lead an https:// server's client to plain HTTP.
-            .https_only(!plaintext);
-        if let Some(path) = &config.ca_file {
-            let pem = std::fs::read(path).map_err(|e| ClientError::CaFile {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?;
-            let certs =
-                reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| ClientError::CaFile {
-                    path: path.clone(),
-                    reason: e.to_string(),
-                })?;
-            if certs.is_empty() {
-                return Err(ClientError::CaFile {
-                    path: path.clone(),
-                    reason: "no PEM certificate in it".into(),
-                });
-            }
-            builder = if config.ca_only {
-                builder.tls_certs_only(certs)
-            } else {
-                builder.tls_certs_merge(certs)
-            };
-        }
-        let http = builder
-            .build()
-            .map_err(|e| ClientError::Build(e.to_string()))?;
+        let trust = trust::Trust::new(config, plaintext)?;
         Ok(Self {
-            http,
+            trust: Arc::new(trust),
+            ca_check_every: CA_CHECK_EVERY,
             base,
             token_file: config.token_file.clone(),
             max_reply_bytes: DEFAULT_MAX_REPLY_BYTES,
@@ -162,6 +136,33 @@ impl ServerClient {
     pub fn with_max_reply_bytes(mut self, max: usize) -> Self {
         self.max_reply_bytes = max;
         self
+    }
+
+    /// The same client, looking at its CA file at most once per `every` (default
+    /// [`CA_CHECK_EVERY`]; `Duration::MAX`: never again, when the caller rebuilds the client
+    /// itself on a change).
+    #[must_use]
+    pub fn with_ca_check_every(mut self, every: Duration) -> Self {
+        self.ca_check_every = every;
+        self
+    }
+
+    /// The HTTP client of the next request: the one trusting the CA file as it is now.
+    fn http(&self) -> reqwest::Client {
+        self.trust.http(self.ca_check_every)
+    }
+
+    /// The description of a request that failed, with why a changed CA file is not trusted
+    /// (a TLS failure after a broken rotation then says so).
+    fn failed(&self, e: &reqwest::Error) -> CallError {
+        // A connection that timed out may be half-open, or pinned to a replica that is gone:
+        // the next call opens a new one (through a Service: to a ready replica).
+        self.trust.reconnect();
+        let mut message = describe(e, &self.base);
+        if let Some(problem) = self.trust.problem() {
+            message = format!("{message}; {problem}");
+        }
+        CallError::Transient(message)
     }
 
     /// The server's base URL.
@@ -177,7 +178,7 @@ impl ServerClient {
     ) -> Result<Resp, CallError> {
         self.send(
             path,
-            self.http.post(format!("{}{path}", self.base)).json(body),
+            self.http().post(format!("{}{path}", self.base)).json(body),
         )
         .await
     }
@@ -193,7 +194,7 @@ impl ServerClient {
         timeout: Duration,
     ) -> Result<Resp, CallError> {
         let req = self
-            .http
+            .http()
             .post(format!("{}{path}", self.base))
             .header(reqwest::header::CONTENT_TYPE, content_type)
             .timeout(timeout)
@@ -210,7 +211,7 @@ impl ServerClient {
         body: Vec<u8>,
     ) -> Result<Resp, CallError> {
         let req = self
-            .http
+            .http()
             .patch(format!("{}{path}", self.base))
             .header(reqwest::header::CONTENT_TYPE, content_type)
             .body(body);
@@ -219,7 +220,7 @@ impl ServerClient {
 
     /// `GET {base}{path}`; decodes a JSON reply or an [`ApiError`].
     pub async fn get<Resp: DeserializeOwned>(&self, path: &str) -> Result<Resp, CallError> {
-        self.send(path, self.http.get(format!("{}{path}", self.base)))
+        self.send(path, self.http().get(format!("{}{path}", self.base)))
             .await
     }
 
@@ -232,15 +233,12 @@ impl ServerClient {
         token: Option<&str>,
         mut on_line: impl FnMut(&str),
     ) -> Result<(), CallError> {
-        let mut req = self.http.get(format!("{}{path}", self.base));
+        let mut req = self.http().get(format!("{}{path}", self.base));
         match token {
             Some(t) => req = req.bearer_auth(t),
             None => req = self.with_token_file(req)?,
         }
-        let mut resp = req
-            .send()
-            .await
-            .map_err(|e| CallError::Transient(describe(&e, &self.base)))?;
+        let mut resp = req.send().await.map_err(|e| self.failed(&e))?;
         let status = resp.status();
         if !status.is_success() {
             let bytes = read_bounded(resp, self.max_reply_bytes)
@@ -300,10 +298,7 @@ impl ServerClient {
         req: reqwest::RequestBuilder,
     ) -> Result<Resp, CallError> {
         let req = self.with_token_file(req)?;
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| CallError::Transient(describe(&e, &self.base)))?;
+        let resp = req.send().await.map_err(|e| self.failed(&e))?;
         let status = resp.status();
         let retry_after = retry_after(&resp);
         let bytes = read_bounded(resp, self.max_reply_bytes)
@@ -322,6 +317,13 @@ impl ServerClient {
         });
         let message = format!("{} ({status})", api_error.message);
         let busy = status.as_u16() == 503 || status.as_u16() == 429;
+        if status.as_u16() == 503 && retry_after.is_none() {
+            // This replica cannot serve now (e.g. cut from its control plane) but the others
+            // may: HTTP/2 would keep every call on this one connection, so the next call opens
+            // a new one, which a Service gives to a ready replica (issue #32). A budget refusal
+            // (with Retry-After) keeps the connection: every replica has the same budget.
+            self.trust.reconnect();
+        }
         match retry_after {
             Some(retry_after) if busy => Err(CallError::Busy {
                 message,
@@ -515,6 +517,73 @@ mod tests {
             }
         });
         url
+    }
+
+    /// A keep-alive server answering its requests, in order, with the heads of `answers` (a
+    /// JSON body each); its URL and the count of connections it accepted.
+    async fn keeping_alive(answers: &'static [&'static str]) -> (String, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (connections, next) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let counted = connections.clone();
+        tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let next = next.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    while matches!(tcp.read(&mut buf).await, Ok(n) if n > 0) {
+                        let head =
+                            answers[next.fetch_add(1, Ordering::SeqCst).min(answers.len() - 1)];
+                        let reply = format!(
+                            "{head}content-type: application/json\r\ncontent-length: 2\r\n\r\n{{}}"
+                        );
+                        if tcp.write_all(reply.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (url, connections)
+    }
+
+    #[tokio::test]
+    async fn a_replica_that_cannot_serve_is_left_for_a_new_connection_a_budget_is_not() {
+        const OK: &str = "HTTP/1.1 200 OK\r\n";
+        // Kept alive: two calls, one connection.
+        let (url, connections) = keeping_alive(&[OK, OK]).await;
+        let c = client(&url);
+        for _ in 0..2 {
+            c.get::<serde_json::Value>("/v1/destinations")
+                .await
+                .unwrap();
+        }
+        assert_eq!(connections.load(Ordering::SeqCst), 1);
+        // A 503 without Retry-After (a replica cut from its control plane): the next call
+        // connects anew, so that a Service can give it to another replica.
+        let (url, connections) = keeping_alive(&["HTTP/1.1 503 Service Unavailable\r\n", OK]).await;
+        let c = client(&url);
+        assert!(c
+            .get::<serde_json::Value>("/v1/destinations")
+            .await
+            .is_err());
+        c.get::<serde_json::Value>("/v1/destinations")
+            .await
+            .unwrap();
+        assert_eq!(connections.load(Ordering::SeqCst), 2);
+        // A budget's 503 (Retry-After): every replica has the same budget; the connection stays.
+        let (url, connections) =
+            keeping_alive(&["HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\n", OK]).await;
+        let c = client(&url);
+        assert!(c
+            .get::<serde_json::Value>("/v1/destinations")
+            .await
+            .is_err());
+        c.get::<serde_json::Value>("/v1/destinations")
+            .await
+            .unwrap();
+        assert_eq!(connections.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test]

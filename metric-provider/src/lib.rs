@@ -46,7 +46,8 @@ pub struct Args {
     #[arg(long, env = "ROLLOUTS_DISPATCH_TOKEN_FILE")]
     pub token_file: Option<std::path::PathBuf>,
     /// PEM file with the CA that signed the server's certificate (in addition to the system
-    /// roots: the server may sit behind an ingress with a public certificate).
+    /// roots: the server may sit behind an ingress with a public certificate); every certificate
+    /// of a bundle is trusted, and the file is read again when it changes (a CA rotation).
     #[arg(long, env = "ROLLOUTS_DISPATCH_CA_FILE")]
     pub ca_file: Option<std::path::PathBuf>,
     /// Allow an `http://` --server that is not loopback: the token crosses the network in

@@ -26,6 +26,8 @@
 //! * [`http`]: the web layer under the routes: authentication, authorization, errors.
 //! * [`agent`]: the agent of a destination that only dials out; [`store`]: its work records.
 //! * [`runtime`]: shutdown, the admin port, metrics, logging and the API listener.
+//! * [`watch`]: the list-then-watch of every watch (caches, runs, store, board), bounded
+//!   against stalls and relisting after `410 Gone`.
 //! * [`signing`]: the server's HMAC keys, which sign the Job references it hands out.
 //! * [`cmd`]: the command line, one module per subcommand with its args; [`token`]: JWTs.
 
@@ -53,6 +55,7 @@ pub mod store;
 pub mod token;
 pub mod ui;
 pub mod verdict;
+pub mod watch;
 
 pub use engine::{Engine, EngineError, Ensured, JobRef, MeasureRequest};
 pub use verdict::{Phase, Verdict};

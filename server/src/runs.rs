@@ -9,8 +9,16 @@
 //! measurement metadata says is checked separately (`engine::job_ref`).
 //!
 //! A run created a moment ago may not have reached the watch yet: `confirm` waits for it up to
-//! a bound before it refuses. Until the first list has arrived, or while the watch fails, it
-//! answers [`RunError::NotSynced`], which the API turns into a retry (503), never a verdict.
+//! a bound before it refuses. Until the first list has arrived it answers
+//! [`RunError::NotSynced`], which the API turns into a retry (503), never a verdict.
+//!
+//! The watch is a [`crate::watch::watch`]: a watch ended by `410 Gone` or stalled (open, silent
+//! past [`crate::watch::STALL`]) lists again, with one line of its own. From then until that
+//! relist ends the runs held may be stale — a run created, or created again under its name,
+//! while the watch was silent is missing —, so `confirm` does not refuse from them: what would
+//! be a 403 (no such run, another uid), and with it an `Error` measurement for a real run, is
+//! [`RunError::NotSynced`] instead. What it confirms meanwhile is still so (a uid names one run
+//! for ever; a run deleted meanwhile leaves Jobs the sweep removes).
 //!
 //! For the pages (`/ui`) each run of ours also keeps a small [`RunSummary`] (`runs/summary.rs`:
 //! phase, message, times, the last measurement per metric), read by [`Runs::recent`] and
@@ -23,12 +31,15 @@ use std::time::Duration;
 use dispatch_api::block::PLUGIN_NAME;
 use futures::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject};
-use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::Event;
 use tokio::sync::watch;
 use tracing::Instrument;
 
+use crate::watch::{self as watches, Source, WatchError, Watched};
+
+mod read;
 mod summary;
+pub use read::{ReadError, Reader, READS_AT_ONCE, READ_TIMEOUT};
 pub use summary::{is_completed, MetricSummary, RunSummary, LABEL_STAGE, MAX_MESSAGE};
 
 /// How long [`Runs::confirm`] waits for a run it does not know yet (watch lag).
@@ -88,7 +99,8 @@ impl RunFacts {
 /// A request the control plane's runs do not confirm.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RunError {
-    /// The watch has not listed the runs yet, or fails: ask again later.
+    /// The watch has not listed the runs yet, or lists them again (after a 410 or a stall):
+    /// ask again later.
     #[error(
         "cannot confirm AnalysisRun {namespace}/{name} yet: the server's watch of analysisruns \
          on the control plane is not synced{problem}; the server needs list and watch on \
@@ -148,6 +160,8 @@ struct State {
     /// the objects of a re-list in progress, swapped in at its end
     relist: Option<HashMap<(String, String), RunFacts>>,
     synced: bool,
+    /// a list is under way after the first (a 410 or a stall started it): `runs` may be stale
+    relisting: bool,
     problem: Option<String>,
 }
 
@@ -173,7 +187,10 @@ impl State {
                     }
                 }
             }
-            Event::Init => self.relist = Some(HashMap::new()),
+            Event::Init => {
+                self.relist = Some(HashMap::new());
+                self.relisting = true;
+            }
             Event::InitApply(run) => {
                 if let (Some(relist), Some((key, facts))) = (&mut self.relist, RunFacts::of(&run)) {
                     relist.insert(key, facts);
@@ -188,6 +205,7 @@ impl State {
                     self.runs = relist;
                 }
                 self.synced = true;
+                self.relisting = false;
                 self.problem = None;
             }
         }
@@ -200,6 +218,8 @@ impl State {
 pub struct Runs {
     state: Arc<RwLock<State>>,
     changed: watch::Sender<u64>,
+    /// reads a run live before a refusal (`read.rs`); `None`: refusals come from the watch alone
+    reader: Option<Reader>,
     /// aborts the watch task when the last handle goes (the task's own handle has none)
     _task: Option<Arc<AbortOnDrop>>,
 }
@@ -218,6 +238,7 @@ impl Default for Runs {
         Self {
             state: Arc::default(),
             changed: watch::channel(0).0,
+            reader: None,
             _task: None,
         }
     }
@@ -226,21 +247,29 @@ impl Default for Runs {
 impl Runs {
     /// Starts watching every AnalysisRun `client` may list, until the last handle is dropped.
     pub fn watch(client: kube::Client) -> Self {
-        let mut runs = Self::default();
-        let api: Api<DynamicObject> = Api::all_with(client, &resource());
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource());
+        Self::watch_from(api, Some(Reader::of(client)))
+    }
+
+    /// [`Runs::watch`] of the AnalysisRuns `source` lists and watches (a scripted API in tests).
+    fn watch_from<S: Source<DynamicObject>>(source: S, reader: Option<Reader>) -> Self {
+        let mut runs = Self {
+            reader,
+            ..Self::default()
+        };
         let feed = runs.clone();
+        let watched = Watched {
+            destination: "control-plane".into(),
+            resource: resource().plural,
+            namespace: None,
+        };
         let task = tokio::spawn(
             async move {
-                let mut stream = watcher::watcher(api, watcher::Config::default())
-                    .default_backoff()
-                    .boxed();
-                while let Some(event) = stream.next().await {
-                    match event {
+                let mut stream = watches::watch(source, None, watched);
+                while let Some(item) = stream.next().await {
+                    match item {
                         Ok(e) => feed.apply(e),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "watching analysisruns on the control plane");
-                            feed.set_problem(e.to_string());
-                        }
+                        Err(e) => feed.failed(&e),
                     }
                 }
             }
@@ -250,8 +279,35 @@ impl Runs {
         runs
     }
 
+    /// No watch: what tests feed with [`Runs::apply`], refusing only after `reader`'s read.
+    #[cfg(test)]
+    pub(crate) fn with_reader(reader: Option<Reader>) -> Self {
+        Self {
+            reader,
+            ..Self::default()
+        }
+    }
+
+    /// The watch failed with `error`; it goes on by itself after a backoff.
+    fn failed(&self, error: &WatchError) {
+        // A 410 or a stall said so in its own line (`crate::watch`), and lists again: until
+        // that list ends, refusals are not to be trusted.
+        if error.relists() {
+            self.state
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .relisting = true;
+        } else {
+            tracing::warn!(%error, "watching analysisruns on the control plane");
+        }
+        self.set_problem(error.to_string());
+    }
+
     /// Feeds one watch event (the watch task, and tests).
     pub fn apply(&self, event: Event<DynamicObject>) {
+        if let Some(reader) = &self.reader {
+            reader.heard();
+        }
         self.state
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -276,6 +332,13 @@ impl Runs {
     /// Whether the first list has arrived.
     pub fn is_synced(&self) -> bool {
         self.state.read().unwrap_or_else(|e| e.into_inner()).synced
+    }
+
+    /// Whether a run the watch does not hold does not exist (or is too new for the watch yet):
+    /// the first list has arrived, and no list after a 410 or a stall is under way.
+    pub fn is_authoritative(&self) -> bool {
+        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+        state.synced && !state.relisting
     }
 
     /// Why the watch fails, if it does (its last error since the last complete list).
@@ -325,9 +388,70 @@ impl Runs {
                 .await
                 .is_err()
             {
-                return verdict;
+                return self
+                    .read_before_refusing(namespace, name, uid, metric, verdict)
+                    .await;
             }
         }
+    }
+
+    /// `verdict` unless it refuses (no such run, another uid) and the live read (`read.rs`)
+    /// says otherwise: the run found is taken into the cache and checked; no answer is a retry.
+    async fn read_before_refusing(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        metric: &str,
+        verdict: Result<(), RunError>,
+    ) -> Result<(), RunError> {
+        let refused = matches!(
+            verdict,
+            Err(RunError::NoSuchRun { .. } | RunError::OtherUid { .. })
+        );
+        let Some(reader) = self.reader.as_ref().filter(|_| refused) else {
+            return verdict;
+        };
+        match reader.read(namespace, name).await {
+            Ok(Some(run)) => {
+                let Some((_, facts)) = RunFacts::of(&run) else {
+                    return verdict;
+                };
+                if facts.uid == uid && facts.metrics.iter().any(|m| m == metric) {
+                    self.apply(Event::Apply(run));
+                    return Ok(());
+                }
+                if facts.uid != uid {
+                    return Err(RunError::OtherUid {
+                        namespace: namespace.to_string(),
+                        name: name.to_string(),
+                        claimed: uid.to_string(),
+                        actual: facts.uid,
+                    });
+                }
+                Err(RunError::NoSuchMetric {
+                    namespace: namespace.to_string(),
+                    name: name.to_string(),
+                    metric: metric.to_string(),
+                })
+            }
+            Ok(None) => Err(RunError::NoSuchRun {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+            }),
+            Err(e) => Err(RunError::NotSynced {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                problem: format!(": {e}"),
+            }),
+        }
+    }
+
+    /// Since when the control plane has left a live read of a run unanswered, with nothing
+    /// heard from it since (no watch event, no other answer): this replica cannot confirm runs
+    /// and should take no traffic (`serve` turns it unready).
+    pub fn control_plane_unanswered_since(&self) -> Option<std::time::Instant> {
+        self.reader.as_ref()?.unanswered_since()
     }
 
     /// [`Runs::confirm`] without waiting.
@@ -339,23 +463,32 @@ impl Runs {
         metric: &str,
     ) -> Result<(), RunError> {
         let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+        let not_synced = || RunError::NotSynced {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            problem: state
+                .problem
+                .as_ref()
+                .map(|p| format!(": {p}"))
+                .unwrap_or_default(),
+        };
         if !state.synced {
-            return Err(RunError::NotSynced {
-                namespace: namespace.to_string(),
-                name: name.to_string(),
-                problem: state
-                    .problem
-                    .as_ref()
-                    .map(|p| format!(": {p}"))
-                    .unwrap_or_default(),
-            });
+            return Err(not_synced());
         }
+        // While a relist is under way, a run missing, or held with another uid, may have been
+        // created since the watch went silent: a retry, not a refusal.
         let Some(facts) = state.runs.get(&(namespace.to_string(), name.to_string())) else {
+            if state.relisting {
+                return Err(not_synced());
+            }
             return Err(RunError::NoSuchRun {
                 namespace: namespace.to_string(),
                 name: name.to_string(),
             });
         };
+        if facts.uid != uid && state.relisting {
+            return Err(not_synced());
+        }
         if facts.uid != uid {
             return Err(RunError::OtherUid {
                 namespace: namespace.to_string(),
@@ -386,6 +519,8 @@ impl Runs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::watch::script::{after, error_event, Beat, Logs, Script};
+    use crate::watch::{EXPIRED_LOG, STALL, STALLED_LOG};
     use serde_json::json;
 
     fn run(ns: &str, name: &str, uid: &str, metrics: serde_json::Value) -> DynamicObject {
@@ -496,6 +631,100 @@ mod tests {
             runs.check("ns", "r", "u", "m"),
             Err(RunError::NoSuchRun { .. })
         ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_watch_is_relisted_and_refuses_nothing_meanwhile() {
+        let (logs, _guard) = Logs::capture();
+        let script: Script<DynamicObject> = Script::default();
+        let old = run("ns", "old", "u0", json!([ours("m")]));
+        script
+            .list(vec![old.clone()], "1")
+            .watch(vec![Beat::Hang])
+            // The relist takes 10 s to answer; it has the run created while the watch stalled.
+            .list_after(
+                Duration::from_secs(10),
+                vec![old, run("ns", "new", "u1", json!([ours("m")]))],
+                "5",
+            )
+            .watch(vec![Beat::Hang]);
+        let runs = Runs::watch_from(script.clone(), None);
+        assert!(runs.wait_synced(Duration::from_secs(1)).await);
+        assert!(runs.is_authoritative());
+
+        // Within the bound a silent watch is a quiet one: what it lacks does not exist.
+        tokio::time::sleep(STALL - Duration::from_secs(2)).await;
+        assert_eq!(script.lists(), 1);
+        assert!(matches!(
+            runs.check("ns", "new", "u1", "m"),
+            Err(RunError::NoSuchRun { .. })
+        ));
+
+        // Past it the watch is dropped and lists again; until that list ends, no refusal.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(script.lists(), 2);
+        assert!(!runs.is_authoritative());
+        let e = runs.check("ns", "new", "u1", "m").unwrap_err();
+        assert!(matches!(e, RunError::NotSynced { .. }), "{e}");
+        assert!(e.to_string().contains("not synced: stalled: "), "{e}");
+        assert!(matches!(
+            runs.check("ns", "old", "u9", "m"),
+            Err(RunError::NotSynced { .. })
+        ));
+        assert_eq!(runs.check("ns", "old", "u0", "m"), Ok(()), "still true");
+
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(runs.is_authoritative() && runs.problem().is_none());
+        assert_eq!(runs.check("ns", "new", "u1", "m"), Ok(()));
+        assert!(matches!(
+            runs.check("ns", "old", "u9", "m"),
+            Err(RunError::OtherUid { .. })
+        ));
+
+        let lines = logs.lines();
+        assert_eq!(lines.len(), 1, "the stall's line only: {lines:?}");
+        for part in [
+            " WARN ",
+            STALLED_LOG,
+            "destination=control-plane",
+            "resource=analysisruns",
+            "namespace=*",
+        ] {
+            assert!(lines[0].contains(part), "{part} in {}", lines[0]);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_410_relists_with_one_info_line() {
+        let (logs, _guard) = Logs::capture();
+        let script: Script<DynamicObject> = Script::default();
+        script
+            .list(vec![], "1")
+            .watch(vec![
+                after(
+                    Duration::from_secs(5),
+                    error_event(410, "too old resource version"),
+                ),
+                Beat::End,
+            ])
+            .list(vec![run("ns", "new", "u1", json!([ours("m")]))], "9")
+            .watch(vec![Beat::Hang]);
+        let runs = Runs::watch_from(script.clone(), None);
+        assert!(runs.wait_synced(Duration::from_secs(1)).await);
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(script.lists(), 2);
+        assert_eq!(runs.check("ns", "new", "u1", "m"), Ok(()));
+
+        let lines = logs.lines();
+        assert_eq!(lines.len(), 1, "the 410's line only: {lines:?}");
+        for part in [
+            " INFO ",
+            EXPIRED_LOG,
+            "destination=control-plane",
+            "resource=analysisruns",
+        ] {
+            assert!(lines[0].contains(part), "{part} in {}", lines[0]);
+        }
     }
 
     #[tokio::test]

@@ -20,6 +20,15 @@ pub enum TokenError {
         /// what is wrong
         reason: String,
     },
+    /// None of the key files holds a key (all empty or absent).
+    #[error(
+        "none of the key files {files} holds a key: write one (at least 32 random bytes, e.g. \
+         `head -c 48 /dev/urandom | base64`) into one of them"
+    )]
+    NoKey {
+        /// the files, comma-separated
+        files: String,
+    },
     /// Signing failed.
     #[error("signing the token: {0}")]
     Sign(String),
@@ -37,11 +46,20 @@ pub const MIN_KEY_BYTES: usize = 32;
 
 /// Reads an HS256 key file (raw bytes; surrounding white space is ignored).
 pub fn read_key(path: &Path) -> Result<Vec<u8>, TokenError> {
-    let err = |reason: String| TokenError::Key {
+    let raw = std::fs::read(path).map_err(|e| key_error(path, e.to_string()))?;
+    key_of(path, &raw)
+}
+
+fn key_error(path: &Path, reason: String) -> TokenError {
+    TokenError::Key {
         path: path.display().to_string(),
         reason,
-    };
-    let raw = std::fs::read(path).map_err(|e| err(e.to_string()))?;
+    }
+}
+
+/// The key of file `path`, whose content is `raw`.
+fn key_of(path: &Path, raw: &[u8]) -> Result<Vec<u8>, TokenError> {
+    let err = |reason: String| key_error(path, reason);
     let key = raw.trim_ascii().to_vec();
     if key.len() < MIN_KEY_BYTES {
         return Err(err(format!(
@@ -50,6 +68,39 @@ pub fn read_key(path: &Path) -> Result<Vec<u8>, TokenError> {
         )));
     }
     Ok(key)
+}
+
+/// Reads one of several HS256 key files of a server (`serve --jwt-key-file`,
+/// `--signing-key-file`): `None` when it is absent or holds only white space, so that a key
+/// rotation adds a key by writing a file the server already names and drops one by emptying or
+/// removing its file (a Secret key taken out of a mounted Secret), without a restart. A file
+/// with a key too short is an error (half written: the keys in force stay).
+pub fn read_key_if_any(path: &Path) -> Result<Option<Vec<u8>>, TokenError> {
+    match std::fs::read(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(key_error(path, e.to_string())),
+        Ok(raw) if raw.trim_ascii().is_empty() => Ok(None),
+        Ok(raw) => key_of(path, &raw).map(Some),
+    }
+}
+
+/// The keys of `files` in their order ([`read_key_if_any`]: a file without a key adds none); at
+/// least one file must hold a key.
+pub fn read_keys(files: &[std::path::PathBuf]) -> Result<Vec<Vec<u8>>, TokenError> {
+    let mut keys = Vec::new();
+    for f in files {
+        keys.extend(read_key_if_any(f)?);
+    }
+    if keys.is_empty() {
+        return Err(TokenError::NoKey {
+            files: files
+                .iter()
+                .map(|f| f.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    }
+    Ok(keys)
 }
 
 /// A token id unlikely to repeat: 128 bits from two independently seeded hashers.

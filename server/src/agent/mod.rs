@@ -242,13 +242,17 @@ pub fn server_client(
             "server client",
             ServerClient::new(&config)?.with_max_reply_bytes(MAX_WORK_REPLY_BYTES),
         ),
+        // The client would follow its CA file by itself (`dispatch_api::client`); here the
+        // `Reloading` does, so that a CA file that does not load is logged when it changes.
         Some(ca) => Reloading::new(
             "server ca",
             vec![ca.clone()],
             every,
             move |_: &[PathBuf]| {
                 Ok::<_, dispatch_api::client::ClientError>(
-                    ServerClient::new(&config)?.with_max_reply_bytes(MAX_WORK_REPLY_BYTES),
+                    ServerClient::new(&config)?
+                        .with_max_reply_bytes(MAX_WORK_REPLY_BYTES)
+                        .with_ca_check_every(Duration::MAX),
                 )
             },
         )?,
@@ -277,6 +281,43 @@ pub fn retry_delay(e: &CallError, failures: u32) -> Duration {
             asked.max(backoff)
         }
         _ => backoff,
+    }
+}
+
+/// When the agent may send its next report. At once while reports go through; after a failed
+/// one, not before [`retry_delay`]: the server's `Retry-After` when it gave one (a full
+/// `--max-agent-reports` budget, a project's budget), else the growing backoff with jitter (a
+/// `503` because the control plane pushes back on the store's writes, a timeout). The passes
+/// over the work go on meanwhile; only the report waits, and then carries the latest states.
+/// Without it a refused report was sent again on the next pass, 500 ms later, whatever the
+/// server asked: once the control plane's pushback (`429` on the store's writes) held every
+/// report slot, each other agent's report was refused at once and sent again twice a second
+/// (issue #32).
+#[derive(Debug, Default)]
+struct ReportPacing {
+    /// failed reports in a row
+    failures: u32,
+    /// no report before this instant
+    not_before: Option<tokio::time::Instant>,
+}
+
+impl ReportPacing {
+    /// Whether a report may be sent at `now`.
+    fn due(&self, now: tokio::time::Instant) -> bool {
+        self.not_before.is_none_or(|at| now >= at)
+    }
+
+    /// A report failed at `now` with `e`; returns how long the next one waits.
+    fn failed(&mut self, e: &CallError, now: tokio::time::Instant) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        let delay = retry_delay(e, self.failures);
+        self.not_before = Some(now + delay);
+        delay
+    }
+
+    /// A report went through: the next one goes at once.
+    fn succeeded(&mut self) {
+        *self = Self::default();
     }
 }
 
@@ -474,6 +515,7 @@ async fn sync(
         return;
     };
     let mut worker = worker.with_argocd_sync(shared.argocd_sync);
+    let mut pacing = ReportPacing::default();
     loop {
         tokio::select! {
             () = shared.changed.notified() => {}
@@ -485,7 +527,7 @@ async fn sync(
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         let reports = worker.pass(&work).await;
-        if reports.is_empty() {
+        if reports.is_empty() || !pacing.due(tokio::time::Instant::now()) {
             continue;
         }
         for r in &reports {
@@ -494,11 +536,15 @@ async fn sync(
         let request = ReportRequest { reports };
         match client.get().post::<_, ReportReply>(&path, &request).await {
             Ok(reply) => {
+                pacing.succeeded();
                 worker.accepted(request.reports, &reply.unknown);
                 metrics.count_agent_reports(&destination, u64::from(reply.accepted));
             }
             Err(e) => {
-                warn!(%destination, agent = %subject, error = %e, "cannot report to the server; retrying")
+                let delay = pacing.failed(&e, tokio::time::Instant::now());
+                warn!(%destination, agent = %subject, error = %e,
+                      retry_in_ms = delay.as_millis() as u64,
+                      "cannot report to the server; retrying")
             }
         }
     }
@@ -537,6 +583,54 @@ mod tests {
         assert!(retry_delay(&busy, 10) >= Duration::from_secs(15));
         let transient = CallError::Transient("connection refused".into());
         assert!(retry_delay(&transient, 1) < Duration::from_secs(1));
+    }
+
+    /// The sync loop's report step under a server that refuses every report: over 60 s of
+    /// passes every 500 ms, a report is sent no sooner than each `Retry-After` (plus jitter),
+    /// and without one the gaps grow; before the pacing it was sent on all 120 passes.
+    #[test]
+    fn refused_reports_wait_for_retry_after_then_back_off() {
+        let sends = |refusal: &CallError| {
+            let start = tokio::time::Instant::now();
+            let mut pacing = ReportPacing::default();
+            let mut sent = Vec::new();
+            for pass in 0..120u64 {
+                let now = start + Duration::from_millis(500 * pass);
+                if pacing.due(now) {
+                    sent.push(now - start);
+                    pacing.failed(refusal, now);
+                }
+            }
+            sent
+        };
+        let busy = CallError::Busy {
+            message: "the server is serving its maximum of 256 agent reports".into(),
+            retry_after: Duration::from_secs(5),
+        };
+        let sent = sends(&busy);
+        assert!(sent.len() <= 12, "{} reports in 60 s: {sent:?}", sent.len());
+        assert!(
+            sent.windows(2)
+                .all(|w| w[1] - w[0] >= Duration::from_secs(5)),
+            "no sooner than Retry-After: {sent:?}"
+        );
+        let unavailable = CallError::Transient(
+            "dispatchjob x in namespace rd: no answer within 20s (503 Service Unavailable)".into(),
+        );
+        let sent = sends(&unavailable);
+        assert!(sent.len() <= 10, "{} reports in 60 s: {sent:?}", sent.len());
+        let gaps: Vec<Duration> = sent.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(
+            gaps.last() >= Some(&Duration::from_secs(10)),
+            "the gaps grow: {gaps:?}"
+        );
+        // A report that goes through lifts the wait at once.
+        let mut pacing = ReportPacing::default();
+        let now = tokio::time::Instant::now();
+        pacing.failed(&busy, now);
+        assert!(!pacing.due(now + Duration::from_secs(1)));
+        pacing.succeeded();
+        assert!(pacing.due(now));
     }
 
     #[test]

@@ -131,8 +131,10 @@ pub struct AdminArgs {
 /// prints the public keys of the work they sign).
 #[derive(Debug, Clone, Args)]
 pub struct KeyArgs {
-    /// HS256 key file(s) whose JWTs are accepted; give two during a key rotation. Re-read when
-    /// they change on disk: a key removed from its file stops being accepted without a restart.
+    /// HS256 key file(s) whose JWTs are accepted, one key per file; name two to rotate keys
+    /// without a restart. Re-read when they change on disk (every 3 s): a key written into a
+    /// file is accepted, and a file emptied or removed holds no key (its key is no longer
+    /// accepted); at least one file must hold a key.
     #[arg(
         long = "jwt-key-file",
         env = "ROLLOUTS_DISPATCH_JWT_KEY_FILES",
@@ -140,8 +142,9 @@ pub struct KeyArgs {
     )]
     pub jwt_key_files: Vec<PathBuf>,
     /// Key file(s) of the HMAC that signs the Job references the server hands out (measurement
-    /// metadata `dispatch-ref`); the first signs, all verify: give two during a rotation. Every
-    /// replica needs the same keys. Default: derived from each --jwt-key-file.
+    /// metadata `dispatch-ref`); the first file holding a key signs, all verify: name two to
+    /// rotate keys without a restart (an empty or absent file holds no key). Every replica needs
+    /// the same keys. Default: derived from each --jwt-key-file.
     #[arg(
         long = "signing-key-file",
         env = "ROLLOUTS_DISPATCH_SIGNING_KEY_FILES",
@@ -158,9 +161,9 @@ pub struct ServerArgs {
     /// only to a loopback host or with --insecure-plaintext.
     #[arg(long, env = "ROLLOUTS_DISPATCH_SERVER")]
     pub server: String,
-    /// CA certificate (PEM) of the server. `agent` trusts only this CA (pinned, not the system
-    /// roots) and re-reads it when it changes; `destinations` trusts it in addition to the
-    /// system roots.
+    /// CA certificate(s) (PEM; every one of a bundle, during a CA rotation) of the server,
+    /// re-read when the file changes. `agent` trusts only these (pinned, not the system roots);
+    /// `destinations` trusts them in addition to the system roots.
     #[arg(long, env = "ROLLOUTS_DISPATCH_CA_FILE")]
     pub ca_file: Option<PathBuf>,
     /// Allow an `http://` --server that is not loopback: the token crosses the network in

@@ -106,8 +106,9 @@ pub struct ServeArgs {
     /// every replica serves the same certificate). Needed with --pod-ip and --tls-cert.
     #[arg(long, env = "ROLLOUTS_DISPATCH_PEER_NAME")]
     pub peer_name: Option<String>,
-    /// PEM file of the CA that issued the replicas' certificate: the only CA trusted when
-    /// forwarding an upload to another replica. Needed with --pod-ip and --tls-cert.
+    /// PEM file of the CA that issued the replicas' certificate (a bundle of the old and new CA
+    /// during a rotation; re-read when it changes): the only CAs trusted when forwarding an
+    /// upload to another replica. Needed with --pod-ip and --tls-cert.
     #[arg(long, env = "ROLLOUTS_DISPATCH_PEER_CA_FILE")]
     pub peer_ca_file: Option<PathBuf>,
 }
@@ -309,7 +310,16 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
     }
     readiness.set_ready();
+    let follow = runs.clone().map(|runs| {
+        tokio::spawn(
+            follow_control_plane(runs, readiness.clone())
+                .instrument(tracing::info_span!("control_plane_readiness")),
+        )
+    });
     shutdown.await;
+    if let Some(f) = follow {
+        f.abort();
+    }
     readiness.set_unready("shutting down");
     counts.abort();
     deletions.abort();
@@ -321,6 +331,39 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     b??;
     info!("stopped");
     Ok(())
+}
+
+/// How often readiness looks at whether the control plane answers.
+const READINESS_EVERY: Duration = Duration::from_secs(1);
+
+/// Keeps the replica unready while the control plane leaves a live read of a run unanswered
+/// (`runs/read.rs`): such a replica cannot confirm runs, and every request it takes is a retry
+/// for its caller, so a Service should send them to the other replicas (issue #32, `make
+/// faults`' replica cut from the control plane). Ready again at the control plane's next answer.
+async fn follow_control_plane(runs: Runs, readiness: Readiness) {
+    let mut unready = false;
+    loop {
+        tokio::time::sleep(READINESS_EVERY).await;
+        match runs.control_plane_unanswered_since() {
+            Some(since) if !unready => {
+                unready = true;
+                warn!(
+                    silent_for_s = since.elapsed().as_secs(),
+                    "unready: the control plane did not answer a read of an AnalysisRun; this \
+                     replica cannot confirm measurement requests until it answers"
+                );
+                readiness.set_unready(
+                    "the control plane does not answer (a read of an AnalysisRun timed out)",
+                );
+            }
+            None if unready => {
+                unready = false;
+                info!("ready again: the control plane answers");
+                readiness.set_ready();
+            }
+            _ => {}
+        }
+    }
 }
 
 /// The watch of the control plane's AnalysisRuns that confirms every measurement request
@@ -396,10 +439,21 @@ pub(super) fn signer(
     signing_key_files: &[PathBuf],
     jwt_key_files: &[PathBuf],
 ) -> anyhow::Result<Signer> {
-    let read = |p: &std::path::Path| crate::token::read_key(p);
+    signer_every(signing_key_files, jwt_key_files, reload::CHECK_EVERY)
+}
+
+/// [`signer`] with the key files looked at most once per `every`.
+fn signer_every(
+    signing_key_files: &[PathBuf],
+    jwt_key_files: &[PathBuf],
+    every: Duration,
+) -> anyhow::Result<Signer> {
+    let read = |p: &std::path::Path| crate::token::read_key_if_any(p);
     if !signing_key_files.is_empty() {
-        return Signer::from_files(signing_key_files, KeyFiles::Signing, read)
-            .context("--signing-key-file");
+        let signer = Signer::from_files_every(signing_key_files, KeyFiles::Signing, read, every)
+            .context("--signing-key-file")?;
+        warn_keyless("--signing-key-file", signing_key_files);
+        return Ok(signer);
     }
     if jwt_key_files.is_empty() {
         bail!(
@@ -408,7 +462,19 @@ pub(super) fn signer(
              from which the signing key is derived; every replica needs the same key"
         );
     }
-    Signer::from_files(jwt_key_files, KeyFiles::DerivedFromJwt, read).context("--jwt-key-file")
+    Signer::from_files_every(jwt_key_files, KeyFiles::DerivedFromJwt, read, every)
+        .context("--jwt-key-file")
+}
+
+/// Says at start which key files of `flag` hold no key (empty or absent): allowed, as the slot a
+/// key rotation writes the next key into, but a typo in a path would otherwise go unnoticed.
+fn warn_keyless(flag: &str, files: &[PathBuf]) {
+    for file in files {
+        if matches!(crate::token::read_key_if_any(file), Ok(None)) {
+            warn!(flag, file = %file.display(), "this key file holds no key (empty or absent): \
+                  a key written into it later is taken without a restart");
+        }
+    }
 }
 
 /// How this replica reaches the others for agents' log uploads (`--pod-ip`): `None` without a
@@ -504,19 +570,18 @@ pub fn jwt_authenticator(
     revoked_file: Option<PathBuf>,
     every: Duration,
 ) -> anyhow::Result<JwtAuthenticator> {
+    // A file without a key (empty, or a key taken out of the Secret) adds none, so a rotation
+    // drops the old key by emptying its file; a half-written key keeps the keys in force.
     let keys = Reloading::new(
         "jwt keys",
         key_files.to_vec(),
         every,
         |files: &[PathBuf]| {
-            let secrets = files
-                .iter()
-                .map(|p| crate::token::read_key(p))
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok::<_, crate::token::TokenError>(JwtKeys::from_secrets(&secrets))
+            crate::token::read_keys(files).map(|secrets| JwtKeys::from_secrets(&secrets))
         },
     )
     .context("--jwt-key-file")?;
+    warn_keyless("--jwt-key-file", key_files);
     let revoked_file = revoked_file
         .map(|file| {
             Reloading::new(
@@ -530,6 +595,9 @@ pub fn jwt_authenticator(
         .transpose()?;
     Ok(JwtAuthenticator::reloading(keys, revoked, revoked_file))
 }
+
+#[cfg(test)]
+mod rotation_tests;
 
 #[cfg(test)]
 mod tests {

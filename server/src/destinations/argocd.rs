@@ -46,7 +46,7 @@ use serde_json::{json, Map, Value};
 
 use super::client::{config_from_kubeconfig, single_kubeconfig, AccessError};
 use super::{DestinationSpec, Source, SpecError, IN_CLUSTER_NAME, IN_CLUSTER_SERVER};
-use crate::config::{check_namespaces, ArgoCdConfig};
+use crate::config::{check_namespaces, Access, ArgoCdConfig, ArgoCdLocation};
 use crate::job::fnv1a;
 
 /// The label that marks Argo CD cluster Secrets.
@@ -329,6 +329,8 @@ pub async fn spec_from_secret(secret: &Secret, settings: &ArgoCdConfig) -> Desti
         source,
         fingerprint,
         config,
+        // A changed Secret is seen by the watch and registered again.
+        follows: None,
     }
 }
 
@@ -482,6 +484,7 @@ pub fn in_cluster_spec(settings: &ArgoCdConfig, control_plane: &kube::Config) ->
         },
         fingerprint: 0,
         config: Ok(control_plane.clone()),
+        follows: None,
     }
 }
 
@@ -507,6 +510,13 @@ pub fn home_spec(
         },
         fingerprint: 0,
         config: cluster.map_err(SpecError::from),
+        follows: match &settings.location {
+            ArgoCdLocation::Kubeconfig { path, context } => Some(Access::Kubeconfig {
+                path: path.clone(),
+                context: context.clone(),
+            }),
+            ArgoCdLocation::ControlPlane | ArgoCdLocation::Destination(_) => None,
+        },
     }
 }
 

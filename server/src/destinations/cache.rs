@@ -11,6 +11,11 @@
 //! per namespace, so that its credentials need no cluster-wide list or watch. Each watch relists
 //! its own namespace only; the cache is ready when every watch has listed once, and a failing
 //! watch of any namespace makes the whole cache non-authoritative.
+//!
+//! The watches are [`watch::watch`]es: a watch ended by `410 Gone` or stalled (open, silent past
+//! [`watch::STALL`]) lists again, with one line of its own; from then until that relist ends,
+//! the cache is not authoritative, so the engine reads the API server instead of what may be
+//! stale (a Job that ended while its watch was stalled).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
@@ -20,11 +25,11 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use kube::api::Api;
 use kube::core::NamespaceResourceScope;
-use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::Event;
 use kube::Resource;
 use serde::de::DeserializeOwned;
-use tokio::sync::watch;
+
+use crate::watch::{self, Source, WatchError, Watched};
 
 /// `(namespace, name)`
 pub type Key = (String, String);
@@ -47,8 +52,9 @@ struct State<K> {
 }
 
 /// A watch whose last error is older than this is considered healthy again: a failing watch
-/// retries (and fails) at least every ~35 s (kube-runtime's backoff is capped at 30 s, plus the
-/// connect timeout), while a watch that recovered quietly emits no event until something changes.
+/// retries (and fails) at least every ~40 s (the backoff is capped at 37.5 s with its jitter,
+/// plus the connect timeout), while a watch that recovered quietly emits no event until
+/// something changes.
 const FAILING_WINDOW: Duration = Duration::from_secs(60);
 
 #[derive(Default)]
@@ -56,6 +62,10 @@ struct Health {
     failing_since: Option<Instant>,
     last_error_at: Option<Instant>,
     last_error: Option<String>,
+    /// "watch failing" was logged for this streak (a 410 or a stall logs its own line)
+    announced: bool,
+    /// a 410 or a stall started a relist that has not ended: failing however long it takes
+    relisting: bool,
 }
 
 /// The cache. Cheap to share (`Arc`); each watch task holds one reference.
@@ -67,7 +77,7 @@ pub struct Cache<K> {
     state: RwLock<State<K>>,
     /// per watch
     health: Mutex<Vec<Health>>,
-    ready: watch::Sender<bool>,
+    ready: tokio::sync::watch::Sender<bool>,
     group_of: GroupFn<K>,
     on_change: Option<ChangeHook<K>>,
 }
@@ -117,7 +127,7 @@ where
             }),
             health: Mutex::new((0..watches).map(|_| Health::default()).collect()),
             // No namespace to watch: nothing to wait for.
-            ready: watch::channel(watches == 0).0,
+            ready: tokio::sync::watch::channel(watches == 0).0,
             group_of,
             on_change: None,
         }
@@ -235,7 +245,7 @@ where
             .iter()
             .zip(&self.scopes)
             .filter_map(|(h, scope)| match (h.failing_since, h.last_error_at) {
-                (Some(since), Some(last)) if last.elapsed() < FAILING_WINDOW => {
+                (Some(since), Some(last)) if h.relisting || last.elapsed() < FAILING_WINDOW => {
                     let error = h.last_error.clone().unwrap_or_default();
                     Some((
                         since.elapsed(),
@@ -257,16 +267,24 @@ where
     }
 
     /// Feeds the cache from watch `index` (label-selected) until the task is aborted.
-    async fn run(self: Arc<Self>, index: usize, api: Api<K>, selector: String) {
-        let config = watcher::Config::default().labels(&selector);
-        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+    async fn run<S: Source<K>>(self: Arc<Self>, index: usize, source: S, selector: String) {
+        let watched = Watched {
+            destination: self.destination.clone(),
+            resource: K::plural(&()).into_owned(),
+            namespace: self.scopes.get(index).cloned().flatten(),
+        };
+        let mut stream = watch::watch(source, Some(&selector), watched);
         while let Some(item) = stream.next().await {
             match item {
                 Ok(event) => {
-                    self.recovered(index);
+                    // Healthy again once the watch delivers: not at the start of a relist,
+                    // which after a 410 or a stall replaces what may be stale only at its end.
+                    if matches!(event, Event::InitDone | Event::Apply(_) | Event::Delete(_)) {
+                        self.recovered(index);
+                    }
                     self.handle(index, event);
                 }
-                Err(e) => self.failed(index, e.to_string()),
+                Err(e) => self.failed(index, &e),
             }
         }
     }
@@ -284,15 +302,19 @@ where
             return;
         };
         if let Some(since) = h.failing_since.take() {
-            tracing::info!(destination = %self.destination, kind = self.kind,
-                           namespace = self.namespace_of(index),
-                           failed_for = ?since.elapsed(), "watch recovered");
+            if std::mem::take(&mut h.announced) {
+                tracing::info!(destination = %self.destination, kind = self.kind,
+                               namespace = self.namespace_of(index),
+                               failed_for = ?since.elapsed(), "watch recovered");
+            }
         }
         h.last_error = None;
         h.last_error_at = None;
+        h.relisting = false;
     }
 
-    fn failed(&self, index: usize, error: String) {
+    /// Marks watch `index` failing: the cache is not authoritative until it delivers again.
+    fn failed(&self, index: usize, error: &WatchError) {
         let mut health = self.health.lock().unwrap_or_else(|e| e.into_inner());
         let Some(h) = health.get_mut(index) else {
             return;
@@ -301,12 +323,18 @@ where
             .last_error_at
             .is_none_or(|t| t.elapsed() >= FAILING_WINDOW);
         if h.failing_since.is_none() || stale {
+            h.failing_since = Some(Instant::now());
+            h.announced = false;
+        }
+        // A 410 or a stall said so in its own line; anything else once per streak.
+        if !h.announced && !error.relists() {
             tracing::warn!(destination = %self.destination, kind = self.kind,
                            namespace = self.namespace_of(index), %error,
                            "watch failing; retrying with backoff");
-            h.failing_since = Some(Instant::now());
+            h.announced = true;
         }
-        h.last_error = Some(error);
+        h.relisting |= error.relists();
+        h.last_error = Some(error.to_string());
         h.last_error_at = Some(Instant::now());
     }
 
@@ -438,8 +466,10 @@ fn unlink<K>(state: &mut State<K>, group: &str, key: &Key) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::watch::script::{object, Beat, Logs, Script};
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::api::ObjectMeta;
+    use kube::core::Status;
     use std::collections::BTreeMap;
 
     fn cm(ns: &str, name: &str, group: &str) -> ConfigMap {
@@ -528,17 +558,53 @@ mod tests {
         assert!(cache.get("c", "z").is_some());
     }
 
+    /// What a watch says when the API server ends it with `message`.
+    fn ended(message: &str) -> WatchError {
+        WatchError::Status(Status::failure(message, "Test").with_code(500).boxed())
+    }
+
     #[test]
     fn health_tracks_failures() {
         let cache: Cache<ConfigMap> = Cache::new("ConfigMap", "d", group_of, None);
         cache.handle(0, Event::Init);
         cache.handle(0, Event::InitDone);
         assert!(cache.is_authoritative());
-        cache.failed(0, "connection refused".into());
+        cache.failed(0, &ended("connection refused"));
         let (_, e) = cache.failing_for().unwrap();
-        assert_eq!(e, "connection refused");
+        assert_eq!(
+            e,
+            "the API server ended the watch: connection refused (500)"
+        );
         assert!(!cache.is_authoritative());
         cache.recovered(0);
+        assert!(cache.is_authoritative());
+    }
+
+    #[test]
+    fn a_relist_after_a_410_or_a_stall_is_untrusted_until_it_ends() {
+        let cache: Cache<ConfigMap> = Cache::new("ConfigMap", "d", group_of, None);
+        cache.handle(0, Event::Init);
+        cache.handle(0, Event::InitDone);
+        let age = |cache: &Cache<ConfigMap>| {
+            let mut health = cache.health.lock().unwrap();
+            health[0].last_error_at = Some(Instant::now() - 2 * FAILING_WINDOW);
+        };
+        // Another error ages out: the watch is deemed to have recovered quietly.
+        cache.failed(0, &ended("hiccup"));
+        age(&cache);
+        assert!(cache.is_authoritative());
+        // A stall's relist (its list slow, or stalled too) does not.
+        cache.recovered(0);
+        let stall = WatchError::Stalled {
+            step: watch::Step::Watch,
+        };
+        cache.failed(0, &stall);
+        age(&cache);
+        assert!(!cache.is_authoritative());
+        cache.handle(0, Event::Init);
+        assert!(!cache.is_authoritative());
+        cache.recovered(0);
+        cache.handle(0, Event::InitDone);
         assert!(cache.is_authoritative());
     }
 
@@ -570,10 +636,13 @@ mod tests {
         assert_eq!(cache.group("g1").len(), 1);
 
         // One namespace's failing watch shows, named, and the other's recovery does not hide it.
-        cache.failed(1, "forbidden".into());
+        cache.failed(1, &ended("forbidden"));
         cache.recovered(0);
         let (_, e) = cache.failing_for().unwrap();
-        assert_eq!(e, "namespace b: forbidden");
+        assert_eq!(
+            e,
+            "namespace b: the API server ended the watch: forbidden (500)"
+        );
         assert!(!cache.is_authoritative());
         cache.recovered(1);
         assert!(cache.is_authoritative());
@@ -583,5 +652,59 @@ mod tests {
     fn the_cluster_wide_watch_sees_every_namespace() {
         let cache: Cache<ConfigMap> = Cache::new("ConfigMap", "d", group_of, None);
         assert!(cache.watches("anything"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_watch_is_relisted_and_the_cache_not_trusted_meanwhile() {
+        let (logs, _guard) = Logs::capture();
+        let changed: Arc<Mutex<Vec<String>>> = Arc::default();
+        let seen = changed.clone();
+        let hook: ChangeHook<ConfigMap> = Arc::new(move |_, new| {
+            seen.lock()
+                .unwrap()
+                .push(new.metadata.name.clone().unwrap_or_default());
+        });
+        let cache = Arc::new(Cache::new("ConfigMap", "edge", group_of, None).with_hook(hook));
+        let script = Script::default();
+        script
+            .list(vec![object("a", "x", "1", "g1")], "1")
+            .watch(vec![Beat::Hang])
+            // The relist takes 10 s to answer.
+            .list_after(
+                Duration::from_secs(10),
+                vec![object("a", "x", "4", "g2"), object("a", "y", "5", "g1")],
+                "5",
+            )
+            .watch(vec![Beat::Hang]);
+        let task = tokio::spawn(cache.clone().run(0, script.clone(), "app=x".into()));
+        assert!(cache.wait_ready(Duration::from_secs(1)).await);
+        assert!(cache.is_authoritative());
+
+        // Within the bound, a silent watch is a quiet one.
+        tokio::time::sleep(watch::STALL - Duration::from_secs(1)).await;
+        assert!(cache.is_authoritative());
+        assert_eq!(script.lists(), 1);
+
+        // Past it, the watch is dropped; until the relist ends, the cache is not trusted.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(script.lists(), 2);
+        assert!(!cache.is_authoritative());
+        let (_, why) = cache.failing_for().expect("failing while it relists");
+        assert!(why.starts_with("stalled: "), "{why}");
+        assert!(cache.get("a", "y").is_none());
+
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(cache.is_authoritative());
+        assert!(cache.get("a", "y").is_some());
+        assert_eq!(cache.group("g2").len(), 1);
+        // The relist's changes reach the hook (the resume hints of Jobs that ended meanwhile).
+        let mut changes = changed.lock().unwrap().clone();
+        changes.sort();
+        assert_eq!(changes, ["x", "y"]);
+        task.abort();
+
+        let lines = logs.lines();
+        assert_eq!(lines.len(), 1, "the stall's line only: {lines:?}");
+        assert!(lines[0].contains(watch::STALLED_LOG) && lines[0].contains("destination=edge"));
     }
 }

@@ -1,5 +1,6 @@
 //! Kube clients for destinations: config from a kubeconfig, a server URL or Argo CD data, the
-//! engine's timeouts, and a request counter on every client.
+//! engine's timeouts, and a request counter on every client; [`follow`]: clients that follow
+//! their credential files (a rewritten kubeconfig is used by the next request).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,6 +13,9 @@ use kube::config::{InferConfigError, KubeConfigOptions, Kubeconfig, KubeconfigEr
 use serde_json::{json, Value};
 
 use crate::config::{Access, DirectAccess, EngineSettings};
+
+mod follow;
+pub use follow::{client_of, files_of};
 
 /// Counts the HTTP requests a client sends (the bench's `api_requests_per_lookup`).
 #[derive(Debug, Clone, Default)]
@@ -125,6 +129,10 @@ pub enum AccessError {
     /// The config is fine but no client can be built from it (TLS setup, proxy).
     #[error("building the client: {0}")]
     Client(#[source] kube::Error),
+    /// Reading the credentials again (a changed kubeconfig) did not complete at once, as a
+    /// kubeconfig read always has: the client in force stays.
+    #[error("reading the credentials again did not complete at once")]
+    NotAtOnce,
 }
 
 fn install_hint_suffix(hint: Option<&str>) -> String {

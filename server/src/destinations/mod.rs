@@ -39,7 +39,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::watch;
 
 use crate::config::{
-    check_destination_name, DestinationConfig, EngineSettings, KubeconfigContexts,
+    check_destination_name, Access, DestinationConfig, EngineSettings, KubeconfigContexts,
 };
 use crate::hints::Hints;
 use crate::job::MANAGED_SELECTOR;
@@ -95,6 +95,10 @@ pub struct DestinationSpec {
     pub fingerprint: u64,
     /// the client config, or why there is none
     pub config: Result<kube::Config, SpecError>,
+    /// the access `config` was read from, when its client follows its credential files (a
+    /// rewritten kubeconfig or token file is used by the next request: `client::client_of`);
+    /// `None`: the client keeps `config` (Argo CD Secrets are watched and re-registered instead)
+    pub follows: Option<Access>,
 }
 
 /// A usable destination.
@@ -192,7 +196,10 @@ impl Destination {
             tracing::warn!(destination = %spec.name, source = %spec.source, server = %spec.server,
                            "TLS verification is off for this destination: {INSECURE_WARNING}");
         }
-        let client = client::client(config, settings, &counter)?;
+        let client = match &spec.follows {
+            Some(access) => client::client_of(access, &spec.name, config, settings, &counter)?,
+            None => client::client(config, settings, &counter)?,
+        };
         // Limited to namespaces: one watch per namespace, so that no cluster-wide list or watch
         // (of every Pod of the cluster, plain env values included) is needed.
         let watched = spec.namespaces.as_deref();
@@ -645,6 +652,7 @@ pub async fn spec_from_config(index: usize, d: &DestinationConfig) -> Destinatio
         source: Source::Config { index },
         fingerprint: 0,
         config,
+        follows: Some(d.access.clone()),
     }
 }
 
@@ -690,10 +698,14 @@ pub async fn specs_from_kubeconfig(
             server,
             source: Source::Kubeconfig {
                 path: shown.clone(),
-                context: name,
+                context: name.clone(),
             },
             fingerprint: 0,
             config,
+            follows: Some(Access::Kubeconfig {
+                path: k.path.clone(),
+                context: Some(name),
+            }),
         });
     }
     Ok(specs)

@@ -17,6 +17,7 @@ fn spec(name: &str, source: Source, server: &str, ok: bool) -> DestinationSpec {
         } else {
             Err(AccessError::ExecWithoutCommand.into())
         },
+        follows: None,
     }
 }
 

@@ -129,7 +129,13 @@ impl Engine {
                 }
             }
         };
-        let Some(record) = store.get(&name) else {
+        // Not what a relisting store's index may still say: the agent's final report could be
+        // missing from it, and past the deadline the measurement would end in `Error`.
+        let record = match store.get_current(&name).await {
+            Ok(record) => record,
+            Err(e) => return DestState::Unavailable(e.to_string()),
+        };
+        let Some(record) = record else {
             // The record is gone while Argo still asks: the in-memory store of a restarted
             // server. Ask the agent to adopt the Job it has (never to create one).
             return match store
@@ -182,7 +188,9 @@ impl Engine {
     ) -> Result<bool, CleanupError> {
         let store = self.agent_store().map_err(CleanupError::Destination)?;
         let name = store::record_name(&job.name, &agent.name);
-        match store.get(&name) {
+        // A record a relisting store's index misses would get a delete-only record, which its
+        // create finds existing, and no delete request.
+        match store.get_current(&name).await? {
             Some(r) if r.status.as_ref().is_some_and(|s| s.deleted) => Ok(false),
             Some(r) if r.spec.delete => Ok(true),
             Some(_) => match store.request_delete(&name).await {

@@ -426,8 +426,14 @@ impl Engine {
                         origin: inner.origin.clone(),
                         source: Arc::new(e),
                     })?;
-                client::client(config, &inner.settings, &RequestCounter::default())
-                    .map_err(|e| ControlPlaneError::Client(Arc::new(e)))
+                client::client_of(
+                    &inner.control_plane_access,
+                    "control-plane",
+                    config,
+                    &inner.settings,
+                    &RequestCounter::default(),
+                )
+                .map_err(|e| ControlPlaneError::Client(Arc::new(e)))
             })
             .await
             .clone()

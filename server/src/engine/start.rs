@@ -114,8 +114,14 @@ impl Engine {
                                 "`agents.store: kubernetes` needs the control plane (`controlPlane` in {origin}): {e}"
                             ), e)
                         })?;
-                    let cp = client::client(cp_config, &settings, &RequestCounter::default())
-                        .map_err(|e| EngineError::cannot_start(format!("control plane: {e}"), e))?;
+                    let cp = client::client_of(
+                        &control_plane_access,
+                        "control-plane",
+                        cp_config,
+                        &settings,
+                        &RequestCounter::default(),
+                    )
+                    .map_err(|e| EngineError::cannot_start(format!("control plane: {e}"), e))?;
                     Arc::new(Store::Kubernetes(Box::new(
                         store::kubernetes::KubeStore::start(
                             cp,
@@ -205,6 +211,8 @@ impl Engine {
             source: Source::Local,
             fingerprint: 0,
             config: Ok(config),
+            // In-cluster credentials: kube-rs follows the projected token and CA itself.
+            follows: None,
         });
         if let Some(Entry::Broken(b)) = registry.get(name) {
             return Err(EngineError::Start {

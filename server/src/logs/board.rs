@@ -19,14 +19,14 @@ use dispatch_api::logs::LogRequest;
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams};
-use kube::runtime::watcher::{self, watcher, Event};
-use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::Event;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::store::{api_resource_of, StoreError, GROUP, VERSION};
+use crate::watch::{self as watches, Watched};
 
 /// Kind of the resource.
 pub const KIND: &str = "DispatchLogRequest";
@@ -178,8 +178,13 @@ impl LogBoard {
         let by_id = Arc::new(RwLock::new(HashMap::new()));
         let changed = watch::channel(0).0;
         let task = tokio::spawn(
-            informer(api.clone(), by_id.clone(), changed.clone())
-                .instrument(tracing::info_span!("dispatchlogrequest_informer", %namespace)),
+            informer(
+                api.clone(),
+                namespace.to_string(),
+                by_id.clone(),
+                changed.clone(),
+            )
+            .instrument(tracing::info_span!("dispatchlogrequest_informer", %namespace)),
         )
         .abort_handle();
         Self {
@@ -346,12 +351,17 @@ fn parsed(obj: DynamicObject) -> Option<PublishedLog> {
 
 async fn informer(
     api: Api<DynamicObject>,
+    namespace: String,
     by_id: Arc<RwLock<HashMap<String, PublishedLog>>>,
     changed: watch::Sender<u64>,
 ) {
-    let mut stream = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
+    let watched = Watched {
+        destination: "store".into(),
+        resource: PLURAL.into(),
+        namespace: Some(namespace),
+    };
+    // A 410 or a stall lists again (`crate::watch`), and says so in its own line.
+    let mut stream = watches::watch(api, None, watched);
     let mut relist: Option<HashMap<String, PublishedLog>> = None;
     let mut failing = false;
     while let Some(event) = stream.next().await {
@@ -378,6 +388,8 @@ async fn informer(
                     remove(&by_id, &changed, &log.request.id);
                 }
             }
+            // A 410 or a stall logged its own line.
+            Err(e) if e.relists() => {}
             Err(e) => {
                 if !failing {
                     tracing::warn!(error = %e,

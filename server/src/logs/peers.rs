@@ -8,11 +8,12 @@
 //! destination). The forwarding replica forwards only for a published id of the route's
 //! destination, to the published owner, which must prove to be a replica: TLS verified against
 //! the Service name the replicas' certificate is issued for (`--peer-name`, trusting only
-//! `--peer-ca-file`), resolved to the owner's pod IP. A forwarded upload is never forwarded again.
+//! `--peer-ca-file`, every CA of a bundle, read again when it changes so that a CA rotation needs
+//! no restart), resolved to the owner's pod IP. A forwarded upload is never forwarded again.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,6 +24,7 @@ use tracing::Instrument;
 
 use super::board::{LogBoard, PublishedLog};
 use crate::http::{DispatchError, LogUpload, Reason, FORWARDED_BY};
+use crate::runtime::reload::{self, Reloading};
 
 /// How often a replica deletes published requests gone stale (`board::STALE_AFTER`).
 const SWEEP_EVERY: Duration = Duration::from_secs(30);
@@ -38,8 +40,9 @@ pub enum PeerTransport {
     Tls {
         /// the DNS name of the replicas' certificate (the Service's)
         name: String,
-        /// the CA certificates that issued it
-        ca: Vec<reqwest::Certificate>,
+        /// the CA certificates that issued it (a bundle during a CA rotation), following
+        /// `--peer-ca-file`
+        ca: Reloading<Vec<reqwest::Certificate>>,
     },
     /// Plain HTTP: only when this server serves plain HTTP itself (a loopback `--listen`, or TLS
     /// ended by a mesh sidecar that also carries pod-to-pod traffic).
@@ -76,26 +79,68 @@ pub enum PeerError {
 }
 
 impl PeerTransport {
-    /// HTTPS verified for `name` against the CA certificates of the PEM file `ca_file`.
+    /// HTTPS verified for `name` against the CA certificates of the PEM file `ca_file`, read
+    /// again when it changes (looked at most every [`reload::CHECK_EVERY`]; a file that does not
+    /// load keeps the CAs in force, logged).
     pub fn tls(name: &str, ca_file: &Path) -> Result<Self, PeerError> {
-        let path = ca_file.display().to_string();
-        let pem = std::fs::read(ca_file).map_err(|source| PeerError::CaRead {
-            path: path.clone(),
-            source,
-        })?;
-        let ca =
-            reqwest::Certificate::from_pem_bundle(&pem).map_err(|source| PeerError::CaParse {
-                path: path.clone(),
-                source,
-            })?;
-        if ca.is_empty() {
-            return Err(PeerError::CaEmpty { path });
-        }
+        Self::tls_every(name, ca_file, reload::CHECK_EVERY)
+    }
+
+    fn tls_every(name: &str, ca_file: &Path, every: Duration) -> Result<Self, PeerError> {
+        let ca = Reloading::new(
+            "peer ca",
+            vec![ca_file.to_path_buf()],
+            every,
+            |files: &[PathBuf]| read_ca(&files[0]),
+        )?;
         Ok(Self::Tls {
             name: name.to_string(),
             ca,
         })
     }
+
+    /// A client that reaches `owner`, and the URL of `path` there.
+    fn client_for(
+        &self,
+        owner: SocketAddr,
+        path: &str,
+    ) -> Result<(reqwest::Client, String), reqwest::Error> {
+        // One process-wide crypto provider; a second install is a no-op error.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let builder = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(LOG_UPLOAD_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy();
+        Ok(match self {
+            PeerTransport::Tls { name, ca } => (
+                builder
+                    .https_only(true)
+                    .tls_certs_only(ca.get().iter().cloned())
+                    .resolve(name, owner)
+                    .build()?,
+                format!("https://{name}:{}{path}", owner.port()),
+            ),
+            PeerTransport::Plain => (builder.build()?, format!("http://{owner}{path}")),
+        })
+    }
+}
+
+/// The CA certificates of the PEM file `ca_file` (every one of a bundle).
+fn read_ca(ca_file: &Path) -> Result<Vec<reqwest::Certificate>, PeerError> {
+    let path = ca_file.display().to_string();
+    let pem = std::fs::read(ca_file).map_err(|source| PeerError::CaRead {
+        path: path.clone(),
+        source,
+    })?;
+    let ca = reqwest::Certificate::from_pem_bundle(&pem).map_err(|source| PeerError::CaParse {
+        path: path.clone(),
+        source,
+    })?;
+    if ca.is_empty() {
+        return Err(PeerError::CaEmpty { path });
+    }
+    Ok(ca)
 }
 
 /// The other replicas, as this one's log relay sees them.
@@ -247,7 +292,10 @@ impl LogPeers {
                 e,
             ))
         };
-        let (client, url) = self.client_for(owner, &path).map_err(unavailable)?;
+        let (client, url) = self
+            .transport
+            .client_for(owner, &path)
+            .map_err(unavailable)?;
         tracing::info!(destination, id, %owner, "log upload forwarded to the replica holding the reader");
         let resp = client
             .post(url)
@@ -277,30 +325,7 @@ impl LogPeers {
             _ => DispatchError::Unavailable(why.into()),
         })
     }
-
-    /// A client that reaches `owner`, and the URL of `path` there.
-    fn client_for(
-        &self,
-        owner: SocketAddr,
-        path: &str,
-    ) -> Result<(reqwest::Client, String), reqwest::Error> {
-        // One process-wide crypto provider; a second install is a no-op error.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let builder = reqwest::Client::builder()
-            .connect_timeout(CONNECT_TIMEOUT)
-            .timeout(LOG_UPLOAD_TIMEOUT)
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy();
-        Ok(match &self.transport {
-            PeerTransport::Tls { name, ca } => (
-                builder
-                    .https_only(true)
-                    .tls_certs_only(ca.clone())
-                    .resolve(name, owner)
-                    .build()?,
-                format!("https://{name}:{}{path}", owner.port()),
-            ),
-            PeerTransport::Plain => (builder.build()?, format!("http://{owner}{path}")),
-        })
-    }
 }
+
+#[cfg(test)]
+mod tests;

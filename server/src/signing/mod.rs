@@ -195,13 +195,14 @@ impl Signer {
     }
 
     /// The keys in `files` (each read by `read`, which validates a key and names its file in
-    /// errors), taken as they are or derived from JWT keys, and read again whenever a file
-    /// changes (looked at most every [`reload::CHECK_EVERY`]). A file that cannot be used now is
-    /// an error; one that cannot be used after a change keeps the previous keys (logged).
+    /// errors; `None`: the file holds no key, as an emptied slot of a rotation), taken as they
+    /// are or derived from JWT keys, in the order of their files, and read again whenever a file
+    /// changes (looked at most every [`reload::CHECK_EVERY`]). Files that cannot be used now (or
+    /// hold no key at all) are an error; after a change they keep the previous keys (logged).
     pub fn from_files<E>(
         files: &[PathBuf],
         kind: KeyFiles,
-        read: impl Fn(&Path) -> Result<Vec<u8>, E> + Send + Sync + 'static,
+        read: impl Fn(&Path) -> Result<Option<Vec<u8>>, E> + Send + Sync + 'static,
     ) -> Result<Self, KeyFilesError>
     where
         E: std::error::Error + Send + Sync + 'static,
@@ -209,20 +210,21 @@ impl Signer {
         Self::from_files_every(files, kind, read, reload::CHECK_EVERY)
     }
 
-    fn from_files_every<E>(
+    /// [`Signer::from_files`] with the files looked at most once per `every`.
+    pub fn from_files_every<E>(
         files: &[PathBuf],
         kind: KeyFiles,
-        read: impl Fn(&Path) -> Result<Vec<u8>, E> + Send + Sync + 'static,
+        read: impl Fn(&Path) -> Result<Option<Vec<u8>>, E> + Send + Sync + 'static,
         every: std::time::Duration,
     ) -> Result<Self, KeyFilesError>
     where
         E: std::error::Error + Send + Sync + 'static,
     {
         let derive = move |files: &[PathBuf]| -> Result<Keys, KeyFilesError> {
-            let raw = files
-                .iter()
-                .map(|f| read(f).map_err(|e| KeyFilesError::Read(Box::new(e))))
-                .collect::<Result<Vec<_>, _>>()?;
+            let mut raw = Vec::new();
+            for f in files {
+                raw.extend(read(f).map_err(|e| KeyFilesError::Read(Box::new(e)))?);
+            }
             let keys = match kind {
                 KeyFiles::Signing => raw,
                 KeyFiles::DerivedFromJwt => raw.iter().map(|k| derive_from_jwt_key(k)).collect(),
@@ -368,7 +370,7 @@ mod tests {
         let (first, second) = (dir.join("first"), dir.join("second"));
         std::fs::write(&first, K1).unwrap();
         std::fs::write(&second, K2).unwrap();
-        let read = |p: &Path| std::fs::read(p);
+        let read = |p: &Path| std::fs::read(p).map(Some);
         let files = [first.clone(), second.clone()];
         let s = Signer::from_files_every(&files, KeyFiles::Signing, read, Duration::ZERO).unwrap();
         assert_eq!(s.key_ids(), vec![key_id(K1), key_id(K2)]);

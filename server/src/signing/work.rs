@@ -21,6 +21,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use base64::Engine as _;
 use dispatch_api::agent::DispatchJobSpec;
@@ -277,6 +278,11 @@ impl WorkKeys {
     /// The keys of `files`, read again when one changes (a bad rotation keeps the keys in
     /// force, logged). No key at all is an error: an agent that trusts nothing runs nothing.
     pub fn from_files(files: &[PathBuf]) -> Result<Self, WorkKeysFileError> {
+        Self::from_files_every(files, reload::CHECK_EVERY)
+    }
+
+    /// [`WorkKeys::from_files`] with the files looked at most once per `every`.
+    fn from_files_every(files: &[PathBuf], every: Duration) -> Result<Self, WorkKeysFileError> {
         let derive = |files: &[PathBuf]| -> Result<Vec<PublicKey>, WorkKeysFileError> {
             let mut keys = Vec::new();
             for f in files {
@@ -294,7 +300,7 @@ impl WorkKeys {
             Ok(keys)
         };
         Ok(Self {
-            keys: Reloading::new("work keys", files.to_vec(), reload::CHECK_EVERY, derive)?,
+            keys: Reloading::new("work keys", files.to_vec(), every, derive)?,
         })
     }
 
@@ -451,6 +457,36 @@ mod tests {
             "{e:?}"
         );
         assert!(e.to_string().contains("rollouts-dispatch work-keys"), "{e}");
+    }
+
+    #[test]
+    fn pinned_keys_follow_their_file_through_a_rotation() {
+        let (old, new) = (
+            Signer::new(&[A.to_vec()]).unwrap(),
+            Signer::new(&[B.to_vec(), A.to_vec()]).unwrap(),
+        );
+        let printed = |s: &Signer| -> String {
+            s.work_public_keys()
+                .iter()
+                .map(|k| format!("{k}\n"))
+                .collect()
+        };
+        let dir = std::env::temp_dir().join(format!("rd-work-rotation-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("work.keys");
+        std::fs::write(&file, printed(&old)).unwrap();
+        let keys = WorkKeys::from_files_every(std::slice::from_ref(&file), Duration::ZERO).unwrap();
+        assert!(keys.verify(&signed(&new)).is_err(), "not pinned yet");
+        // The agents pin both before the server signs with the new key...
+        std::fs::write(&file, printed(&new)).unwrap();
+        keys.verify(&signed(&new)).unwrap();
+        keys.verify(&signed(&old)).unwrap();
+        // ...and drop the old one once its work is over.
+        let only_new = Signer::new(&[B.to_vec()]).unwrap();
+        std::fs::write(&file, printed(&only_new)).unwrap();
+        assert!(keys.verify(&signed(&old)).is_err());
+        keys.verify(&signed(&new)).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

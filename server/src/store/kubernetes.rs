@@ -1,12 +1,20 @@
 //! The Kubernetes backend of [`Store`](super::Store): `DispatchJob` resources in the server's
-//! namespace on the control plane, read through one informer (a `watcher` feeding the
-//! [`Index`]).
+//! namespace on the control plane, read through one informer (a [`crate::watch::watch`]
+//! feeding the [`Index`]).
 //!
 //! Kubernetes is the shared state of the replicas, so there is no consensus of our own: `create`
 //! is the API server's create (409 → the record is already there), status goes through the
 //! status subresource, and every write is also applied to the local index at once (guarded by
 //! resource version), so the replica that wrote sees its write before the watch event arrives.
+//!
+//! The informer's watch lists again after a `410 Gone` or a stall (open, silent past
+//! [`crate::watch::STALL`]), with one line of its own. Until that list ends the index may miss
+//! what other replicas wrote meanwhile — an agent's final report among them —, so the store is
+//! not authoritative ([`KubeStore::is_authoritative`]) and [`KubeStore::get_current`] reads a
+//! record from the API server instead: a verdict the index has not caught up with is neither
+//! lost nor, past the deadline, turned into an `Error`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use std::time::Duration;
@@ -14,13 +22,13 @@ use tracing::Instrument;
 
 use futures::StreamExt;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
-use kube::runtime::watcher::{self, watcher, Event};
-use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::Event;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
 use super::{Created, DispatchJob, DispatchJobStatus, Index, StoreError};
 use super::{GROUP, KIND, PLURAL, VERSION};
+use crate::watch::{self as watches, Source, Watched};
 
 /// `DispatchJob` resources in one namespace.
 pub struct KubeStore {
@@ -29,8 +37,32 @@ pub struct KubeStore {
     client: kube::Client,
     namespace: String,
     timeout: Duration,
-    synced: watch::Receiver<bool>,
+    freshness: Arc<Freshness>,
     task: tokio::task::AbortHandle,
+}
+
+/// How far the index can be trusted, as the informer leaves it.
+#[derive(Debug)]
+struct Freshness {
+    /// the first full list has arrived
+    synced: watch::Sender<bool>,
+    /// a list after the first is under way (a 410 or a stall started it): the index may be stale
+    relisting: AtomicBool,
+}
+
+impl Default for Freshness {
+    fn default() -> Self {
+        Self {
+            synced: watch::channel(false).0,
+            relisting: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Freshness {
+    fn is_authoritative(&self) -> bool {
+        *self.synced.borrow() && !self.relisting.load(Ordering::Acquire)
+    }
 }
 
 impl Drop for KubeStore {
@@ -95,11 +127,28 @@ impl KubeStore {
     pub fn start(client: kube::Client, namespace: &str, timeout: Duration) -> Self {
         let api: Api<DynamicObject> =
             Api::namespaced_with(client.clone(), namespace, &api_resource());
+        Self::start_from(api.clone(), api, client, namespace, timeout)
+    }
+
+    /// [`KubeStore::start`] with the informer fed by `source` (a scripted API in tests), the
+    /// calls made through `api`.
+    fn start_from<S: Source<DynamicObject>>(
+        source: S,
+        api: Api<DynamicObject>,
+        client: kube::Client,
+        namespace: &str,
+        timeout: Duration,
+    ) -> Self {
         let index = Arc::new(Index::default());
-        let (tx, synced) = watch::channel(false);
+        let freshness = Arc::new(Freshness::default());
         let task = tokio::spawn(
-            informer(api.clone(), index.clone(), tx, namespace.to_string())
-                .instrument(tracing::info_span!("dispatchjob_informer", %namespace)),
+            informer(
+                source,
+                index.clone(),
+                freshness.clone(),
+                namespace.to_string(),
+            )
+            .instrument(tracing::info_span!("dispatchjob_informer", %namespace)),
         )
         .abort_handle();
         Self {
@@ -108,7 +157,7 @@ impl KubeStore {
             client,
             namespace: namespace.to_string(),
             timeout,
-            synced,
+            freshness,
             task,
         }
     }
@@ -191,20 +240,26 @@ fn status_patch(status: &DispatchJobStatus) -> Result<json_patch::Patch, StoreEr
         .map_err(|e| StoreError::backend_from(format!("encoding the status patch: {e}"), e))
 }
 
-async fn informer(
-    api: Api<DynamicObject>,
+async fn informer<S: Source<DynamicObject>>(
+    source: S,
     index: Arc<Index>,
-    synced: watch::Sender<bool>,
+    freshness: Arc<Freshness>,
     namespace: String,
 ) {
-    let mut stream = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
+    let watched = Watched {
+        destination: "control-plane".into(),
+        resource: PLURAL.into(),
+        namespace: Some(namespace.clone()),
+    };
+    let mut stream = watches::watch(source, None, watched);
     let mut relist: Option<Vec<DispatchJob>> = None;
     let mut failing = false;
     while let Some(event) = stream.next().await {
         match event {
-            Ok(Event::Init) => relist = Some(Vec::new()),
+            Ok(Event::Init) => {
+                relist = Some(Vec::new());
+                freshness.relisting.store(true, Ordering::Release);
+            }
             Ok(Event::InitApply(obj)) => {
                 if let (Some(list), Some(job)) = (relist.as_mut(), from_object(obj)) {
                     list.push(job);
@@ -214,7 +269,9 @@ async fn informer(
                 let jobs = relist.take().unwrap_or_default();
                 tracing::info!(namespace = %namespace, records = jobs.len(), "dispatchjob store synced");
                 index.replace_all(jobs);
-                synced.send_replace(true);
+                // Only now: the index holds what the API server had at the list.
+                freshness.relisting.store(false, Ordering::Release);
+                freshness.synced.send_replace(true);
                 failing = false;
             }
             Ok(Event::Apply(obj)) => {
@@ -227,6 +284,8 @@ async fn informer(
                     index.remove(&name);
                 }
             }
+            // A 410 or a stall said so in its own line (`crate::watch`), and lists again.
+            Err(e) if e.relists() => freshness.relisting.store(true, Ordering::Release),
             Err(e) => {
                 // Log the first failure of a streak; the backoff retries quietly after that.
                 if !failing {
@@ -243,6 +302,35 @@ impl KubeStore {
     /// The records, as the informer and this replica's own writes left them.
     pub fn index(&self) -> &Index {
         &self.index
+    }
+
+    /// Whether the index holds every record as the API server has it, give or take the watch's
+    /// lag: the first list has arrived and no list after a 410 or a stall is under way.
+    pub fn is_authoritative(&self) -> bool {
+        self.freshness.is_authoritative()
+    }
+
+    /// The record called `name` as it is now: from the index when it is authoritative, else
+    /// read from the API server (and put into the index, where it wins over older versions).
+    pub async fn get_current(&self, name: &str) -> Result<Option<DispatchJob>, StoreError> {
+        if self.is_authoritative() {
+            return Ok(self.index.get(name));
+        }
+        match self
+            .call(format!("read dispatchjob {name}"), self.api.get(name))
+            .await
+        {
+            Ok(obj) => {
+                if let Some(job) = from_object(obj) {
+                    self.index.upsert(job);
+                }
+                Ok(self.index.get(name))
+            }
+            // Not removed from the index: a create of this replica may have raced the read;
+            // the relist removes what is gone.
+            Err(StoreError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Creates `job` unless a resource of that name exists (the API server's 409).
@@ -318,7 +406,7 @@ impl KubeStore {
 
     /// Waits up to `timeout` for the informer's first full list; returns whether it came.
     pub async fn wait_synced(&self, timeout: Duration) -> bool {
-        let mut rx = self.synced.clone();
+        let mut rx = self.freshness.synced.subscribe();
         let synced = tokio::time::timeout(timeout, rx.wait_for(|s| *s)).await;
         matches!(synced, Ok(Ok(_)))
     }
@@ -328,6 +416,106 @@ impl KubeStore {
 mod tests {
     use super::*;
     use crate::store::tests::job;
+    use crate::verdict::DestState;
+    use crate::watch::script::{Beat, Logs, Script};
+    use crate::watch::{STALL, STALLED_LOG};
+    use std::sync::atomic::AtomicUsize;
+
+    /// A client whose API server answers every request with `body`, and the count of requests.
+    fn answering(body: Value) -> (kube::Client, Arc<AtomicUsize>) {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counter = calls.clone();
+        let service = tower::service_fn(move |_: http::Request<kube::client::Body>| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let body = serde_json::to_vec(&body).expect("a JSON body");
+            async move {
+                Ok::<_, std::convert::Infallible>(http::Response::new(kube::client::Body::from(
+                    body,
+                )))
+            }
+        });
+        (kube::Client::new(service, "ns"), calls)
+    }
+
+    /// Record `r.1` of destination `edge` as the API server has it at `version`.
+    fn record(state: DestState, version: &str) -> DynamicObject {
+        let mut obj = to_object(&job("r.1", "edge", "u", 1)).expect("an object");
+        obj.data["status"] =
+            serde_json::to_value(DispatchJobStatus::observed(Some(state), "agent:edge"))
+                .expect("a status");
+        obj.metadata.resource_version = Some(version.into());
+        obj
+    }
+
+    fn state_of(record: Option<DispatchJob>) -> Option<DestState> {
+        record?.status?.state
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_watch_is_relisted_and_records_are_read_from_the_api_meanwhile() {
+        let (logs, _guard) = Logs::capture();
+        // The agent's final report, written through another replica while the watch stalled.
+        let reported = record(DestState::Succeeded, "4");
+        let (client, calls) = answering(serde_json::to_value(&reported).expect("json"));
+        let script: Script<DynamicObject> = Script::default();
+        script
+            .list(vec![record(DestState::Running(None), "2")], "2")
+            .watch(vec![Beat::Hang])
+            // The relist takes 10 s to answer.
+            .list_after(Duration::from_secs(10), vec![reported], "5")
+            .watch(vec![Beat::Hang]);
+        let api = Api::namespaced_with(client.clone(), "ns", &api_resource());
+        let store =
+            KubeStore::start_from(script.clone(), api, client, "ns", Duration::from_secs(5));
+        assert!(store.wait_synced(Duration::from_secs(1)).await);
+        assert!(store.is_authoritative());
+        let current = store.get_current("r.1").await.expect("read");
+        assert_eq!(state_of(current), Some(DestState::Running(None)));
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "read from the index");
+
+        // Within the bound a silent watch is a quiet one.
+        tokio::time::sleep(STALL - Duration::from_secs(2)).await;
+        assert_eq!(script.lists(), 1);
+        assert!(store.is_authoritative());
+
+        // Past it the watch is dropped and lists again; until that list ends, what the index
+        // says may be stale, and a read asks the API server.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(script.lists(), 2);
+        assert!(!store.is_authoritative());
+        let stale = store.index().get("r.1");
+        assert_eq!(state_of(stale), Some(DestState::Running(None)));
+        let current = store.get_current("r.1").await.expect("read");
+        assert_eq!(state_of(current), Some(DestState::Succeeded));
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            state_of(store.index().get("r.1")),
+            Some(DestState::Succeeded),
+            "what was read is kept"
+        );
+
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(store.is_authoritative());
+        let current = store.get_current("r.1").await.expect("read");
+        assert_eq!(state_of(current), Some(DestState::Succeeded));
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "the index again");
+
+        let lines = logs.lines();
+        let stalled: Vec<&String> = lines.iter().filter(|l| l.contains(STALLED_LOG)).collect();
+        assert_eq!(stalled.len(), 1, "{lines:?}");
+        for part in [
+            " WARN ",
+            "destination=control-plane",
+            "resource=dispatchjobs",
+            "namespace=ns",
+        ] {
+            assert!(stalled[0].contains(part), "{part} in {}", stalled[0]);
+        }
+        assert!(
+            !lines.iter().any(|l| l.contains("watch failing")),
+            "one line for the stall: {lines:?}"
+        );
+    }
 
     /// The API server prunes fields a structural schema does not declare: a field missing from
     /// the CRD would silently read back as its default (it happened to `logTail`).

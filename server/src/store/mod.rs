@@ -249,6 +249,16 @@ impl Store {
     pub fn get(&self, name: &str) -> Option<DispatchJob> {
         self.index().get(name)
     }
+    /// The record called `name` as the backend has it now: [`Store::get`], unless the index
+    /// may be stale (the Kubernetes store relisting after a 410 or a stall, or not listed yet),
+    /// then read from the backend ([`kubernetes::KubeStore::get_current`]). For reads a verdict
+    /// or a deletion depends on.
+    pub async fn get_current(&self, name: &str) -> Result<Option<DispatchJob>, StoreError> {
+        match self {
+            Store::Memory(s) => Ok(s.index().get(name)),
+            Store::Kubernetes(s) => s.get_current(name).await,
+        }
+    }
     /// Every record of `destination`, by name.
     pub fn for_destination(&self, destination: &str) -> Vec<DispatchJob> {
         self.index().for_destination(destination)

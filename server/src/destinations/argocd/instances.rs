@@ -73,8 +73,14 @@ pub async fn start(
                     let config = client::config_for(control_plane, "control-plane")
                         .await
                         .map_err(needed)?;
-                    let c = client::client(config.clone(), settings, &RequestCounter::default())
-                        .map_err(needed)?;
+                    let c = client::client_of(
+                        control_plane,
+                        "control-plane",
+                        config.clone(),
+                        settings,
+                        &RequestCounter::default(),
+                    )
+                    .map_err(needed)?;
                     cp.insert((config, c)).clone()
                 }
             };
@@ -115,6 +121,7 @@ pub async fn start(
                     settings: instance,
                     cluster: config,
                     on_control_plane,
+                    control_plane: on_control_plane.then(|| control_plane.clone()),
                 },
                 c,
             ));
@@ -168,7 +175,14 @@ async fn remote_cluster(
     let config = client::config_for(&access, &instance.name)
         .await
         .map_err(Arc::new)?;
-    let c =
-        client::client(config.clone(), settings, &RequestCounter::default()).map_err(Arc::new)?;
+    // Its kubeconfig rewritten (a new token), the watch of its Secrets reconnects with it.
+    let c = client::client_of(
+        &access,
+        &instance.name,
+        config.clone(),
+        settings,
+        &RequestCounter::default(),
+    )
+    .map_err(Arc::new)?;
     Ok((config, c))
 }

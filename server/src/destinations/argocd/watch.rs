@@ -24,18 +24,18 @@ use std::sync::Arc;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
-use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::Event;
 
 use super::{
     destination_name, in_cluster_spec, spec_from_secret, SecretError, SecretProblem,
     CLUSTER_SELECTOR, NAMESPACE_ANNOTATION,
 };
-use crate::config::{ArgoCdConfig, DEFAULT_ARGOCD_INSTANCE};
+use crate::config::{Access, ArgoCdConfig, DEFAULT_ARGOCD_INSTANCE};
 use crate::destinations::{
     DestinationSpec, Registry, Source, SpecError, IN_CLUSTER_NAME, IN_CLUSTER_SERVER,
 };
 use crate::job::fnv1a;
+use crate::watch::{self, Watched};
 
 /// An Argo CD instance as its watch needs it.
 #[derive(Debug, Clone)]
@@ -48,6 +48,9 @@ pub struct WatchedInstance {
     /// whether that cluster is the control plane (the implicit `in-cluster` is registered only
     /// there)
     pub on_control_plane: bool,
+    /// the control plane's access when it runs there: the implicit `in-cluster` destination's
+    /// client follows its credential files (`client::client_of`)
+    pub control_plane: Option<Access>,
 }
 
 /// What the watches of all instances know: the latest version of every cluster Secret, and
@@ -68,7 +71,7 @@ pub struct Claims {
 /// [`Claims`] shared by the watches of every instance.
 pub type SharedClaims = Arc<tokio::sync::Mutex<Claims>>;
 
-/// The claims of `instances`, empty, for their [`watch`]es.
+/// The claims of `instances`, empty, for their [`watch()`]es.
 pub fn claims(registry: Arc<Registry>, instances: Vec<WatchedInstance>) -> SharedClaims {
     let instances = instances
         .into_iter()
@@ -166,8 +169,9 @@ impl Claims {
             && i.settings.in_cluster
             && self.registry.get(IN_CLUSTER_NAME).is_none()
         {
-            self.registry
-                .insert(in_cluster_spec(&i.settings, &i.cluster));
+            let mut spec = in_cluster_spec(&i.settings, &i.cluster);
+            spec.follows = i.control_plane.clone();
+            self.registry.insert(spec);
         }
     }
 }
@@ -242,6 +246,7 @@ fn duplicate_spec(name: &str, claimants: &[(&WatchedInstance, &Secret)]) -> Dest
             },
         })),
         source,
+        follows: None,
     }
 }
 
@@ -264,8 +269,13 @@ pub async fn watch(claims: SharedClaims, instance: String, client: kube::Client)
         i.settings.namespace.clone()
     };
     let api: Api<Secret> = Api::namespaced(client, &namespace);
-    let config = watcher::Config::default().labels(CLUSTER_SELECTOR);
-    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+    let watched = Watched {
+        destination: format!("argocd:{instance}"),
+        resource: "secrets".into(),
+        namespace: Some(namespace.clone()),
+    };
+    // A 410 or a stall lists again (`crate::watch`); the relist reconciles at its end.
+    let mut stream = watch::watch(api, Some(CLUSTER_SELECTOR), watched);
     // Set during a (re)list: the Secrets seen so far, and the names to reconcile at its end.
     let mut relist: Option<(BTreeSet<String>, BTreeSet<String>)> = None;
     let mut failing = false;
@@ -276,7 +286,8 @@ pub async fn watch(claims: SharedClaims, instance: String, client: kube::Client)
                 e
             }
             Err(e) => {
-                if !failing {
+                // A 410 or a stall logged its own line.
+                if !failing && !e.relists() {
                     tracing::warn!(%namespace, error = %e,
                                    "watch of Argo CD cluster Secrets failing; retrying with backoff");
                     failing = true;

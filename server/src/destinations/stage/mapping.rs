@@ -184,6 +184,7 @@ mod tests {
                 source,
                 fingerprint: 0,
                 config: Err(AccessError::ExecWithoutCommand.into()),
+                follows: None,
             });
         }
         r

@@ -1,0 +1,132 @@
+//! The live read behind [`super::Runs::confirm`]'s refusals (issue #32): before a request is
+//! refused because the watch holds no such run (or holds it with another uid), the run is read
+//! from the control plane's API server. A watch can be silent without knowing it — a replica
+//! whose link to the control plane drops every packet keeps its watch "open" until the stall
+//! bound ([`crate::watch::STALL`]) — and a refusal is an `Error` measurement for a real run:
+//! `make faults`' replica cut from the control plane ended every run it served `Error` that
+//! way. The read decides instead: found (the cache takes it), absent (the refusal stands), or
+//! no answer within [`READ_TIMEOUT`] (a retry, [`super::RunError::NotSynced`], and this replica
+//! reports the control plane unanswered, so that it goes unready).
+//!
+//! A request naming a run nobody created costs one read of the control plane; at most
+//! [`READS_AT_ONCE`] are in flight, so a caller cannot turn its requests into a storm there.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use kube::api::{Api, DynamicObject};
+use tokio::sync::Semaphore;
+
+/// How long a live read may take before the control plane counts as unanswered.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Live reads in flight at once, per replica.
+pub const READS_AT_ONCE: usize = 8;
+
+/// Why a live read gave no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// No answer in time.
+    #[error("the control plane did not answer a read of the run within {}s", READ_TIMEOUT.as_secs())]
+    Unanswered,
+    /// The API server answered with an error.
+    #[error("reading the run from the control plane failed: {0}")]
+    Api(#[source] kube::Error),
+}
+
+type Read = dyn Fn(String, String) -> BoxFuture<'static, Result<Option<DynamicObject>, kube::Error>>
+    + Send
+    + Sync;
+
+/// Reads one AnalysisRun by namespace and name; remembers since when the control plane has not
+/// answered (cleared by any answer, or by the watch's next event through [`Reader::heard`]).
+#[derive(Clone)]
+pub struct Reader {
+    read: Arc<Read>,
+    permits: Arc<Semaphore>,
+    unanswered_since: Arc<Mutex<Option<Instant>>>,
+}
+
+impl std::fmt::Debug for Reader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reader")
+            .field("unanswered_since", &self.unanswered_since())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Reader {
+    /// Reads through `client`.
+    pub fn of(client: kube::Client) -> Self {
+        Self::with(move |namespace, name| {
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(client.clone(), &namespace, &super::resource());
+            Box::pin(async move { api.get_opt(&name).await })
+        })
+    }
+
+    /// Reads with `read` (a scripted API in tests).
+    pub fn with(
+        read: impl Fn(String, String) -> BoxFuture<'static, Result<Option<DynamicObject>, kube::Error>>
+            + Send
+            + Sync
+            + 'static,
+    ) -> Self {
+        Self {
+            read: Arc::new(read),
+            permits: Arc::new(Semaphore::new(READS_AT_ONCE)),
+            unanswered_since: Arc::default(),
+        }
+    }
+
+    /// Run `namespace/name` as the API server has it now (`None`: it does not exist).
+    pub async fn read(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<DynamicObject>, ReadError> {
+        let started = tokio::time::Instant::now();
+        let read = async {
+            let _permit = self.permits.acquire().await;
+            (self.read)(namespace.to_string(), name.to_string()).await
+        };
+        match tokio::time::timeout_at(started + READ_TIMEOUT, read).await {
+            Ok(Ok(run)) => {
+                self.heard();
+                Ok(run)
+            }
+            Ok(Err(e)) => {
+                // An answer, even an error one: the control plane is there.
+                self.heard();
+                Err(ReadError::Api(e))
+            }
+            Err(_) => {
+                let mut since = self
+                    .unanswered_since
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                since.get_or_insert_with(Instant::now);
+                Err(ReadError::Unanswered)
+            }
+        }
+    }
+
+    /// The control plane answered (a read, or the watch's next event).
+    pub fn heard(&self) {
+        *self
+            .unanswered_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Since when a read has gone unanswered, with nothing heard since.
+    pub fn unanswered_since(&self) -> Option<Instant> {
+        *self
+            .unanswered_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests;

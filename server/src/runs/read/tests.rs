@@ -1,0 +1,90 @@
+//! The live read before a refusal, against a scripted API (a closure): found, absent, and no
+//! answer (paused time).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use futures::FutureExt;
+use kube::api::DynamicObject;
+use kube::runtime::watcher::Event;
+use serde_json::json;
+
+use super::Reader;
+use crate::runs::{RunError, Runs, CONFIRM_WAIT, PLUGIN_NAME};
+
+fn run(uid: &str) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "AnalysisRun",
+        "metadata": {"name": "r", "namespace": "ns", "uid": uid},
+        "spec": {"metrics": [{"name": "m", "provider": {"plugin": {PLUGIN_NAME: {}}}}]}
+    }))
+    .unwrap()
+}
+
+/// Runs whose watch listed nothing (synced, silent), reading through `reader`.
+fn silent_watch(reader: Option<Reader>) -> Runs {
+    let runs = Runs::with_reader(reader);
+    runs.apply(Event::Init);
+    runs.apply(Event::InitDone);
+    runs
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_the_watch_missed_is_read_and_confirmed_not_refused() {
+    let reads = Arc::new(AtomicUsize::new(0));
+    let counted = reads.clone();
+    let reader = Reader::with(move |_, _| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async { Ok(Some(run("u-1"))) }.boxed()
+    });
+    let runs = silent_watch(Some(reader));
+    runs.confirm("ns", "r", "u-1", "m", CONFIRM_WAIT)
+        .await
+        .expect("the run the API server has is confirmed");
+    // The cache took it: the next request needs no read.
+    runs.confirm("ns", "r", "u-1", "m", CONFIRM_WAIT)
+        .await
+        .unwrap();
+    assert_eq!(reads.load(Ordering::SeqCst), 1);
+    // Without the read, the silent watch refuses a real run (an `Error` measurement).
+    let blind = silent_watch(None);
+    assert!(matches!(
+        blind.confirm("ns", "r", "u-1", "m", CONFIRM_WAIT).await,
+        Err(RunError::NoSuchRun { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn what_the_api_server_does_not_have_is_still_refused() {
+    let runs = silent_watch(Some(Reader::with(|_, _| async { Ok(None) }.boxed())));
+    assert!(matches!(
+        runs.confirm("ns", "r", "u-1", "m", CONFIRM_WAIT).await,
+        Err(RunError::NoSuchRun { .. })
+    ));
+    let other = silent_watch(Some(Reader::with(|_, _| {
+        async { Ok(Some(run("u-2"))) }.boxed()
+    })));
+    assert!(matches!(
+        other.confirm("ns", "r", "u-1", "m", CONFIRM_WAIT).await,
+        Err(RunError::OtherUid { .. })
+    ));
+    assert_eq!(runs.control_plane_unanswered_since(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_answer_is_a_retry_and_marks_the_control_plane_unanswered_until_heard() {
+    let runs = silent_watch(Some(Reader::with(|_, _| {
+        futures::future::pending::<Result<Option<DynamicObject>, kube::Error>>().boxed()
+    })));
+    let verdict = runs.confirm("ns", "r", "u-1", "m", CONFIRM_WAIT).await;
+    match verdict {
+        Err(RunError::NotSynced { problem, .. }) => {
+            assert!(problem.contains("did not answer"), "{problem}")
+        }
+        other => panic!("want NotSynced, got {other:?}"),
+    }
+    assert!(runs.control_plane_unanswered_since().is_some());
+    // The watch's next event is an answer.
+    runs.apply(Event::Apply(run("u-3")));
+    assert_eq!(runs.control_plane_unanswered_since(), None);
+}
