@@ -210,6 +210,31 @@ chaos: k8s-bin plugin-release ## 50 verifications on a direct and an agent desti
 	$(CARGO) build --locked -p dispatch-server --bin rollouts-dispatch
 	$(call summary_test,chaos,$(CLUSTER_ENV),grep -E '^(chaos|verifications=|test |Error)')
 
+# The previous release of the server, agent and CLI, for make faults' version skew and rolling
+# upgrade: 0.1.0 (CHANGELOG.md), the last commit of 2026-12-04. Built once from this repository's
+# own history (`git archive`, no network) into the cache; its own target directory, so the
+# workspace's build is untouched.
+PREVIOUS_RELEASE ?= 5c8d435
+PREVIOUS_DIR := $(CACHE_DIR)/previous/$(PREVIOUS_RELEASE)
+PREVIOUS_BINARY := $(PREVIOUS_DIR)/rollouts-dispatch
+
+.PHONY: previous-release
+previous-release: ## the previous release's rollouts-dispatch binary ($(PREVIOUS_RELEASE), 0.1.0) built into the cache from this repository's history
+	@if [ ! -x $(PREVIOUS_BINARY) ]; then \
+	  rm -rf $(PREVIOUS_DIR)/src && mkdir -p $(PREVIOUS_DIR)/src && \
+	  git archive $(PREVIOUS_RELEASE) | tar -x -C $(PREVIOUS_DIR)/src && \
+	  (cd $(PREVIOUS_DIR)/src && CARGO_TARGET_DIR=$(PREVIOUS_DIR)/target $(CARGO) build --locked -p dispatch-server --bin rollouts-dispatch) && \
+	  cp $(PREVIOUS_DIR)/target/debug/rollouts-dispatch $(PREVIOUS_BINARY); \
+	fi
+	@echo "previous-release: $(PREVIOUS_RELEASE) $$($(PREVIOUS_BINARY) --version)"
+
+# FAULTS_ONLY=name,name runs only those scenarios (for development; the last line then counts
+# only them).
+.PHONY: faults
+faults: k8s-bin plugin-release previous-release ## production faults on the real clusters, one scenario each: partitions (netns, veth, tc), throttling (APF), 410 after compaction, a stalled watch, 10 000 Jobs, rotations, a narrowed policy, version skew, a rolling upgrade and rollback; last line `faults: scenarios=N correct=N stuck=0 duplicate_jobs=0 leftover_jobs=0 lost_verdicts=0`
+	$(CARGO) build --locked -p dispatch-server --bin rollouts-dispatch
+	$(call summary_test,faults,$(CLUSTER_ENV) ROLLOUTS_DISPATCH_PREVIOUS_BINARY=$(PREVIOUS_BINARY),grep -E '^(faults|test |Error)')
+
 # SOAK_RUNS=40 make soak runs a shorter soak (the default is 500 verifications, about 12 minutes);
 # SOAK_HOURS=2 make soak a longer one (one verification per 1.2 s for that long, plus ~5 min).
 .PHONY: soak

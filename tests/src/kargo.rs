@@ -205,6 +205,11 @@ impl Verification {
         self
     }
 
+    /// The exit code the check is planned to end with.
+    pub fn exit_code(&self) -> i32 {
+        self.exit_code
+    }
+
     /// The check runs for `duration` (a Go duration).
     pub fn runs_for(mut self, duration: &str) -> Self {
         self.duration = duration.into();

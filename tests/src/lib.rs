@@ -10,6 +10,7 @@
 //! * [`kargo`] and [`analysis`]: AnalysisRuns shaped as Kargo creates them, and reading their
 //!   verdict as Kargo does.
 //! * [`block`]: the one builder of plugin blocks and the Jobs in them.
+//! * [`invariants`]: what every fault test asserts (verdicts, one Job per measurement).
 //! * [`fleet`]: simulated agents (the wire protocol without a cluster) for the benches.
 //! * [`wait`]: the one [`eventually`](wait::eventually) every wait goes through.
 //! * [`ports`]: the one way to pick a free loopback port.
@@ -20,6 +21,7 @@
 //! * [`tls`]: the CA and certificate of the API (the scenes serve it over TLS only).
 //! * [`shared`]: one scene per test binary, shared by its tests; [`summary`]: the last line of
 //!   benchmarks and smoke tests.
+//! * [`netfault`]: network faults made with namespaces, veth pairs and `tc` (`make faults`).
 //! * [`kept`]: the demo's World kept up for a person until they stop it (`make demo-up`).
 //!
 //! Tests that need real clusters are `#[ignore]`d, so `cargo test` runs without the Go-built
@@ -32,8 +34,10 @@ pub mod artifacts;
 pub mod block;
 pub mod cluster;
 pub mod fleet;
+pub mod invariants;
 pub mod kargo;
 pub mod kept;
+pub mod netfault;
 pub mod objects;
 pub mod ports;
 pub mod server;

@@ -14,8 +14,42 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::cluster::pki;
 
-/// The names and addresses of the API's certificate: the scenes reach it on loopback.
-const API_SANS: [&str; 3] = ["127.0.0.1", "::1", "localhost"];
+/// The names and addresses of the API's certificate: the scenes reach it on loopback, and
+/// `make faults` through its network-namespace links too.
+const API_SANS: [&str; 7] = [
+    "127.0.0.1",
+    "::1",
+    "localhost",
+    crate::netfault::LINK_ADDRESSES[0],
+    crate::netfault::LINK_ADDRESSES[1],
+    crate::netfault::LINK_ADDRESSES[2],
+    crate::netfault::LINK_ADDRESSES[3],
+];
+
+/// A new CA and a serving certificate it signed, for a rotation (`make faults`): the scene
+/// writes them over [`ApiTls`]'s files in the order a rotation takes.
+#[derive(Debug, Clone)]
+pub struct NextTls {
+    /// The new CA, PEM.
+    pub ca_pem: String,
+    /// The serving certificate it signed, PEM.
+    pub cert_pem: String,
+    /// Its key, PEM.
+    pub key_pem: String,
+}
+
+impl NextTls {
+    /// Generates them; `generation` names the CA.
+    pub fn generate(generation: u32) -> Result<Self> {
+        let (ca_pem, issuer) = pki::ca(&format!("rollouts-dispatch test api ca {generation}"))?;
+        let (cert_pem, key_pem) = pki::serving(&issuer, &API_SANS, "rollouts-dispatch")?;
+        Ok(Self {
+            ca_pem,
+            cert_pem,
+            key_pem,
+        })
+    }
+}
 
 /// The PEM files of the API's TLS, written by [`ApiTls::write`].
 #[derive(Debug, Clone)]

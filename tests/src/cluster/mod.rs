@@ -25,6 +25,7 @@ pub(crate) mod pki;
 pub mod pod_logs;
 pub mod process;
 pub mod rollout;
+pub mod throttle;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -521,6 +522,11 @@ impl Cluster {
     /// with the cluster. Its output goes to [`Cluster::log_path`]`(name)`.
     pub fn spawn_process(&mut self, name: &str, cmd: Command) -> Result<()> {
         self.processes.spawn(name, cmd)
+    }
+
+    /// Stops one component as Kubernetes stops a Pod: SIGTERM, SIGKILL after `grace`.
+    pub fn terminate_process(&mut self, name: &str, grace: Duration) -> Result<()> {
+        self.processes.terminate(name, grace)
     }
 
     /// Kills one component (e.g. the Argo Rollouts controller) with SIGKILL.

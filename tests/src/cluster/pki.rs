@@ -29,8 +29,13 @@ pub(crate) struct PkiFiles {
     pub(crate) ca_pem: String,
 }
 
-/// Subject alternative names of the serving certificate: loopback plus the in-cluster names.
-const SERVER_SANS: [&str; 9] = [
+/// Subject alternative names of the serving certificate: loopback, the in-cluster names, and the
+/// namespace ends of `make faults`' links ([`crate::netfault::LINK_ADDRESSES`]).
+const SERVER_SANS: [&str; 13] = [
+    crate::netfault::LINK_ADDRESSES[0],
+    crate::netfault::LINK_ADDRESSES[1],
+    crate::netfault::LINK_ADDRESSES[2],
+    crate::netfault::LINK_ADDRESSES[3],
     "127.0.0.1",
     "::1",
     "localhost",

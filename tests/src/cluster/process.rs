@@ -106,15 +106,41 @@ impl ProcessGroup {
         Ok(())
     }
 
-    /// Kills component `name` with SIGKILL (a crash, as far as it can tell) and forgets it, so
-    /// that it can be started again under the same name.
-    pub fn kill(&mut self, name: &str) -> Result<()> {
+    /// Component `name`, no longer a member (to be stopped).
+    fn take(&mut self, name: &str) -> Result<Member> {
         let i = self
             .members
             .iter()
             .position(|m| m.name == name)
             .with_context(|| format!("no process named {name} in this cluster"))?;
-        let mut member = self.members.remove(i);
+        Ok(self.members.remove(i))
+    }
+
+    /// Stops component `name` as Kubernetes stops a Pod: SIGTERM, then SIGKILL after `grace`;
+    /// forgets it, so that it can be started again under the same name.
+    pub fn terminate(&mut self, name: &str, grace: Duration) -> Result<()> {
+        let mut member = self.take(name)?;
+        let pid = Pid::from_raw(member.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, Signal::SIGTERM);
+        let until = Instant::now() + grace;
+        while Instant::now() < until {
+            if member.child.try_wait()?.is_some() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = member.child.kill();
+        member
+            .child
+            .wait()
+            .with_context(|| format!("reaping {name}"))?;
+        Ok(())
+    }
+
+    /// Kills component `name` with SIGKILL (a crash, as far as it can tell) and forgets it, so
+    /// that it can be started again under the same name.
+    pub fn kill(&mut self, name: &str) -> Result<()> {
+        let mut member = self.take(name)?;
         member
             .child
             .kill()

@@ -66,9 +66,12 @@ pub struct Agents {
     /// them: B's agent's `--work-keys`.
     pub work_keys: PathBuf,
     /// The servers' TLS ([`Self::ca`] is its CA).
-    pub(super) tls: ApiTls,
+    pub tls: ApiTls,
     /// Extra `serve` flags of every replica.
     serve_args: Vec<String>,
+    /// More `serve` flags for the replicas (re)started from now on ([`World::restart_replica_binary`]):
+    /// a scene's preparation for a rotation (a second key file, a revocation file).
+    pub more_serve_args: Vec<String>,
     /// What `start_with_agent_config` appended to the config.
     extra_yaml: String,
     /// Extra `agent` flags of B's agent (`start_with_agent_options`).
@@ -84,21 +87,65 @@ pub enum Store {
     Memory,
 }
 
+/// What a fault scene changes in the servers' config ([`World::config_variant`]); the default
+/// is the scene's own config.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigVariant {
+    /// The control plane's kubeconfig instead of `control`'s (e.g. through a [`crate::netfault::Link`]).
+    pub control_kubeconfig: Option<PathBuf>,
+    /// More direct destinations: (name, kubeconfig).
+    pub destinations: Vec<(String, PathBuf)>,
+    /// The policy rule's destination patterns instead of `["cluster-*"]`.
+    pub allowed: Option<Vec<String>>,
+}
+
 /// The servers' config: cluster-a direct, cluster-b an agent destination, the policy, then
 /// `extra_yaml`.
 fn server_yaml(control: &Cluster, a: &Cluster, store: Store, extra_yaml: &str) -> String {
+    variant_yaml(control, a, store, extra_yaml, &ConfigVariant::default())
+}
+
+/// [`server_yaml`] with what `variant` changes.
+fn variant_yaml(
+    control: &Cluster,
+    a: &Cluster,
+    store: Store,
+    extra_yaml: &str,
+    variant: &ConfigVariant,
+) -> String {
+    let control_kubeconfig = variant
+        .control_kubeconfig
+        .clone()
+        .unwrap_or_else(|| control.kubeconfig.clone());
+    let more: String = variant
+        .destinations
+        .iter()
+        .map(|(name, kubeconfig)| {
+            format!("- name: {name}\n  kubeconfig: {}\n", kubeconfig.display())
+        })
+        .collect();
+    let allowed = variant
+        .allowed
+        .as_ref()
+        .map(|a| {
+            a.iter()
+                .map(|d| format!("\"{d}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_else(|| "\"cluster-*\"".into());
     let store = match store {
         Store::Kubernetes => format!("store: kubernetes\n  namespace: {DJ_NAMESPACE}"),
         Store::Memory => "store: memory".to_string(),
     };
     format!(
         "controlPlane: {{kubeconfig: {}}}\n\
-         destinations:\n- name: cluster-a\n  kubeconfig: {}\n\
+         destinations:\n- name: cluster-a\n  kubeconfig: {}\n{more}\
          agents:\n  {store}\n  offlineAfter: 20s\n  \
          destinations:\n  - name: cluster-b\n    labels: {{env: edge}}\n\
-         policy:\n  rules:\n  - projects: [\"{PROJECT}\"]\n    destinations: [\"cluster-*\"]\n    namespaces: [\"*\"]\n    {RULE_ALLOWS}\n    {RULE_APPLICATIONS}\n\
+         policy:\n  rules:\n  - projects: [\"{PROJECT}\"]\n    destinations: [{allowed}]\n    namespaces: [\"*\"]\n    {RULE_ALLOWS}\n    {RULE_APPLICATIONS}\n\
          {extra_yaml}",
-        control.kubeconfig.display(),
+        control_kubeconfig.display(),
         a.kubeconfig.display(),
     )
 }
@@ -121,6 +168,16 @@ impl World<Agents> {
         serve_args: &[&str],
         extra_yaml: &str,
         agent_args: &[&str],
+    ) -> Result<Self> {
+        Self::start_with_agent_front(serve_args, extra_yaml, agent_args, Front::FirstUp).await
+    }
+
+    /// [`World::start_with_agent_options`] with the front's way of choosing a replica.
+    pub async fn start_with_agent_front(
+        serve_args: &[&str],
+        extra_yaml: &str,
+        agent_args: &[&str],
+        front_kind: Front,
     ) -> Result<Self> {
         let agent_args: Vec<String> = agent_args.iter().map(|s| s.to_string()).collect();
         let binary = rollouts_dispatch_binary()?;
@@ -166,7 +223,7 @@ impl World<Agents> {
         for replica in &replicas {
             wait_ready(&replica.name, replica.admin).await?;
         }
-        let front_port = front(replicas.iter().map(|r| r.port).collect()).await?;
+        let front_port = front(&replicas, front_kind).await?;
         let url = format!("https://127.0.0.1:{front_port}");
 
         let plugin_token = dir.join("plugin.token");
@@ -224,6 +281,7 @@ impl World<Agents> {
             work_keys,
             tls,
             serve_args: extra,
+            more_serve_args: Vec::new(),
             extra_yaml: extra_yaml.to_string(),
             agent_args,
         };
@@ -292,12 +350,74 @@ impl World<Agents> {
         wait_ready(&replica.name, replica.admin).await
     }
 
+    /// Writes the servers' config as `variant` changes it to `<dir>/<file>`; returns its path,
+    /// for [`World::restart_replica_config`].
+    pub fn config_variant(&self, file: &str, variant: &ConfigVariant) -> Result<PathBuf> {
+        let d = &self.dispatch;
+        let path = d.dir.join(file);
+        std::fs::write(
+            &path,
+            variant_yaml(
+                &self.control,
+                &self.a,
+                Store::Kubernetes,
+                &d.extra_yaml,
+                variant,
+            ),
+        )?;
+        Ok(path)
+    }
+
+    /// (Re)starts replica `i` (after a kill) with the config at `config`; waits until it is ready.
+    pub async fn restart_replica_config(&mut self, i: usize, config: &Path) -> Result<()> {
+        self.restart_replica_binary(i, config, None).await
+    }
+
+    /// [`World::restart_replica_config`] running `binary` (another release's) instead of the
+    /// scene's.
+    pub async fn restart_replica_binary(
+        &mut self,
+        i: usize,
+        config: &Path,
+        binary: Option<&Path>,
+    ) -> Result<()> {
+        let d = &self.dispatch;
+        let replica = d.replicas[i].clone();
+        spawn_server(
+            &mut self.control,
+            binary.unwrap_or(&d.binary),
+            config,
+            &d.key,
+            &replica,
+            &[d.serve_args.clone(), d.more_serve_args.clone()].concat(),
+        )?;
+        wait_ready(&replica.name, replica.admin).await
+    }
+
     /// (Re)starts B's agent under process name `name` with `token_file`; returns its admin port.
     pub fn spawn_agent(&mut self, name: &str, token_file: &Path) -> Result<u16> {
+        let url = self.url.clone();
+        self.spawn_agent_at(name, token_file, &url)
+    }
+
+    /// [`World::spawn_agent`] dialing `url` instead of the front (a [`crate::netfault::Link`]
+    /// to it).
+    pub fn spawn_agent_at(&mut self, name: &str, token_file: &Path, url: &str) -> Result<u16> {
+        self.spawn_agent_with(None, name, token_file, url)
+    }
+
+    /// [`World::spawn_agent_at`] running `binary` (another release's) instead of the scene's.
+    pub fn spawn_agent_with(
+        &mut self,
+        binary: Option<&Path>,
+        name: &str,
+        token_file: &Path,
+        url: &str,
+    ) -> Result<u16> {
         let d = &self.dispatch;
         let agent = AgentProcess {
-            binary: &d.binary,
-            url: &self.url,
+            binary: binary.unwrap_or(&d.binary),
+            url,
             ca: &d.ca,
             work_keys: &d.work_keys,
             args: &d.agent_args,
@@ -336,14 +456,61 @@ async fn install_dispatch_job_crd(client: &kube::Client) -> Result<()> {
     Ok(())
 }
 
-/// A TCP front for the server replicas: each connection goes to the first backend that
-/// accepts it, as a Service does with its ready endpoints.
-async fn front(backends: Vec<u16>) -> Result<u16> {
+/// How the front picks a replica for a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Front {
+    /// The first replica that accepts (a replica sees traffic only when those before it are
+    /// down): the scenes whose checks read one replica's log.
+    FirstUp,
+    /// In turn among the replicas whose `/ready` answered 200 at the last probe (every second,
+    /// as a Service with a 1 s readiness probe), the others after them: `make faults`.
+    Balanced,
+}
+
+/// A TCP front for the server replicas, as a Service in front of their endpoints; see [`Front`].
+async fn front(replicas: &[Replica], kind: Front) -> Result<u16> {
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", free_port()?)).await?;
     let port = listener.local_addr()?.port();
+    let ports: Vec<u16> = replicas.iter().map(|r| r.port).collect();
+    let ready = std::sync::Arc::new(std::sync::Mutex::new(vec![true; replicas.len()]));
+    if kind == Front::Balanced {
+        let (ready, admins) = (
+            ready.clone(),
+            replicas.iter().map(|r| r.admin).collect::<Vec<_>>(),
+        );
+        tokio::spawn(async move {
+            loop {
+                let mut now = Vec::new();
+                for admin in &admins {
+                    now.push(matches!(
+                        crate::admin::get(*admin, "/ready").await,
+                        Some((200, _))
+                    ));
+                }
+                *ready.lock().unwrap_or_else(|e| e.into_inner()) = now;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+    }
+    let turn = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     tokio::spawn(async move {
         while let Ok((mut inbound, _)) = listener.accept().await {
-            let backends = backends.clone();
+            let backends = match kind {
+                Front::FirstUp => ports.clone(),
+                Front::Balanced => {
+                    let ready = ready.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                    let start = turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let mut order: Vec<(bool, usize)> = (0..ports.len())
+                        .map(|k| {
+                            let i = (start + k) % ports.len();
+                            (!ready[i], i)
+                        })
+                        .collect();
+                    // Ready ones first, each group in turn order.
+                    order.sort_by_key(|(unready, _)| *unready);
+                    order.into_iter().map(|(_, i)| ports[i]).collect()
+                }
+            };
             tokio::spawn(async move {
                 for port in backends {
                     if let Ok(mut outbound) =

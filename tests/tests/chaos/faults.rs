@@ -30,7 +30,8 @@ use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use super::{wait_terminal, JobWatch, Outcome, DEADLINE, GRACE, RETENTION, SLACK, SWEEP_EVERY};
+use super::{DEADLINE, GRACE, RETENTION, SLACK, SWEEP_EVERY};
+use dispatch_tests::invariants::{wait_terminal, JobWatch, Outcome};
 
 /// How many verifications the faults add.
 pub(crate) const COUNT: usize = 4;

@@ -22,19 +22,19 @@
 
 mod faults;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use dispatch_tests::analysis::{is_finished, phase};
+use dispatch_tests::invariants::{
+    duplicate_jobs, fault_server_config, managed_jobs, wait_terminal, JobWatch, Outcome,
+};
 use dispatch_tests::kargo::Verification;
-use dispatch_tests::objects::RUN_UID_LABEL;
 use dispatch_tests::summary;
 use dispatch_tests::world::agents::Agents;
 use dispatch_tests::world::World;
-use k8s_openapi::api::batch::v1::Job;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use rand::Rng;
@@ -55,16 +55,6 @@ const SLACK: Duration = Duration::from_secs(60);
 
 /// Beyond retention + sweep: the agent's next poll and the deletions themselves.
 const LEFTOVER_SLACK: Duration = Duration::from_secs(30);
-
-/// The chaos servers' extra config.
-fn server_config() -> String {
-    format!(
-        "engine:\n  measurementDeadline: {}s\n  deadlineGrace: {}s\njobs:\n  retention: {}s\n",
-        DEADLINE.as_secs(),
-        GRACE.as_secs(),
-        RETENTION.as_secs()
-    )
-}
 
 /// The plan of run `i`: destination, exit code, Job duration.
 fn plan(i: usize, rng: &mut impl Rng) -> (&'static str, i32, String) {
@@ -98,128 +88,15 @@ fn plugin_pids(work_dir: &std::path::Path) -> Vec<i32> {
         .collect()
 }
 
-async fn managed_jobs(cluster: &dispatch_tests::cluster::Cluster) -> Result<Vec<Job>> {
-    list_managed(&cluster.client().await?).await
-}
-
-async fn list_managed(client: &kube::Client) -> Result<Vec<Job>> {
-    let api: Api<Job> = Api::all(client.clone());
-    Ok(api
-        .list(&ListParams::default().labels("rollouts-dispatch.io/managed=true"))
-        .await?
-        .items)
-}
-
-/// One Job the watch saw: its cluster, name and run UID label.
-#[derive(Debug, Clone)]
-pub struct Seen {
-    cluster: &'static str,
-    name: String,
-    run_uid: String,
-}
-
-/// Every Job of ours seen on any cluster during the test, by Job UID: polled every second
-/// (a list that fails while an API server is down is skipped), so that Jobs the retention
-/// removes still count, and a Job deleted and created again under the same name shows as two.
-#[derive(Clone, Default)]
-pub struct JobWatch(Arc<Mutex<BTreeMap<String, Seen>>>);
-
-impl JobWatch {
-    fn start(clusters: Vec<(&'static str, kube::Client)>) -> Self {
-        let watch = Self::default();
-        let seen = watch.0.clone();
-        tokio::spawn(async move {
-            loop {
-                for (cluster, client) in &clusters {
-                    let Ok(jobs) = list_managed(client).await else {
-                        continue;
-                    };
-                    let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
-                    for j in jobs {
-                        let uid = j.metadata.uid.clone().unwrap_or_default();
-                        seen.entry(uid).or_insert_with(|| Seen {
-                            cluster,
-                            name: j.metadata.name.clone().unwrap_or_default(),
-                            run_uid: j
-                                .metadata
-                                .labels
-                                .as_ref()
-                                .and_then(|l| l.get(RUN_UID_LABEL))
-                                .cloned()
-                                .unwrap_or_default(),
-                        });
-                    }
-                }
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        });
-        watch
-    }
-
-    /// The Jobs seen so far.
-    pub fn seen(&self) -> Vec<Seen> {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect()
-    }
-
-    /// How many Jobs of run `run_uid` were seen on `cluster`.
-    pub fn jobs_of(&self, cluster: &str, run_uid: &str) -> usize {
-        self.seen()
-            .iter()
-            .filter(|s| s.cluster == cluster && s.run_uid == run_uid)
-            .count()
-    }
-}
-
-/// What one verification came to.
-#[derive(Debug, Clone)]
-pub struct Outcome {
-    /// the AnalysisRun's name
-    pub name: String,
-    /// its UID
-    pub uid: String,
-    /// `cluster-a` or `cluster-b`
-    pub destination: &'static str,
-    /// the verdict and every check of its scenario held
-    pub correct: bool,
-    /// not terminal within its deadline + grace (+ [`SLACK`])
-    pub stuck: bool,
-    /// what it came to, for the report
-    pub detail: String,
-}
-
-/// Polls the runs `names` until each is terminal or past its own bound (`created + bound`);
-/// returns the runs as last seen.
-async fn wait_terminal(
-    runs: &Api<DynamicObject>,
-    names: &[(String, Instant, Duration)],
-) -> Result<Vec<DynamicObject>> {
-    loop {
-        let mut last = Vec::new();
-        let mut waiting = false;
-        for (name, created, bound) in names {
-            let run = runs.get(name).await?;
-            waiting |= !is_finished(&run) && created.elapsed() < *bound;
-            last.push(run);
-        }
-        if !waiting {
-            return Ok(last);
-        }
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "kills and restarts components for minutes: run `make chaos`"]
 async fn fifty_verifications_survive_kills_and_faults() -> Result<()> {
     let sweep = format!("{}s", SWEEP_EVERY.as_secs());
-    let mut w =
-        World::start_with_agent_config(&["--sweep-orphans-every", &sweep], &server_config())
-            .await?;
+    let mut w = World::start_with_agent_config(
+        &["--sweep-orphans-every", &sweep],
+        &fault_server_config(DEADLINE, GRACE, RETENTION),
+    )
+    .await?;
     let watch = JobWatch::start(vec![
         ("cluster-a", w.a.client().await?),
         ("cluster-b", w.b.client().await?),
@@ -371,28 +248,8 @@ async fn tally(
     }
 
     // One Job per measurement (a Job name), on its own destination only.
-    let destination_of: BTreeMap<&str, &str> = outcomes
-        .iter()
-        .map(|o| (o.uid.as_str(), o.destination))
-        .collect();
     let seen = watch.seen();
-    let mut duplicates = 0;
-    let mut names: BTreeSet<&str> = BTreeSet::new();
-    for s in &seen {
-        if destination_of.get(s.run_uid.as_str()) != Some(&s.cluster) {
-            duplicates += 1;
-            report.push(format!(
-                "job {} on {} belongs to run {}",
-                s.name, s.cluster, s.run_uid
-            ));
-        } else if !names.insert(&s.name) {
-            duplicates += 1;
-            report.push(format!(
-                "job {} on {} existed more than once",
-                s.name, s.cluster
-            ));
-        }
-    }
+    let duplicates = duplicate_jobs(outcomes, &seen, &[], &mut report);
 
     // Nothing left once the retention (and a sweep) passed since the last run finished, and a
     // sweep since the Kubernetes-store replicas came back (the last fault ran without them):

@@ -1,0 +1,370 @@
+//! Rotations with no downtime, each while verifications run, each following the procedure
+//! `docs/security.md` ("Rotations without downtime") gives, and each checking that the old
+//! material is refused once its grace ends: the API's certificate and its CA, the JWT key (and
+//! the work-signing keys derived from it, which the agent pins), an agent's token, and a
+//! destination's kubeconfig (a new ServiceAccount token, the old ServiceAccount deleted).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{ensure, Context, Result};
+use dispatch_tests::cluster::Cluster;
+use dispatch_tests::invariants::Outcome;
+use dispatch_tests::tls::NextTls;
+use dispatch_tests::wait::eventually;
+use dispatch_tests::world::agents::call_as;
+
+use super::scene::{Scene, Submitted, SLOW};
+
+/// Past the 3 s at which every reader looks at its files again, with room for a busy machine.
+const IN_FORCE: Duration = Duration::from_secs(8);
+/// How long each rotation's verifications run: through every step.
+const THROUGH: &str = "40s";
+
+/// Submits one verification on cluster-a and one on cluster-b that run [`THROUGH`] the
+/// rotation, and waits until their Jobs run.
+async fn in_flight(s: &mut Scene) -> Result<Vec<Submitted>> {
+    let mut runs = Vec::new();
+    for (destination, exit) in [("cluster-a", 0), ("cluster-b", 1)] {
+        let v = s.verification(destination, exit, THROUGH);
+        runs.push(s.submit(&v, destination).await?);
+    }
+    for run in &runs {
+        let watch = s.watch.clone();
+        let (cluster, uid) = (run.cluster, run.uid.clone());
+        eventually("the run's Job", Duration::from_secs(120), || {
+            let n = watch.jobs_of(cluster, &uid);
+            async move { Ok(n > 0) }
+        })
+        .await?;
+    }
+    Ok(runs)
+}
+
+/// Settles `runs`; their outcomes, each with `held` and `detail`.
+async fn ended(
+    s: &mut Scene,
+    runs: &[Submitted],
+    held: bool,
+    detail: &str,
+) -> Result<Vec<Outcome>> {
+    let mut outcomes = Vec::new();
+    for run in runs {
+        let last = s.settle(run, super::DEADLINE + super::GRACE).await?;
+        outcomes.push(s.outcome(run, &last, held, detail.to_string()));
+    }
+    Ok(outcomes)
+}
+
+/// The API's certificate and CA: the CA file every client reads (the plugin's and the agent's
+/// `--ca-file`, the replicas' `--peer-ca-file`) gets old + new; the certificate and key are
+/// replaced by the new CA's; then the CA file holds the new CA alone. A client trusting only
+/// the old CA must then be refused; one trusting the new CA served.
+pub(crate) async fn api_certificate_and_ca(s: &mut Scene) -> Result<Vec<Outcome>> {
+    let runs = in_flight(s).await?;
+    let tls = s.w.dispatch.tls.clone();
+    let old_ca = std::fs::read_to_string(&tls.ca)?;
+    let next = NextTls::generate(2)?;
+    std::fs::write(&tls.ca, format!("{old_ca}{}", next.ca_pem))?;
+    tokio::time::sleep(IN_FORCE).await;
+    std::fs::write(&tls.key, &next.key_pem)?;
+    std::fs::write(&tls.cert, &next.cert_pem)?;
+    tokio::time::sleep(IN_FORCE).await;
+    std::fs::write(&tls.ca, &next.ca_pem)?;
+    tokio::time::sleep(IN_FORCE).await;
+    let dir = s.w.dispatch.dir.clone();
+    let (old_only, new_only) = (dir.join("ca-old.crt"), dir.join("ca-new.crt"));
+    std::fs::write(&old_only, &old_ca)?;
+    std::fs::write(&new_only, &next.ca_pem)?;
+    let token = s.w.dispatch.agent_token.clone();
+    let path = "/v1/agents/cluster-b/work";
+    let with_old = call_as(&s.w.url, &token, &old_only, path).await?;
+    let with_new = call_as(&s.w.url, &token, &new_only, path).await?;
+    let old_refused = with_old.starts_with("transient") && with_old.contains("ertificate");
+    let new_served = !with_new.starts_with("transient");
+    let held = old_refused && new_served;
+    let detail = format!(
+        "old CA alone: {with_old:.120}; new CA alone: {with_new:.60}; old refused: \
+         {old_refused}, new served: {new_served}"
+    );
+    ended(s, &runs, held, &detail).await
+}
+
+/// A random HS256 key.
+fn new_key() -> String {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    (0..48)
+        .map(|_| char::from(b'a' + rng.random_range(0..26u8)))
+        .collect()
+}
+
+/// `rollouts-dispatch work-keys` for `keys` (in order: the first signs).
+fn work_keys(binary: &Path, keys: &[&Path]) -> Result<Vec<u8>> {
+    let mut cmd = Command::new(binary);
+    cmd.arg("work-keys");
+    for k in keys {
+        cmd.arg("--jwt-key-file").arg(k);
+    }
+    let out = cmd.output()?;
+    ensure!(out.status.success(), "work-keys: {out:?}");
+    Ok(out.stdout)
+}
+
+/// `rollouts-dispatch token issue` with `key`: (token, the token id from its stderr).
+fn issue(binary: &Path, key: &Path, destination: Option<&str>) -> Result<(Vec<u8>, String)> {
+    let mut cmd = Command::new(binary);
+    cmd.args(["token", "issue", "--ttl", "1h", "--key-file"])
+        .arg(key);
+    match destination {
+        Some(d) => cmd.args(["--destination", d]),
+        None => cmd.args(["--subject", "argo-rollouts-controller", "--project", "*"]),
+    };
+    let out = cmd.output()?;
+    ensure!(out.status.success(), "token issue: {out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let id = stderr
+        .split_whitespace()
+        .skip_while(|w| *w != "id")
+        .nth(1)
+        .context("no token id on stderr")?
+        .to_string();
+    Ok((out.stdout, id))
+}
+
+/// The second JWT key file and the revocation file, named at every replica's start from now on
+/// (the procedure's precondition); the replicas are rolled once to take them.
+async fn prepare_keys(s: &mut Scene) -> Result<(PathBuf, PathBuf)> {
+    let dir = s.w.dispatch.dir.clone();
+    let (second, revoked) = (dir.join("jwt-2.key"), dir.join("revoked.ids"));
+    if !s.w.dispatch.more_serve_args.is_empty() {
+        return Ok((second, revoked));
+    }
+    std::fs::write(&second, "")?;
+    std::fs::write(&revoked, "# revoked token ids\n")?;
+    s.w.dispatch.more_serve_args = vec![
+        "--jwt-key-file".into(),
+        second.display().to_string(),
+        "--revoked-tokens-file".into(),
+        revoked.display().to_string(),
+    ];
+    let base = s.base_config.clone();
+    s.roll_replicas(&base).await?;
+    Ok((second, revoked))
+}
+
+/// The JWT key, with the work-signing keys derived from it (the agent pins them): the agent
+/// pins new + old; the new key goes into the second file; the plugin and the agent get tokens
+/// of the new key; the files swap (the new key signs); once the runs started before the swap
+/// ended, the old key's file is emptied and the agent pins the new key alone. A token of the old
+/// key must then be refused, and a verification after the rotation end right.
+pub(crate) async fn signing_key(s: &mut Scene) -> Result<Vec<Outcome>> {
+    let (second, _) = prepare_keys(s).await?;
+    let runs = in_flight(s).await?;
+    let d = &s.w.dispatch;
+    let (binary, first, pinned) = (d.binary.clone(), d.key.clone(), d.work_keys.clone());
+    let staged = d.dir.join("jwt-new.key");
+    let old = std::fs::read_to_string(&first)?;
+    std::fs::write(&staged, new_key())?;
+    let old_staged = d.dir.join("jwt-old.key");
+    std::fs::write(&old_staged, &old)?;
+    // 1. The agent pins both; 2. the new key verifies too.
+    std::fs::write(&pinned, work_keys(&binary, &[&staged, &old_staged])?)?;
+    std::fs::write(&second, std::fs::read(&staged)?)?;
+    tokio::time::sleep(IN_FORCE).await;
+    // 3. New tokens; the old agent token is kept to be tried at the end.
+    let old_agent_token = d.dir.join("agent-b.old-key.token");
+    std::fs::copy(&d.agent_token, &old_agent_token)?;
+    let (plugin, _) = issue(&binary, &staged, None)?;
+    std::fs::write(&d.plugin_token, plugin)?;
+    let (agent, _) = issue(&binary, &staged, Some("cluster-b"))?;
+    std::fs::write(&d.agent_token, agent)?;
+    tokio::time::sleep(IN_FORCE).await;
+    // 4. The new key signs.
+    std::fs::write(&first, std::fs::read(&staged)?)?;
+    std::fs::write(&second, &old)?;
+    tokio::time::sleep(IN_FORCE).await;
+    let mut outcomes = ended(s, &runs, true, "in flight through the key rotation").await?;
+    // 5. The old key's file emptied; 6. the agent pins the new key alone.
+    std::fs::write(&second, "")?;
+    std::fs::write(&pinned, work_keys(&binary, &[&staged])?)?;
+    tokio::time::sleep(IN_FORCE).await;
+    let (ca, url) = (s.w.dispatch.ca.clone(), s.w.url.clone());
+    let answer = call_as(&url, &old_agent_token, &ca, "/v1/agents/cluster-b/work").await?;
+    let refused = answer.starts_with("rejected 401");
+    let after = in_flight_short(s).await?;
+    outcomes.extend(
+        ended(
+            s,
+            &after,
+            refused,
+            &format!("after the rotation; the old key's token: {answer:.100}"),
+        )
+        .await?,
+    );
+    Ok(outcomes)
+}
+
+/// One verification on each destination of a few seconds.
+async fn in_flight_short(s: &mut Scene) -> Result<Vec<Submitted>> {
+    let mut runs = Vec::new();
+    for (destination, exit) in [("cluster-a", 1), ("cluster-b", 0)] {
+        let v = s.verification(destination, exit, "3s");
+        runs.push(s.submit(&v, destination).await?);
+    }
+    Ok(runs)
+}
+
+/// An agent's token: a new one is issued and written to the agent's token file; after a long
+/// poll and the reload, the old one's id is revoked. The old token must then be refused.
+pub(crate) async fn agent_token(s: &mut Scene) -> Result<Vec<Outcome>> {
+    let (_, revoked) = prepare_keys(s).await?;
+    let runs = in_flight(s).await?;
+    let d = &s.w.dispatch;
+    let (binary, key, token) = (d.binary.clone(), d.key.clone(), d.agent_token.clone());
+    let old_token = d.dir.join("agent-b.old.token");
+    std::fs::copy(&token, &old_token)?;
+    let old_id = token_id(&std::fs::read_to_string(&old_token)?)?;
+    let (fresh, _) = issue(&binary, &key, Some("cluster-b"))?;
+    std::fs::write(&token, fresh)?;
+    // The agent's long poll (--poll-wait 10s) ends with the old token; then the revocation.
+    tokio::time::sleep(Duration::from_secs(10) + IN_FORCE).await;
+    std::fs::write(&revoked, format!("# revoked token ids\n{old_id}\n"))?;
+    tokio::time::sleep(IN_FORCE).await;
+    let (ca, url) = (s.w.dispatch.ca.clone(), s.w.url.clone());
+    let answer = call_as(&url, &old_token, &ca, "/v1/agents/cluster-b/work").await?;
+    let refused = answer.starts_with("rejected 401") && answer.contains("revoked");
+    ended(
+        s,
+        &runs,
+        refused,
+        &format!("old token {old_id}: {answer:.100}"),
+    )
+    .await
+}
+
+/// The `jti` of a JWT, read from its payload.
+fn token_id(token: &str) -> Result<String> {
+    use base64::Engine;
+    let payload = token.trim().split('.').nth(1).context("not a JWT")?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload)?;
+    let claims: serde_json::Value = serde_json::from_slice(&bytes)?;
+    Ok(claims["jti"].as_str().context("no jti")?.to_string())
+}
+
+/// `kubectl` on `cluster` as its admin.
+fn kubectl(cluster: &Cluster, args: &[&str]) -> Result<String> {
+    let out = Command::new(&cluster.binaries.kubectl)
+        .arg("--kubeconfig")
+        .arg(&cluster.kubeconfig)
+        .args(args)
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "kubectl {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// A ServiceAccount `name` on `cluster` bound to cluster-admin; a token of it.
+fn service_account_token(cluster: &Cluster, name: &str) -> Result<String> {
+    kubectl(
+        cluster,
+        &["create", "serviceaccount", name, "-n", "default"],
+    )?;
+    kubectl(
+        cluster,
+        &[
+            "create",
+            "clusterrolebinding",
+            name,
+            "--clusterrole=cluster-admin",
+            &format!("--serviceaccount=default:{name}"),
+        ],
+    )?;
+    kubectl(
+        cluster,
+        &["create", "token", name, "-n", "default", "--duration", "1h"],
+    )
+}
+
+/// cluster-a-slow's kubeconfig with `token` instead of the admin's.
+fn write_with_token(s: &Scene, token: &str) -> Result<()> {
+    let text = std::fs::read_to_string(&s.slow_kubeconfig)?;
+    let admin = &s.w.a.token;
+    ensure!(
+        text.contains(admin.as_str()) || text.contains("token: "),
+        "no token in the kubeconfig"
+    );
+    let rewritten: String = text
+        .lines()
+        .map(|l| match l.trim_start().strip_prefix("token: ") {
+            Some(_) => format!("{}token: {token}\n", &l[..l.len() - l.trim_start().len()]),
+            None => format!("{l}\n"),
+        })
+        .collect();
+    std::fs::write(&s.slow_kubeconfig, rewritten)?;
+    Ok(())
+}
+
+/// cluster-a-slow's kubeconfig: a ServiceAccount's token, then (while a run is in flight)
+/// another's, then the first ServiceAccount deleted (its tokens refused by cluster-a from then
+/// on). The run in flight and one after must end right; each replica logs that it reloaded.
+pub(crate) async fn destination_kubeconfig(s: &mut Scene) -> Result<Vec<Outcome>> {
+    let stamp = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
+    let (first, second) = (format!("rd-rot-{stamp}-1"), format!("rd-rot-{stamp}-2"));
+    let t1 = service_account_token(&s.w.a, &first)?;
+    let t2 = service_account_token(&s.w.a, &second)?;
+    write_with_token(s, &t1)?;
+    tokio::time::sleep(IN_FORCE).await;
+    let v = s.verification(SLOW, 0, "30s");
+    let run = s.submit(&v, "cluster-a").await?;
+    let watch = s.watch.clone();
+    let uid = run.uid.clone();
+    eventually("the run's Job", Duration::from_secs(120), || {
+        let n = watch.jobs_of("cluster-a", &uid);
+        async move { Ok(n > 0) }
+    })
+    .await?;
+    write_with_token(s, &t2)?;
+    tokio::time::sleep(IN_FORCE).await;
+    kubectl(
+        &s.w.a,
+        &["delete", "serviceaccount", &first, "-n", "default"],
+    )?;
+    kubectl(&s.w.a, &["delete", "clusterrolebinding", &first])?;
+    let reloaded = s.w.dispatch.replicas.iter().all(|r| {
+        std::fs::read_to_string(s.w.control.log_path(&r.name))
+            .unwrap_or_default()
+            .contains("reloaded from changed files")
+    });
+    let last = s.settle(&run, super::DEADLINE + super::GRACE).await?;
+    let mut outcomes = vec![s.outcome(
+        &run,
+        &last,
+        reloaded,
+        format!("in flight through the rotation; every replica logged the reload: {reloaded}"),
+    )];
+    let v = s.verification(SLOW, 1, "3s");
+    let after = s.submit(&v, "cluster-a").await?;
+    let last = s.settle(&after, super::DEADLINE + super::GRACE).await?;
+    outcomes.push(s.outcome(
+        &after,
+        &last,
+        true,
+        "after the old ServiceAccount was deleted".into(),
+    ));
+    // Back to the admin's token for what follows.
+    let admin = s.w.a.token.clone();
+    write_with_token(s, &admin)?;
+    tokio::time::sleep(IN_FORCE).await;
+    kubectl(
+        &s.w.a,
+        &["delete", "serviceaccount", &second, "-n", "default"],
+    )?;
+    kubectl(&s.w.a, &["delete", "clusterrolebinding", &second])?;
+    Ok(outcomes)
+}
