@@ -238,7 +238,7 @@ faults: k8s-bin plugin-release previous-release ## production faults on the real
 # SOAK_RUNS=40 make soak runs a shorter soak (the default is 500 verifications, about 12 minutes);
 # SOAK_HOURS=2 make soak a longer one (one verification per 1.2 s for that long, plus ~5 min).
 .PHONY: soak
-soak: k8s-bin plugin-release ## 500 Kargo-shaped verifications (pass, fail, abort, reverify) over ~10 min (SOAK_HOURS=H: H hours) on a direct and an agent destination, 1m retention; last line: soak: verifications=N peak_jobs_per_destination=P final_jobs=F store_records=R server_rss_growth_mib=G fds_growth=D tasks_growth=T
+soak: k8s-bin plugin-release ## 500 Kargo-shaped verifications (pass, fail, abort, reverify) over ~10 min (SOAK_HOURS=H: H hours) on a direct and an agent destination, 1m retention, a fault every 5 min (SOAK_FAULT_EVERY); last line: soak: verifications=N peak_jobs_per_destination=P final_jobs=F store_records=R server_rss_growth_mib=G fds_growth=D tasks_growth=T
 	$(CARGO) build --locked -p dispatch-server --bin rollouts-dispatch
 	$(call summary_test,soak,$(CLUSTER_ENV),grep -E '^(soak|test |Error)')
 

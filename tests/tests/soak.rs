@@ -22,9 +22,13 @@
 //! `soak: verifications=N peak_jobs_per_destination=P final_jobs=F store_records=R server_rss_growth_mib=G fds_growth=D tasks_growth=T`.
 //!
 //! `SOAK_RUNS=40` (any number) runs a shorter soak; `SOAK_HOURS=2` (a decimal number) a longer
-//! one, one submission per 1.2 s for that long (3 000 verifications an hour). Not here yet: the
-//! faults injected on a schedule during a long soak (issue #32), and the agent's own process
-//! (its memory, descriptors and tasks are not sampled, only the replicas').
+//! one, one submission per 1.2 s for that long (3 000 verifications an hour).
+//!
+//! Faults on a schedule (issue #32): every [`FAULT_EVERY`] (`SOAK_FAULT_EVERY`, a duration in
+//! seconds; `0`: none), in turn, cluster-a's API server goes down for 5 s (every watch of it
+//! ends and lists again) and cluster-b's agent is killed (-9) and started again; every verdict
+//! must still be the planned one. Not here yet: the agent's own process (its memory,
+//! descriptors and tasks are not sampled, only the replicas').
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -54,6 +58,37 @@ const MAX_IN_FLIGHT: usize = 30;
 const RETENTION: Duration = Duration::from_secs(60);
 /// `serve --sweep-orphans-every`.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
+/// How often a fault is injected, unless `SOAK_FAULT_EVERY` (seconds) says otherwise.
+const FAULT_EVERY: Duration = Duration::from_secs(300);
+
+/// The faults' period: `SOAK_FAULT_EVERY` seconds (`0`: no faults), else [`FAULT_EVERY`].
+fn fault_every() -> Result<Option<Duration>> {
+    match std::env::var("SOAK_FAULT_EVERY") {
+        Ok(v) => {
+            let seconds: u64 = v
+                .trim()
+                .parse()
+                .with_context(|| format!("SOAK_FAULT_EVERY={v:?} is not a number of seconds"))?;
+            Ok((seconds > 0).then(|| Duration::from_secs(seconds)))
+        }
+        Err(_) => Ok(Some(FAULT_EVERY)),
+    }
+}
+
+/// Injects fault number `n` (in turn: cluster-a's API server down 5 s; the agent killed and
+/// started again); names it.
+async fn inject(w: &mut World<Agents>, n: usize) -> Result<&'static str> {
+    if n.is_multiple_of(2) {
+        w.a.restart_apiserver(Duration::from_secs(5)).await?;
+        Ok("cluster-a's API server down 5 s")
+    } else {
+        w.b.kill_process("agent")?;
+        let token = w.dispatch.agent_token.clone();
+        w.spawn_agent("agent", &token)?;
+        Ok("the agent killed (-9) and started again")
+    }
+}
+
 /// How often the Jobs on the destinations are counted.
 const SAMPLE_EVERY: Duration = Duration::from_secs(3);
 /// Time for a deletion the sweep decided to land: on the agent destination the agent picks it
@@ -269,7 +304,8 @@ async fn verifications_leave_nothing_behind() -> Result<()> {
 
 async fn soak(runs_wanted: usize) -> Result<()> {
     let sweep = format!("{}s", SWEEP_EVERY.as_secs());
-    let w = World::start_with_agent_config(
+    let faults_every = fault_every()?;
+    let mut w = World::start_with_agent_config(
         &["--sweep-orphans-every", &sweep],
         &format!("jobs: {{retention: {}s}}", RETENTION.as_secs()),
     )
@@ -314,8 +350,15 @@ async fn soak(runs_wanted: usize) -> Result<()> {
     let mut warm: Option<Vec<Held>> = None;
     let (mut last_sample, mut last_log) = (Instant::now() - SAMPLE_EVERY, Instant::now());
     let mut submitter = Some(submitter);
+    let (mut faults, mut last_fault) = (0usize, Instant::now());
     while decided.len() < runs_wanted {
         tokio::time::sleep(Duration::from_secs(1)).await;
+        if faults_every.is_some_and(|every| last_fault.elapsed() >= every) && submitter.is_some() {
+            let what = inject(&mut w, faults).await?;
+            faults += 1;
+            last_fault = Instant::now();
+            println!("soak: fault {faults}: {what}");
+        }
         if Instant::now() > deadline {
             bail!(
                 "{} of {runs_wanted} runs decided by the deadline; undecided: {:?}",

@@ -98,21 +98,8 @@ pub(crate) async fn throttled_destination(s: &mut Scene) -> Result<Vec<Outcome>>
             ..ConfigVariant::default()
         },
     )?;
-    s.roll_replicas(&config).await?;
-    let result = under_load(
-        s,
-        &throttling,
-        Resource::jobs(),
-        &[(THROTTLED, "cluster-a", 0), (THROTTLED, "cluster-a", 1)],
-    )
-    .await;
-    let base = s.base_config.clone();
-    s.roll_replicas(&base).await?;
-    let (ended, measured) = result?;
-    Ok(ended
-        .iter()
-        .map(|(run, last)| s_outcome(s, run, last, &measured))
-        .collect())
+    let runs = [(THROTTLED, "cluster-a", 0), (THROTTLED, "cluster-a", 1)];
+    rolled_under_load(s, &config, &throttling, Resource::jobs(), &runs).await
 }
 
 /// The control plane reached as the throttled user by both replicas, its DispatchJob requests
@@ -128,30 +115,28 @@ pub(crate) async fn throttled_control_plane(s: &mut Scene) -> Result<Vec<Outcome
             ..ConfigVariant::default()
         },
     )?;
-    s.roll_replicas(&config).await?;
-    let result = under_load(
-        s,
-        &throttling,
-        Resource::dispatchjobs(),
-        &[("cluster-b", "cluster-b", 0), ("cluster-b", "cluster-b", 1)],
-    )
-    .await;
+    let runs = [("cluster-b", "cluster-b", 0), ("cluster-b", "cluster-b", 1)];
+    rolled_under_load(s, &config, &throttling, Resource::dispatchjobs(), &runs).await
+}
+
+/// The replicas rolled to `config`, [`under_load`], rolled back to the scene's config; the
+/// outcomes.
+async fn rolled_under_load(
+    s: &mut Scene,
+    config: &std::path::Path,
+    throttling: &throttle::Throttling,
+    resource: Resource,
+    runs: &[(&str, &'static str, i32)],
+) -> Result<Vec<Outcome>> {
+    s.roll_replicas(config).await?;
+    let result = under_load(s, throttling, resource, runs).await;
     let base = s.base_config.clone();
     s.roll_replicas(&base).await?;
     let (ended, measured) = result?;
     Ok(ended
         .iter()
-        .map(|(run, last)| s_outcome(s, run, last, &measured))
+        .map(|(run, last)| s.outcome(run, last, measured.held(), measured.detail()))
         .collect())
-}
-
-fn s_outcome(
-    s: &mut Scene,
-    run: &Submitted,
-    last: &kube::api::DynamicObject,
-    measured: &Throttled,
-) -> Outcome {
-    s.outcome(run, last, measured.held(), measured.detail())
 }
 
 /// etcd's current revision, then a physical compaction at it, through etcd's JSON gateway
