@@ -529,6 +529,17 @@ async fn front(replicas: &[Replica], kind: Front) -> Result<u16> {
 /// POSTs `{}` to `path` of the server at `url` (TLS, trusting `ca`) with the token in
 /// `token_file`; describes the answer: `ok …`, `rejected <code>: <message>` or `transient: …`.
 pub async fn call_as(url: &str, token_file: &Path, ca: &Path, path: &str) -> Result<String> {
+    post_as(url, token_file, ca, path, &serde_json::json!({})).await
+}
+
+/// [`call_as`] POSTing `body`.
+pub async fn post_as(
+    url: &str,
+    token_file: &Path,
+    ca: &Path,
+    path: &str,
+    body: &serde_json::Value,
+) -> Result<String> {
     use dispatch_api::client::{CallError, ClientConfig, ServerClient};
     let client = ServerClient::new(&ClientConfig {
         server: url.to_string(),
@@ -538,9 +549,7 @@ pub async fn call_as(url: &str, token_file: &Path, ca: &Path, path: &str) -> Res
         insecure_plaintext: false,
         timeout: Duration::from_secs(20),
     })?;
-    let answer = client
-        .post::<_, serde_json::Value>(path, &serde_json::json!({}))
-        .await;
+    let answer = client.post::<_, serde_json::Value>(path, body).await;
     Ok(match answer {
         Ok(v) => format!("ok {v}"),
         Err(CallError::Rejected(e)) => format!("rejected {}: {}", e.code, e.message),

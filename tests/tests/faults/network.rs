@@ -6,11 +6,14 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use dispatch_api::block::PLUGIN_NAME;
+use dispatch_api::v1::STATUS;
 use dispatch_server::watch::STALLED_LOG;
 use dispatch_tests::admin;
 use dispatch_tests::invariants::Outcome;
+use dispatch_tests::kargo::PROJECT;
 use dispatch_tests::wait::eventually;
-use dispatch_tests::world::agents::ConfigVariant;
+use dispatch_tests::world::agents::{post_as, ConfigVariant};
 
 use super::scene::{kubeconfig_via, Scene, SLOW};
 
@@ -172,6 +175,20 @@ pub(crate) async fn replica_cut_from_control_plane(s: &mut Scene) -> Result<Vec<
         let v = s.verification(destination, exit, "5s");
         runs.push(s.submit(&v, destination_cluster(destination)).await?);
     }
+    // What the plugin asks about the first run, asked of server-2 itself: its watch of the
+    // runs is silent and lacks it, so it must read the run, get no answer, and say "retry"
+    // (503), not refuse it (403: an `Error` measurement), then go unready.
+    let first = s.w.runs().get(&runs[0].name).await?;
+    let probe = serde_json::json!({
+        "run": {"name": runs[0].name, "namespace": PROJECT, "uid": runs[0].uid},
+        "metric": "smoke",
+        "index": 1,
+        "block": first.data.pointer(&format!("/spec/metrics/0/provider/plugin/{}", PLUGIN_NAME.replace('/', "~1"))),
+    });
+    let server_2 = format!("https://127.0.0.1:{}", replica.port);
+    let (token, ca) = (s.w.dispatch.plugin_token.clone(), s.w.dispatch.ca.clone());
+    let answer = post_as(&server_2, &token, &ca, STATUS, &probe).await?;
+    let retried = answer.starts_with("transient") && answer.contains("did not answer");
     // server-2's readiness while its control plane is gone.
     let mut unready_after = None;
     while cut.elapsed() < Duration::from_secs(90) {
@@ -192,10 +209,16 @@ pub(crate) async fn replica_cut_from_control_plane(s: &mut Scene) -> Result<Vec<
     let unready = unready_after.map_or("stayed ready for 90 s".to_string(), |t| {
         format!("unready {}s after the cut", t.as_secs())
     });
+    let held = retried && unready_after.is_some();
     let mut outcomes = Vec::new();
     for (run, last) in runs.iter().zip(lasts) {
         let last = last?;
-        outcomes.push(s.outcome(run, &last, true, format!("server-2 {unready}")));
+        outcomes.push(s.outcome(
+            run,
+            &last,
+            held,
+            format!("server-2 asked directly: {answer:.160}; server-2 {unready}"),
+        ));
     }
     Ok(outcomes)
 }

@@ -41,12 +41,16 @@ async fn started(s: &Scene, run: &Submitted) -> bool {
 }
 
 /// A run on cluster-b is in flight (its Job runs) when the replicas are rolled to a policy that
-/// allows only `cluster-a*`. The run in flight keeps its verdict (its Job was allowed when it
-/// was created; the verdict only reads it); a run submitted after the change is refused, its
-/// message naming the policy. Then the policy is put back.
+/// allows only `cluster-a*`. The policy is applied to what is in flight too (fail-closed, as
+/// `server/src/measure/mod.rs` says: a signed Job reference is used only while the policy still
+/// allows its placements): the run in flight ends `Error` naming the policy, as does a run
+/// submitted after the change, neither reading nor creating a Job there any more; the Job
+/// already running is left to the retention sweep (the scene's `leftover_jobs`). Then the
+/// policy is put back.
 pub(crate) async fn policy_narrowed_in_flight(s: &mut Scene) -> Result<Vec<Outcome>> {
     let v = s.verification("cluster-b", 1, "30s");
-    let in_flight = s.submit(&v, "cluster-b").await?;
+    let mut in_flight = s.submit(&v, "cluster-b").await?;
+    in_flight.want = "Error";
     let was_running = started(s, &in_flight).await;
     let narrowed = s.w.config_variant(
         "faults-narrowed.yaml",
@@ -64,21 +68,25 @@ pub(crate) async fn policy_narrowed_in_flight(s: &mut Scene) -> Result<Vec<Outco
     let in_flight_last = s.settle(&in_flight, super::DEADLINE).await?;
     let base = s.base_config.clone();
     s.roll_replicas(&base).await?;
-    let message = all_messages(&refused_last);
-    let names_policy = message.contains("polic");
+    let names_policy = |run| all_messages(run).contains("policy denies");
+    let (in_flight_named, refused_named) =
+        (names_policy(&in_flight_last), names_policy(&refused_last));
     let no_job = s.watch.jobs_of("cluster-b", &refused.uid) == 0;
     Ok(vec![
         s.outcome(
             &in_flight,
             &in_flight_last,
-            was_running,
-            format!("running when the policy narrowed: {was_running}"),
+            was_running && in_flight_named,
+            format!(
+                "running when the policy narrowed: {was_running}; ended naming the policy: \
+                 {in_flight_named}"
+            ),
         ),
         s.outcome(
             &refused,
             &refused_last,
-            names_policy && no_job,
-            format!("refused naming the policy: {names_policy}; no Job: {no_job}"),
+            refused_named && no_job,
+            format!("refused naming the policy: {refused_named}; no Job: {no_job}"),
         ),
     ])
 }
