@@ -8,6 +8,9 @@
 //! `running` until the pod template's [`DURATION_ANNOTATION`] has passed and then `succeeded`
 //! or `failed` by its [`EXIT_CODE_ANNOTATION`] ([`Hold::AsKwok`]). A Job it is told to delete
 //! (terminate, garbage collection) is reported deleted at once.
+//!
+//! [`BenchServer`]: the one `rollouts-dispatch serve` process the benches start by hand (a
+//! release build, flags of their own), killed when dropped.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -193,6 +196,54 @@ pub async fn agent(client: ServerClient, destination: String, hold: Hold, seen: 
                 eprintln!("fleet: {destination}: report: {e}");
             }
         }
+    }
+}
+
+/// A `rollouts-dispatch serve` process a bench starts: `binary` with the config at `config`,
+/// HS256 key file `key`, listening on loopback `port` (API) and `admin`, `extra` flags, its
+/// standard error to `stderr`; killed and reaped when dropped.
+pub struct BenchServer(std::process::Child);
+
+impl BenchServer {
+    /// Spawns it (`HOME` is `home`, `KUBECONFIG` unset, log level `warn`).
+    pub fn spawn(
+        binary: &std::path::Path,
+        config: &std::path::Path,
+        key: &std::path::Path,
+        (port, admin): (u16, u16),
+        extra: &[String],
+        home: &std::path::Path,
+        stderr: std::process::Stdio,
+    ) -> anyhow::Result<Self> {
+        use anyhow::Context;
+        let child = std::process::Command::new(binary)
+            .args(["serve", "--config"])
+            .arg(config)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+            .arg("--jwt-key-file")
+            .arg(key)
+            .args(extra)
+            .env_remove("KUBECONFIG")
+            .env("HOME", home)
+            .env("ROLLOUTS_DISPATCH_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?;
+        Ok(Self(child))
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for BenchServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 

@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -24,21 +24,12 @@ use anyhow::{ensure, Context, Result};
 use dispatch_api::client::{ClientConfig, ServerClient};
 use dispatch_api::v1::{Ensured, MeasurementRef, RunRef, Verdict};
 use dispatch_tests::cluster::process::status_mib;
-use dispatch_tests::fleet::{self, destination, refused, Hold};
+use dispatch_tests::fleet::{self, destination, refused, BenchServer, Hold};
 use dispatch_tests::wait::{eventually, Progress};
 use dispatch_tests::{free_port, summary};
 
 const CONCURRENCY: usize = 64;
 const KEY: &str = "bench-agents-signing-key-0123456789abcdef012345";
-
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn client(url: &str, token_file: &Path, timeout: Duration) -> Result<ServerClient> {
     Ok(ServerClient::new(&ClientConfig {
@@ -124,23 +115,16 @@ async fn a_thousand_agents_two_thousand_jobs() -> Result<()> {
     );
     std::fs::write(dir.join("server.yaml"), &config)?;
     let (port, admin) = (free_port()?, free_port()?);
-    let server = KillOnDrop(
-        Command::new(&binary)
-            .args(["serve", "--config"])
-            .arg(dir.join("server.yaml"))
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
-            .arg("--jwt-key-file")
-            .arg(&key)
-            .env_remove("KUBECONFIG")
-            .env("HOME", &dir)
-            .env("ROLLOUTS_DISPATCH_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("starting {}", binary.display()))?,
-    );
-    let pid = server.0.id();
+    let server = BenchServer::spawn(
+        &binary,
+        &dir.join("server.yaml"),
+        &key,
+        (port, admin),
+        &[],
+        &dir,
+        Stdio::inherit(),
+    )?;
+    let pid = server.pid();
     let url = format!("http://127.0.0.1:{port}");
     let key_bytes = dispatch_server::token::read_key(&key)?;
     let every = ["*".to_string()];

@@ -33,7 +33,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -45,7 +44,7 @@ use dispatch_tests::cluster::argo::{self, ArgoRollouts, MetricPlugin};
 use dispatch_tests::cluster::audit::{Mark, LOG_FILE};
 use dispatch_tests::cluster::process::{status_mib, tail};
 use dispatch_tests::cluster::{start_many_with, Cluster, ClusterOptions};
-use dispatch_tests::fleet::{self, Hold};
+use dispatch_tests::fleet::{self, BenchServer, Hold};
 use dispatch_tests::kargo::{Freight, Verification, PROJECT};
 use dispatch_tests::objects::RUN_UID_LABEL;
 use dispatch_tests::tls::ApiTls;
@@ -60,15 +59,6 @@ use kube::Resource;
 const KEY: &str = "bench-scale-signing-key-0123456789abcdef0123456";
 /// The plugin's name in `argo-rollouts-config` (what the runs' metrics name).
 const PLUGIN: &str = dispatch_tests::artifacts::PLUGIN_NAME;
-
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// A size from the environment, else `default`.
 fn knob(name: &str, default: u64) -> Result<u64> {
@@ -170,7 +160,7 @@ struct Scene {
     a: Cluster,
     rollouts: ArgoRollouts,
     freight: Freight,
-    server: KillOnDrop,
+    server: BenchServer,
     server_log: PathBuf,
     dir: PathBuf,
     url: String,
@@ -207,23 +197,15 @@ impl Scene {
         let binary = rollouts_dispatch_binary()?;
         let server_log = dir.join("server.log");
         let log = std::fs::File::create(&server_log)?;
-        let server = KillOnDrop(
-            Command::new(&binary)
-                .args(["serve", "--config"])
-                .arg(dir.join("server.yaml"))
-                .args(["--listen", &format!("127.0.0.1:{port}")])
-                .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
-                .arg("--jwt-key-file")
-                .arg(&key)
-                .args(tls.serve_flags())
-                .env_remove("KUBECONFIG")
-                .env("HOME", &dir)
-                .env("ROLLOUTS_DISPATCH_LOG", "warn")
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .with_context(|| format!("starting {}", binary.display()))?,
-        );
+        let server = BenchServer::spawn(
+            &binary,
+            &dir.join("server.yaml"),
+            &key,
+            (port, admin),
+            &tls.serve_flags(),
+            &dir,
+            log.into(),
+        )?;
         let url = format!("https://127.0.0.1:{port}");
         let key_bytes = dispatch_server::token::read_key(&key)?;
         let (token, _) = dispatch_server::token::issue_token_for(
@@ -297,7 +279,7 @@ impl Scene {
 
     /// `field` (`VmHWM`: the peak, `VmRSS`: now) of the server, the plugin and the controller.
     fn rss(&self, field: &str) -> Result<[f64; 3]> {
-        let server = status_mib(self.server.0.id(), field)?;
+        let server = status_mib(self.server.pid(), field)?;
         let work_dir = self.rollouts.work_dir.clone();
         let plugin = pid_of(|exe| exe.starts_with(&work_dir))
             .context("no plugin process under the controller's working directory")?;

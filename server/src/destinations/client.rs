@@ -315,8 +315,9 @@ pub fn client(
     counter: &RequestCounter,
 ) -> Result<kube::Client, AccessError> {
     config.connect_timeout = Some(settings.connect_timeout);
-    // Watches are long reads: their liveness is kube-runtime's idle timeout; every other call
-    // is bounded by `request_timeout` in the engine.
+    // Watches are long reads: their liveness is `crate::watch`'s stall bound (a list, a watch
+    // request or the wait for the next event past `watch::STALL` is dropped and relisted);
+    // every other call is bounded by `request_timeout` in the engine.
     config.read_timeout = None;
     // Named in every API server's audit log, beside the controllers that write there.
     config.headers.push((
