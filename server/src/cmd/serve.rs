@@ -312,8 +312,11 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     readiness.set_ready();
     let follow = runs.clone().map(|runs| {
         tokio::spawn(
-            follow_control_plane(runs, readiness.clone())
-                .instrument(tracing::info_span!("control_plane_readiness")),
+            follow_control_plane(runs, readiness.clone(), {
+                let agents = features.agents.clone();
+                move |unanswered| agents.set_control_plane_unanswered(unanswered)
+            })
+            .instrument(tracing::info_span!("control_plane_readiness")),
         )
     });
     shutdown.await;
@@ -339,8 +342,13 @@ const READINESS_EVERY: Duration = Duration::from_secs(1);
 /// Keeps the replica unready while the control plane leaves a live read of a run unanswered
 /// (`runs/read.rs`): such a replica cannot confirm runs, and every request it takes is a retry
 /// for its caller, so a Service should send them to the other replicas (issue #32, `make
-/// faults`' replica cut from the control plane). Ready again at the control plane's next answer.
-async fn follow_control_plane(runs: Runs, readiness: Readiness) {
+/// faults`' replica cut from the control plane); agents polling it are answered 503 so that
+/// they connect again. Ready again at the control plane's next answer.
+async fn follow_control_plane(
+    runs: Runs,
+    readiness: Readiness,
+    agents_refused: impl Fn(bool) + Send + 'static,
+) {
     let mut unready = false;
     loop {
         tokio::time::sleep(READINESS_EVERY).await;
@@ -355,11 +363,13 @@ async fn follow_control_plane(runs: Runs, readiness: Readiness) {
                 readiness.set_unready(
                     "the control plane does not answer (a read of an AnalysisRun timed out)",
                 );
+                agents_refused(true);
             }
             None if unready => {
                 unready = false;
                 info!("ready again: the control plane answers");
                 readiness.set_ready();
+                agents_refused(false);
             }
             _ => {}
         }

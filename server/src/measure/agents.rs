@@ -34,6 +34,10 @@ pub struct AgentChannel {
     stopping: tokio::sync::watch::Sender<bool>,
     /// the log requests waiting for agents, handed out with the work
     relay: Arc<LogRelay>,
+    /// set while the control plane leaves this replica's reads unanswered (`serve`'s readiness
+    /// follows the same): its view of the records is stale and its writes do not land, so
+    /// polls and reports are answered 503 and the agent connects again, to a ready replica
+    control_plane_unanswered: std::sync::atomic::AtomicBool,
 }
 
 impl AgentChannel {
@@ -44,7 +48,31 @@ impl AgentChannel {
             metrics,
             stopping: tokio::sync::watch::channel(false).0,
             relay,
+            control_plane_unanswered: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Whether the control plane leaves this replica unanswered (issue #32: a replica cut from
+    /// the control plane answered polls from its stale records for minutes, and the agent,
+    /// served, never left it).
+    pub fn set_control_plane_unanswered(&self, unanswered: bool) {
+        self.control_plane_unanswered
+            .store(unanswered, std::sync::atomic::Ordering::Release);
+    }
+
+    /// 503 while the control plane leaves this replica unanswered.
+    fn answering(&self) -> Result<(), DispatchError> {
+        if self
+            .control_plane_unanswered
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return Err(DispatchError::Unavailable(
+                "this replica cannot reach the control plane, where agent work is kept; \
+                 connect again (a Service sends the connection to a ready replica)"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Answers every open long poll now and every new one at once (shutdown).
@@ -96,6 +124,7 @@ impl AgentChannel {
         req: WorkRequest,
     ) -> Result<WorkReply, DispatchError> {
         let (agent, store) = self.agent_for(caller, &destination)?;
+        self.answering()?;
         if !agent.start_poll(&caller.subject, MAX_POLLS_PER_AGENT) {
             tracing::warn!(subject = %caller.subject, destination, max = MAX_POLLS_PER_AGENT,
                            "refused: too many open polls");
@@ -154,6 +183,7 @@ impl AgentChannel {
         req: ReportRequest,
     ) -> Result<ReportReply, DispatchError> {
         let (agent, store) = self.agent_for(caller, &destination)?;
+        self.answering()?;
         agent.contact(&caller.subject, 0);
         let mut reply = ReportReply::default();
         for mut report in req.reports {
