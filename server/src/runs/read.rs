@@ -29,6 +29,11 @@ pub enum ReadError {
     /// No answer in time.
     #[error("the control plane did not answer a read of the run within {}s", READ_TIMEOUT.as_secs())]
     Unanswered,
+    /// Every read slot stayed taken for [`READ_TIMEOUT`] (many requests about runs the watch
+    /// lacks): says nothing about the control plane, so it is not counted as unanswered — a
+    /// caller naming runs nobody created cannot turn the replica unready.
+    #[error("{READS_AT_ONCE} reads of runs are already under way on this replica")]
+    Busy,
     /// The API server answered with an error.
     #[error("reading the run from the control plane failed: {0}")]
     Api(#[source] kube::Error),
@@ -85,12 +90,12 @@ impl Reader {
         namespace: &str,
         name: &str,
     ) -> Result<Option<DynamicObject>, ReadError> {
-        let started = tokio::time::Instant::now();
-        let read = async {
-            let _permit = self.permits.acquire().await;
-            (self.read)(namespace.to_string(), name.to_string()).await
+        let Ok(Ok(_permit)) = tokio::time::timeout(READ_TIMEOUT, self.permits.acquire()).await
+        else {
+            return Err(ReadError::Busy);
         };
-        match tokio::time::timeout_at(started + READ_TIMEOUT, read).await {
+        let read = (self.read)(namespace.to_string(), name.to_string());
+        match tokio::time::timeout(READ_TIMEOUT, read).await {
             Ok(Ok(run)) => {
                 self.heard();
                 Ok(run)

@@ -88,3 +88,27 @@ async fn no_answer_is_a_retry_and_marks_the_control_plane_unanswered_until_heard
     runs.apply(Event::Apply(run("u-3")));
     assert_eq!(runs.control_plane_unanswered_since(), None);
 }
+
+#[tokio::test(start_paused = true)]
+async fn reads_waiting_for_a_slot_do_not_make_the_control_plane_unanswered() {
+    use super::READS_AT_ONCE;
+    // The control plane answers, slowly (under the bound): every slot is taken by such reads.
+    let runs = silent_watch(Some(Reader::with(|_, _| {
+        async {
+            tokio::time::sleep(super::READ_TIMEOUT - std::time::Duration::from_millis(1)).await;
+            Ok(None)
+        }
+        .boxed()
+    })));
+    let asked: Vec<_> = (0..READS_AT_ONCE * 3)
+        .map(|_| runs.confirm("ns", "r", "u-1", "m", CONFIRM_WAIT))
+        .collect();
+    let verdicts = futures::future::join_all(asked).await;
+    assert!(verdicts.iter().any(|v| matches!(v, Err(RunError::NotSynced { problem, .. }) if problem.contains("already under way"))));
+    assert!(verdicts.iter().all(|v| matches!(
+        v,
+        Err(RunError::NoSuchRun { .. } | RunError::NotSynced { .. })
+    )));
+    // Busy slots are no silence of the control plane: the replica stays ready.
+    assert_eq!(runs.control_plane_unanswered_since(), None);
+}
