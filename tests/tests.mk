@@ -228,6 +228,25 @@ previous-release: ## the previous release's rollouts-dispatch binary ($(PREVIOUS
 	fi
 	@echo "previous-release: $(PREVIOUS_RELEASE) $$($(PREVIOUS_BINARY) --version)"
 
+# The previous release's image (`make image` run in its own tree, so the image is the one that
+# release built: its static server and plugin) for `make upgrade-real`. Its own target directory
+# under the cache; the workspace's build is untouched.
+PREVIOUS_IMAGE_LAYOUT := $(PREVIOUS_DIR)/src/target/image/layout
+
+.PHONY: previous-image
+previous-image: previous-release ## the previous release's OCI image ($(PREVIOUS_RELEASE), 0.1.0) built into the cache with that release's own `make image`
+	@if [ ! -f $(PREVIOUS_IMAGE_LAYOUT)/index.json ]; then \
+	  $(MAKE) -C $(PREVIOUS_DIR)/src image CACHE_DIR=$(CACHE_DIR); fi
+	@echo "previous-image: $(PREVIOUS_RELEASE) $(PREVIOUS_IMAGE_LAYOUT)"
+
+# `helm upgrade` and `helm rollback` with verifications in flight, as pods on the real node (issue
+# #32, tests/tests/upgrade_real/): the previous release's chart and image installed as a user
+# installed them, the one-time CRD step of docs/upgrading.md run as written, then this chart and
+# image, then back. Root and the real-node pieces, like `make e2e-real`; not in `make test`.
+.PHONY: upgrade-real
+upgrade-real: k8s-bin real-node-bin image helm previous-image ## helm upgrade from the previous release's chart and image to this one and helm rollback, each with runs in flight on a direct and an agent destination, as pods on the real node; last line `upgrade: from=… upgraded_in_flight=N/N rolled_back_in_flight=N/N duplicate_jobs=0 leftover_jobs=0 crds_kept=yes`
+	$(call summary_test,upgrade_real,K8S_BIN_ENV=$(K8S_BIN_ENV) HELM=$(abspath $(HELM)) ROLLOUTS_DISPATCH_PREVIOUS=$(PREVIOUS_RELEASE) ROLLOUTS_DISPATCH_PREVIOUS_IMAGE=$(PREVIOUS_IMAGE_LAYOUT) ROLLOUTS_DISPATCH_PREVIOUS_CHART=$(PREVIOUS_DIR)/src/charts/rollouts-dispatch)
+
 # FAULTS_ONLY=name,name runs only those scenarios (for development; the last line then counts
 # only them).
 .PHONY: faults

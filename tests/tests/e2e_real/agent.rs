@@ -6,11 +6,13 @@
 //! namespace. There is one real node, so the "dial-out cluster" is this cluster: what is real is
 //! the agent's pod, its token, its TLS pinning, its RBAC and the Jobs it runs in real containers.
 
+use std::path::Path;
+
 use anyhow::{ensure, Result};
 use dispatch_tests::cluster::Cluster;
-use serde_json::json;
+use serde_json::{json, Value};
 
-use crate::install::{self, apply, exec_in_server, helm_install};
+use crate::install::{self, apply, exec_in_server};
 
 /// The agent release's namespace.
 pub(crate) const NAMESPACE: &str = "edge";
@@ -19,12 +21,24 @@ pub(crate) const EDGE: &str = "edge-1";
 /// Where the agent runs Jobs (`agent.namespaces`).
 pub(crate) const JOB_NAMESPACE: &str = "edge-jobs";
 /// The agent release (its Deployment is `<release>-rollouts-dispatch-agent`).
-const RELEASE: &str = "edge";
+pub(crate) const RELEASE: &str = "edge";
 /// Where the server's pod has its signing key (`signingKey.value`, the NOTES' `--key-file`).
 const SIGNING_KEY: &str = "/etc/rollouts-dispatch/signing-key/jwt.key";
 
 /// Installs the agent release; returns `helm install`'s output.
 pub(crate) async fn install(cluster: &Cluster) -> Result<String> {
+    let (out, _) = install_from(cluster, &install::our_chart(), None).await?;
+    Ok(out)
+}
+
+/// Installs the agent release from `chart`, with image tag `image_tag` (else the chart's
+/// `appVersion`); returns `helm install`'s output and the values, without the tag, for an
+/// upgrade of the same release.
+pub(crate) async fn install_from(
+    cluster: &Cluster,
+    chart: &Path,
+    image_tag: Option<&str>,
+) -> Result<(String, Value)> {
     let token = exec_in_server(
         cluster,
         "",
@@ -64,13 +78,22 @@ pub(crate) async fn install(cluster: &Cluster) -> Result<String> {
             "namespaces": [JOB_NAMESPACE],
         },
     });
-    let out = helm_install(cluster, RELEASE, NAMESPACE, &values)?;
+    let mut tagged = values.clone();
+    if let Some(tag) = image_tag {
+        tagged["image"] = json!({"tag": tag});
+    }
+    let out = install::helm_release(cluster, "install", RELEASE, chart, NAMESPACE, &tagged)?;
     install::wait_available(
         cluster,
         NAMESPACE,
-        &format!("{RELEASE}-rollouts-dispatch-agent"),
+        &deployment(),
         std::time::Duration::from_secs(120),
     )
     .await?;
-    Ok(out)
+    Ok((out, values))
+}
+
+/// The agent release's Deployment.
+pub(crate) fn deployment() -> String {
+    format!("{RELEASE}-rollouts-dispatch-agent")
 }

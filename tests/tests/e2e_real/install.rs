@@ -156,24 +156,46 @@ pub(crate) fn chart_values(project: &str) -> Value {
     })
 }
 
-/// `helm install` of the chart as `release` in `namespace` with `values`, waiting for its pods.
+/// This workspace's chart.
+pub(crate) fn our_chart() -> PathBuf {
+    workspace().join("charts/rollouts-dispatch")
+}
+
+/// `helm args` with the cluster's kubeconfig (`$HELM`, which `make e2e-real` sets).
+pub(crate) fn helm(cluster: &Cluster, args: &[&str]) -> Result<String> {
+    let helm = std::env::var_os("HELM").map(PathBuf::from).context(
+        "HELM names no helm binary (make e2e-real sets it: $(CACHE_DIR)/bin/helm-<version>/helm)",
+    )?;
+    run(cluster, &helm, args)
+}
+
+/// `helm install` of this workspace's chart as `release` in `namespace` with `values`, waiting
+/// for its pods.
 pub(crate) fn helm_install(
     cluster: &Cluster,
     release: &str,
     namespace: &str,
     values: &Value,
 ) -> Result<String> {
-    let helm = std::env::var_os("HELM").map(PathBuf::from).context(
-        "HELM names no helm binary (make e2e-real sets it: $(CACHE_DIR)/bin/helm-<version>/helm)",
-    )?;
-    let file = cluster.dir().join(format!("{release}-values.json"));
+    helm_release(cluster, "install", release, &our_chart(), namespace, values)
+}
+
+/// `helm verb` (`install` or `upgrade`) of `chart` as `release` in `namespace` with `values`,
+/// waiting for its pods.
+pub(crate) fn helm_release(
+    cluster: &Cluster,
+    verb: &str,
+    release: &str,
+    chart: &Path,
+    namespace: &str,
+    values: &Value,
+) -> Result<String> {
+    let file = cluster.dir().join(format!("{release}-{verb}-values.json"));
     std::fs::write(&file, serde_json::to_vec_pretty(values)?)?;
-    let chart = workspace().join("charts/rollouts-dispatch");
-    run(
+    helm(
         cluster,
-        &helm,
         &[
-            "install",
+            verb,
             release,
             &chart.display().to_string(),
             "--namespace",
@@ -186,6 +208,64 @@ pub(crate) fn helm_install(
             "4m",
         ],
     )
+}
+
+/// The Argo Rollouts controller image, by the name `manifests/install.yaml`'s users pin.
+pub(crate) fn controller_image() -> &'static str {
+    dispatch_tests::cluster::node::images::IMAGES
+        .iter()
+        .find(|i| i.recipe == "rollouts")
+        .map(|i| i.name)
+        .unwrap_or_default()
+}
+
+/// Applies the Argo Rollouts controller ([`controller_objects`]), its plugin from `plugin_image`
+/// when given (else config/argo-helm-values.yaml's), and waits until our release's server and
+/// the controller are available.
+pub(crate) async fn install_controller(
+    cluster: &Cluster,
+    plugin_image: Option<&str>,
+) -> Result<()> {
+    let node = cluster.node.as_ref().context("a real node")?;
+    let mut controller =
+        controller_objects(&node.binaries.rollouts_install_yaml, controller_image())?;
+    if let Some(image) = plugin_image {
+        use_plugin_of(&mut controller, image)?;
+    }
+    apply(cluster, &controller, "argo-rollouts")?;
+    wait_available(
+        cluster,
+        RELEASE_NAMESPACE,
+        "rollouts-dispatch",
+        Duration::from_secs(120),
+    )
+    .await?;
+    wait_available(
+        cluster,
+        ROLLOUTS_NAMESPACE,
+        "argo-rollouts",
+        Duration::from_secs(180),
+    )
+    .await
+}
+
+/// Points the controller's plugin init container (config/argo-helm-values.yaml) at `image`.
+fn use_plugin_of(controller: &mut Value, image: &str) -> Result<()> {
+    let items = controller["items"].as_array_mut().context("a List")?;
+    for item in items {
+        if item["kind"] == "Deployment" && item["metadata"]["name"] == "argo-rollouts" {
+            for init in item["spec"]["template"]["spec"]["initContainers"]
+                .as_array_mut()
+                .context("the controller's init containers")?
+            {
+                if init["name"] == "rollouts-dispatch-plugin" {
+                    init["image"] = json!(image);
+                    return Ok(());
+                }
+            }
+        }
+    }
+    bail!("no init container rollouts-dispatch-plugin in the controller's Deployment")
 }
 
 /// The Argo Rollouts controller's objects: the module's `manifests/install.yaml` with the

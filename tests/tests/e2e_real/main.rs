@@ -31,7 +31,6 @@ use std::time::Duration;
 
 use anyhow::{ensure, Result};
 use dispatch_tests::cluster::argo::apply_namespace;
-use dispatch_tests::cluster::node::images::IMAGES;
 use dispatch_tests::cluster::{Cluster, ClusterOptions};
 use dispatch_tests::kargo::{Freight, PROJECT};
 use dispatch_tests::summary;
@@ -39,15 +38,6 @@ use dispatch_tests::summary;
 use install::{
     ARGOCD_NAMESPACE, JOB_NAMESPACE, RELEASE_NAMESPACE, ROLLOUTS_NAMESPACE, WEB_NAMESPACE,
 };
-
-/// The controller image, by the name `manifests/install.yaml`'s users pin.
-fn controller_image() -> &'static str {
-    IMAGES
-        .iter()
-        .find(|i| i.recipe == "rollouts")
-        .map(|i| i.name)
-        .unwrap_or_default()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs root and the real-node pieces: run `make e2e-real`"]
@@ -87,30 +77,7 @@ async fn the_product_on_a_real_node() -> Result<()> {
         &install::chart_values(PROJECT),
     )?;
     println!("real: helm install of {image}:\n{helm}");
-    let controller = install::controller_objects(
-        &cluster
-            .node
-            .as_ref()
-            .expect("node")
-            .binaries
-            .rollouts_install_yaml,
-        controller_image(),
-    )?;
-    install::apply(&cluster, &controller, "argo-rollouts")?;
-    install::wait_available(
-        &cluster,
-        RELEASE_NAMESPACE,
-        "rollouts-dispatch",
-        Duration::from_secs(120),
-    )
-    .await?;
-    install::wait_available(
-        &cluster,
-        ROLLOUTS_NAMESPACE,
-        "argo-rollouts",
-        Duration::from_secs(180),
-    )
-    .await?;
+    install::install_controller(&cluster, None).await?;
     println!("real: chart_pods=ready controller=ready");
 
     // The agent, for a cluster that only dials out (its own release of the chart).
