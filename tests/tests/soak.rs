@@ -27,7 +27,8 @@
 //! Faults on a schedule (issue #32): every [`FAULT_EVERY`] (`SOAK_FAULT_EVERY`, a duration in
 //! seconds; `0`: none), in turn, cluster-a's API server goes down for 5 s (every watch of it
 //! ends and lists again) and cluster-b's agent is killed (-9) and started again; every verdict
-//! must still be the planned one. Not here yet: the agent's own process (its memory,
+//! must still be the planned one. Every 20 minutes the plugin's and the agent's tokens are
+//! renewed (both follow their files), as an operator renews tokens that last an hour. Not here yet: the agent's own process (its memory,
 //! descriptors and tasks are not sampled, only the replicas').
 
 use std::collections::BTreeMap;
@@ -58,6 +59,10 @@ const MAX_IN_FLIGHT: usize = 30;
 const RETENTION: Duration = Duration::from_secs(60);
 /// `serve --sweep-orphans-every`.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
+/// How often the plugin's and the agent's tokens (valid for an hour, as the World issues them)
+/// are renewed, as an operator renews them: a soak longer than an hour stalled once the first
+/// ones expired (every call `401 … token expired`), 62 minutes into the first 2-hour run.
+const RENEW_TOKENS_EVERY: Duration = Duration::from_secs(20 * 60);
 /// How often a fault is injected, unless `SOAK_FAULT_EVERY` (seconds) says otherwise.
 const FAULT_EVERY: Duration = Duration::from_secs(300);
 
@@ -351,8 +356,14 @@ async fn soak(runs_wanted: usize) -> Result<()> {
     let (mut last_sample, mut last_log) = (Instant::now() - SAMPLE_EVERY, Instant::now());
     let mut submitter = Some(submitter);
     let (mut faults, mut last_fault) = (0usize, Instant::now());
+    let mut last_renewal = Instant::now();
     while decided.len() < runs_wanted {
         tokio::time::sleep(Duration::from_secs(1)).await;
+        if last_renewal.elapsed() >= RENEW_TOKENS_EVERY {
+            w.renew_tokens()?;
+            last_renewal = Instant::now();
+            println!("soak: the plugin's and the agent's tokens renewed (valid for an hour)");
+        }
         if faults_every.is_some_and(|every| last_fault.elapsed() >= every) && submitter.is_some() {
             let what = inject(&mut w, faults).await?;
             faults += 1;

@@ -12,6 +12,7 @@ use anyhow::{ensure, Context, Result};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, ListParams};
 
+use super::credentials::write_token;
 use super::{plugin_args, start_clusters, World};
 use crate::admin::wait_ready;
 use crate::artifacts::{repo_path, rollouts_dispatch_binary};
@@ -151,6 +152,14 @@ fn variant_yaml(
 }
 
 impl World<Agents> {
+    /// Writes new tokens for the plugin and cluster-b's agent, each valid for an hour from now,
+    /// as an operator renews them (both follow their files): a test longer than an hour calls
+    /// it on a schedule, or both are refused once their hour is up.
+    pub fn renew_tokens(&self) -> Result<()> {
+        let d = &self.dispatch;
+        write_tokens(&d.binary, &d.key, &d.plugin_token, &d.agent_token)
+    }
+
     /// Starts the agent scene; `serve_args` are extra `rollouts-dispatch serve` flags.
     pub async fn start_with_agent(serve_args: &[&str]) -> Result<Self> {
         Self::start_with_agent_config(serve_args, "").await
@@ -227,25 +236,8 @@ impl World<Agents> {
         let url = format!("https://127.0.0.1:{front_port}");
 
         let plugin_token = dir.join("plugin.token");
-        std::fs::write(
-            &plugin_token,
-            token(None, "argo-rollouts-controller", 3600)?,
-        )?;
         let agent_token = dir.join("agent-b.token");
-        let issued = Command::new(&binary)
-            .args([
-                "token",
-                "issue",
-                "--destination",
-                "cluster-b",
-                "--ttl",
-                "1h",
-                "--key-file",
-            ])
-            .arg(&key)
-            .output()?;
-        ensure!(issued.status.success(), "token issue: {issued:?}");
-        std::fs::write(&agent_token, &issued.stdout)?;
+        write_tokens(&binary, &key, &plugin_token, &agent_token)?;
         // The agent pins the keys the servers sign its work with, printed by the CLI from the
         // same key flag as `serve`.
         let work_keys = dir.join("work.keys");
@@ -557,6 +549,30 @@ pub async fn post_as(
             format!("transient: {m}")
         }
     })
+}
+
+/// Writes the plugin's token (as the controller's, every project) and cluster-b's agent token
+/// (`rollouts-dispatch token issue --destination cluster-b`), each valid for an hour, signed
+/// with `key`: at start, and again by [`World::renew_tokens`].
+fn write_tokens(binary: &Path, key: &Path, plugin_token: &Path, agent_token: &Path) -> Result<()> {
+    write_token(
+        plugin_token,
+        &token(None, "argo-rollouts-controller", 3600)?,
+    )?;
+    let issued = Command::new(binary)
+        .args([
+            "token",
+            "issue",
+            "--destination",
+            "cluster-b",
+            "--ttl",
+            "1h",
+            "--key-file",
+        ])
+        .arg(key)
+        .output()?;
+    ensure!(issued.status.success(), "token issue: {issued:?}");
+    write_token(agent_token, &String::from_utf8(issued.stdout)?)
 }
 
 /// A token signed with [`KEY`] for `subject` (an agent token when `destination` is set, else

@@ -140,7 +140,7 @@ impl Drop for PluginTokenSwap {
 
 /// Replaces the token in `file` at once (a new file renamed over it): the plugin reads the file
 /// on every request, and must never read it half written.
-fn write_token(file: &Path, token: &str) -> Result<()> {
+pub(super) fn write_token(file: &Path, token: &str) -> Result<()> {
     let next = file.with_extension("token.next");
     std::fs::write(&next, token).with_context(|| format!("writing {}", next.display()))?;
     std::fs::rename(&next, file).with_context(|| format!("replacing {}", file.display()))
