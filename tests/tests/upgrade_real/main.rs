@@ -63,6 +63,12 @@ fn env_path(name: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// Waits until the server's and the agent's Deployments both run `image` and are available.
+async fn both_run(cluster: &Cluster, image: &str) -> Result<()> {
+    flight::expect_image(cluster, RELEASE_NAMESPACE, RELEASE, image).await?;
+    flight::expect_image(cluster, agent::NAMESPACE, &agent::deployment(), image).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs root and the real-node pieces: run `make upgrade-real`"]
 async fn helm_upgrade_and_rollback_with_runs_in_flight() -> Result<()> {
@@ -146,14 +152,7 @@ async fn helm_upgrade_and_rollback_with_runs_in_flight() -> Result<()> {
         agent::NAMESPACE,
         &agent_values,
     )?;
-    flight::expect_image(&cluster, RELEASE_NAMESPACE, RELEASE, &current_image).await?;
-    flight::expect_image(
-        &cluster,
-        agent::NAMESPACE,
-        &agent::deployment(),
-        &current_image,
-    )
-    .await?;
+    both_run(&cluster, &current_image).await?;
     let upgraded = flights.land(&upgrade, "upgrade").await?;
     let keep = flight::crds_kept(&client).await?;
     ensure!(
@@ -181,14 +180,7 @@ async fn helm_upgrade_and_rollback_with_runs_in_flight() -> Result<()> {
             ],
         )?;
     }
-    flight::expect_image(&cluster, RELEASE_NAMESPACE, RELEASE, &previous_image).await?;
-    flight::expect_image(
-        &cluster,
-        agent::NAMESPACE,
-        &agent::deployment(),
-        &previous_image,
-    )
-    .await?;
+    both_run(&cluster, &previous_image).await?;
     let rolled_back = flights.land(&rollback, "rollback").await?;
     let crds_kept = flight::crds_kept(&client).await?;
 
