@@ -253,6 +253,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     .map(|every| {
         super::sweep::spawn(
             engine.clone(),
+            runs.clone(),
             features.applications.clone(),
             metrics.clone(),
             every,

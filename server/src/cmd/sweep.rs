@@ -10,6 +10,7 @@ use tracing::{info, info_span, warn, Instrument};
 
 use crate::applications::{Applications, APP_RECORD_IDLE};
 use crate::engine::{CleanupError, Engine};
+use crate::runs::Runs;
 use crate::runtime::metrics::Metrics;
 
 /// The interval when `--sweep-orphans-every` is not given and the control plane is configured.
@@ -25,9 +26,11 @@ pub fn interval(flag: Option<Duration>, work: bool) -> Option<Duration> {
     }
 }
 
-/// Runs the sweep every `every` until the task is aborted.
+/// Runs the sweep every `every` until the task is aborted, reading the runs from `runs`' watch
+/// when it can (`Engine::sweep_orphans_with`).
 pub fn spawn(
     engine: Engine,
+    runs: Option<Runs>,
     applications: Arc<Applications>,
     metrics: Arc<Metrics>,
     every: Duration,
@@ -51,7 +54,7 @@ pub fn spawn(
                 if !engine.has_control_plane() {
                     continue;
                 }
-                match engine.sweep_orphans().await {
+                match engine.sweep_orphans_with(runs.as_ref()).await {
                     Ok(report) => {
                         for (destination, _, reason) in &report.deleted {
                             metrics.count_swept(destination, reason.as_str());

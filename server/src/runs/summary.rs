@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::DynamicObject;
 use serde_json::Value;
 
-use super::Runs;
+use super::{RunFacts, Runs, State};
 
 /// The longest message kept (bytes, cut at a character boundary).
 pub const MAX_MESSAGE: usize = 512;
@@ -21,6 +21,14 @@ pub const MAX_MESSAGE: usize = 512;
 pub(super) const MAX_METRICS: usize = 16;
 /// The most destinations kept per metric.
 pub(super) const MAX_DESTINATIONS: usize = 32;
+/// The most runs whose summary the watch keeps, the newest by start: as many as the list page
+/// looks at (`ui::LIST_SCAN`). An older run's page reads it live ([`Runs::summary`]). Kargo
+/// keeps every verification's run until its Freight goes, so without a bound the summaries
+/// (about 0.8 KiB each) grew with every run the control plane holds.
+pub const SUMMARIES_KEPT: usize = 2000;
+/// Summaries kept beyond [`SUMMARIES_KEPT`] before the oldest are dropped (a prune sorts them
+/// all, so it runs once per this many new runs, not at every one).
+const SUMMARIES_SLACK: usize = SUMMARIES_KEPT / 4;
 /// Kargo's label naming the Stage a verification belongs to.
 pub const LABEL_STAGE: &str = "kargo.akuity.io/stage";
 
@@ -216,13 +224,72 @@ impl Runs {
         all.into_iter().take(limit).cloned().collect()
     }
 
-    /// The summary of run `namespace/name`, if the watch holds it.
-    pub fn summary(&self, namespace: &str, name: &str) -> Option<RunSummary> {
-        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
-        state
+    /// The summary of run `namespace/name` of ours, if the watch holds the run: from the watch
+    /// for the newest [`SUMMARIES_KEPT`] runs, else read live (`None` when that read fails).
+    pub async fn summary(&self, namespace: &str, name: &str) -> Option<RunSummary> {
+        let uid = {
+            let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+            let facts = state.runs.get(&(namespace.to_string(), name.to_string()))?;
+            if facts.summary.is_some() || facts.metrics.is_empty() {
+                return facts.summary.clone();
+            }
+            facts.uid.clone()
+        };
+        let run = match self.reader.as_ref()?.read(namespace, name).await {
+            Ok(run) => run?,
+            Err(error) => {
+                tracing::warn!(run = %format_args!("{namespace}/{name}"), %error,
+                               "reading an AnalysisRun older than the summaries the watch keeps");
+                return None;
+            }
+        };
+        let (_, facts) = RunFacts::of(&run)?;
+        (facts.uid == uid).then_some(facts.summary).flatten()
+    }
+}
+
+impl State {
+    /// Drops `facts`' summary when its run started before the oldest summary kept.
+    pub(super) fn trim_summary(&self, facts: &mut RunFacts) {
+        let Some(cutoff) = &self.summary_cutoff else {
+            return;
+        };
+        if facts
+            .summary
+            .as_ref()
+            .is_some_and(|s| s.started.as_ref() < Some(cutoff))
+        {
+            facts.summary = None;
+        }
+    }
+
+    /// Once more than [`SUMMARIES_KEPT`] + slack runs keep a summary, keeps it only for the
+    /// newest [`SUMMARIES_KEPT`] by start (and any started at the same instant as the last).
+    pub(super) fn prune_summaries(&mut self) {
+        if self.summaries <= SUMMARIES_KEPT + SUMMARIES_SLACK {
+            return;
+        }
+        let mut started: Vec<Option<&Time>> = self
             .runs
-            .get(&(namespace.to_string(), name.to_string()))
-            .and_then(|f| f.summary.clone())
+            .values()
+            .filter_map(|f| f.summary.as_ref())
+            .map(|s| s.started.as_ref())
+            .collect();
+        started.sort_unstable_by(|a, b| b.cmp(a));
+        let cutoff = started.get(SUMMARIES_KEPT - 1).copied().flatten().cloned();
+        let mut kept = 0;
+        for facts in self.runs.values_mut() {
+            if facts
+                .summary
+                .as_ref()
+                .is_some_and(|s| s.started.as_ref() < cutoff.as_ref())
+            {
+                facts.summary = None;
+            }
+            kept += usize::from(facts.summary.is_some());
+        }
+        self.summaries = kept;
+        self.summary_cutoff = cutoff;
     }
 }
 
@@ -298,8 +365,8 @@ mod tests {
         assert!(cut_text.len() <= 512, "{}", cut_text.len());
     }
 
-    #[test]
-    fn recent_is_newest_first_and_bounded() {
+    #[tokio::test]
+    async fn recent_is_newest_first_and_bounded() {
         let runs = Runs::default();
         runs.apply(Event::Init);
         for (i, name) in ["old", "mid", "new"].iter().enumerate() {
@@ -310,9 +377,77 @@ mod tests {
         let names: Vec<_> = runs.recent(2).into_iter().map(|s| s.name).collect();
         assert_eq!(names, ["new", "mid"]);
         assert_eq!(
-            runs.summary("ns", "old").unwrap().stage.as_deref(),
+            runs.summary("ns", "old").await.unwrap().stage.as_deref(),
             Some("uat")
         );
-        assert!(runs.summary("other", "old").is_none());
+        assert!(runs.summary("other", "old").await.is_none());
+    }
+
+    /// Run `i` of many, started `i` seconds after midnight.
+    fn nth(i: usize) -> DynamicObject {
+        let t = k8s_openapi::jiff::Timestamp::from_second(1_767_225_600 + i as i64).unwrap();
+        run("ns", &format!("r{i}"), &t.to_string(), json!({}))
+    }
+
+    #[tokio::test]
+    async fn only_the_newest_keep_a_summary_and_an_older_page_is_read_live() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let reads = Arc::new(AtomicUsize::new(0));
+        let reader = super::super::Reader::with({
+            let reads = reads.clone();
+            move |_, name| {
+                reads.fetch_add(1, Ordering::SeqCst);
+                let i: usize = name[1..].parse().unwrap();
+                Box::pin(async move { Ok(Some(nth(i))) })
+            }
+        });
+        let runs = Runs::with_reader(Some(reader));
+        let total = SUMMARIES_KEPT + SUMMARIES_SLACK + 1;
+        runs.apply(Event::Init);
+        for i in 0..total {
+            runs.apply(Event::InitApply(nth(i)));
+        }
+        runs.apply(Event::InitDone);
+        let held = |runs: &Runs| {
+            let state = runs.state.read().unwrap();
+            (
+                state.summaries,
+                state.runs.values().filter(|f| f.summary.is_some()).count(),
+            )
+        };
+        assert_eq!(held(&runs), (SUMMARIES_KEPT, SUMMARIES_KEPT));
+        let recent = runs.recent(SUMMARIES_KEPT);
+        assert_eq!(recent.len(), SUMMARIES_KEPT);
+        assert_eq!(recent[0].name, format!("r{}", total - 1));
+        assert_eq!(
+            recent[SUMMARIES_KEPT - 1].name,
+            format!("r{}", total - SUMMARIES_KEPT)
+        );
+
+        // The newest is answered from the watch; the oldest by a live read of its run.
+        let newest = format!("r{}", total - 1);
+        assert!(runs.summary("ns", &newest).await.is_some());
+        assert_eq!(reads.load(Ordering::SeqCst), 0);
+        let oldest = runs.summary("ns", "r0").await.expect("read live");
+        assert_eq!(
+            (oldest.name.as_str(), oldest.stage.as_deref()),
+            ("r0", Some("uat"))
+        );
+        assert_eq!(reads.load(Ordering::SeqCst), 1);
+
+        // An old run updated keeps no summary; new runs do, and the count is pruned again.
+        runs.apply(Event::Apply(nth(0)));
+        assert_eq!(held(&runs), (SUMMARIES_KEPT, SUMMARIES_KEPT));
+        for i in total..total + SUMMARIES_SLACK + 1 {
+            runs.apply(Event::Apply(nth(i)));
+        }
+        assert_eq!(held(&runs), (SUMMARIES_KEPT, SUMMARIES_KEPT));
+        runs.apply(Event::Delete(nth(total)));
+        assert_eq!(held(&runs).0, SUMMARIES_KEPT - 1);
+        // Every run keeps its uid and state for the sweep, summary or not.
+        let states = runs.states().unwrap();
+        assert_eq!(states.len(), total + SUMMARIES_SLACK);
+        assert_eq!(states["uid-r0"], crate::runs::RunState::Running);
     }
 }

@@ -58,14 +58,15 @@ impl Pages {
     }
 
     /// The summary of one run, if the watch of the control plane's runs holds it.
-    fn run_summary(&self, namespace: &str, name: &str) -> Option<RunSummary> {
-        self.runs.as_ref()?.summary(namespace, name)
+    async fn run_summary(&self, namespace: &str, name: &str) -> Option<RunSummary> {
+        self.runs.as_ref()?.summary(namespace, name).await
     }
 }
 use render::ListFilter;
 
 /// The most runs the list looks at (newest first) before filtering by what the viewer may see.
-pub const LIST_SCAN: usize = 2000;
+/// As many as the watch keeps summaries of.
+pub const LIST_SCAN: usize = crate::runs::SUMMARIES_KEPT;
 /// The most rows the list shows.
 pub const LIST_SHOW: usize = 200;
 /// The longest token the login form accepts (a Kubernetes token is a few KiB at most).
@@ -277,7 +278,7 @@ async fn run(
         }
         Err(e) => return refusal(e),
     }
-    let Some(summary) = state.run_summary(&namespace, &name) else {
+    let Some(summary) = state.run_summary(&namespace, &name).await else {
         let why = if state.recent_runs(0).is_none() {
             "this server has no control plane (controlPlane in its config), so it shows no runs"
                 .to_string()

@@ -3,11 +3,14 @@
 //! whose AnalysisRun is gone from the control plane; runs completed long ago: `lifecycle`).
 
 use anyhow::Result;
-use dispatch_server::engine::SweepReason::DeletedRun;
+use dispatch_server::engine::SweepReason::{DeletedRun, RunCompleted};
 use dispatch_server::engine::RUNS_PAGE;
 use dispatch_server::job::{self, LABEL_MANAGED, LABEL_RUN_UID};
 use dispatch_server::logs::Redactor;
+use dispatch_server::runs::Runs;
 use dispatch_server::Phase;
+use kube::api::DynamicObject;
+use kube::runtime::watcher::Event;
 use serde_json::json;
 
 use crate::cluster_side::{analysis_run, foreign_job, job_names, jobs, pod_for, pods};
@@ -287,5 +290,72 @@ async fn the_orphan_sweep_deletes_jobs_whose_analysis_run_is_gone() -> Result<()
         "{e}"
     );
     assert_eq!(job_names(w.api("b")), on_b);
+    Ok(())
+}
+
+/// An AnalysisRun object as the runs' watch delivers it.
+fn watched(r: &dispatch_server::job::RunContext, status: serde_json::Value) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "AnalysisRun",
+        "metadata": {"name": r.name, "namespace": r.namespace, "uid": r.uid},
+        "spec": {"metrics": []},
+        "status": status
+    }))
+    .expect("an AnalysisRun")
+}
+
+#[tokio::test]
+async fn the_sweep_reads_the_runs_from_the_watch_and_lists_only_for_a_run_it_does_not_hold(
+) -> Result<()> {
+    let w = World::start("").await?;
+    let lists = || {
+        w.clusters
+            .cp
+            .calls("GET", "/apis/argoproj.io/v1alpha1/analysisruns")
+    };
+    let (live, gone) = (run(4), run(5));
+    analysis_run(&w.clusters.cp, PROJECT, &live.name, &live.uid);
+    let runs = Runs::default();
+    runs.apply(Event::Init);
+    runs.apply(Event::InitApply(watched(
+        &live,
+        json!({"phase": "Running"}),
+    )));
+    runs.apply(Event::InitDone);
+    let config = block(json!({"destination": "a"}))?;
+    let kept = w
+        .engine
+        .ensure(&request(&live, "m", 1, config.clone()))
+        .await?
+        .job;
+    let orphan = w.engine.ensure(&request(&gone, "m", 1, config)).await?.job;
+    w.cached("a", &kept.name, true).await?;
+    w.cached("a", &orphan.name, true).await?;
+
+    // A Job whose run the watch does not hold: only a list may call it an orphan (the run may
+    // be a moment too new for this replica's watch).
+    let report = w.engine.sweep_orphans_with(Some(&runs)).await?;
+    let want = vec![("a".to_string(), format!("{NS}/{}", orphan.name), DeletedRun)];
+    assert_eq!(report.deleted, want, "{report:?}");
+    assert_eq!(lists(), 1);
+
+    // Every Job's run held: no request to the control plane, nothing deleted.
+    w.cached("a", &orphan.name, false).await?;
+    let quiet = w.engine.sweep_orphans_with(Some(&runs)).await?;
+    assert!(quiet.deleted.is_empty(), "{quiet:?}");
+    assert_eq!(lists(), 1);
+
+    // The watch says the run completed: its Job, still running, goes; still no list.
+    let long_ago = json!({"phase": "Successful", "completedAt": "2020-01-01T00:00:00Z"});
+    runs.apply(Event::Apply(watched(&live, long_ago)));
+    let retained = w.engine.sweep_orphans_with(Some(&runs)).await?;
+    let want = vec![("a".to_string(), format!("{NS}/{}", kept.name), RunCompleted)];
+    assert_eq!(retained.deleted, want, "{retained:?}");
+    assert_eq!(lists(), 1);
+
+    // While the watch lists again (after a 410), it is not authoritative: the sweep lists.
+    runs.apply(Event::Init);
+    w.engine.sweep_orphans_with(Some(&runs)).await?;
+    assert_eq!(lists(), 2);
     Ok(())
 }
