@@ -41,7 +41,7 @@ use crate::watch::{self as watches, Source, WatchError, Watched};
 
 mod read;
 mod summary;
-pub use read::{ReadError, Reader, READS_AT_ONCE, READ_TIMEOUT};
+pub use read::{ReadError, Reader, PAGE_READS_AT_ONCE, READS_AT_ONCE, READ_TIMEOUT};
 pub use summary::{
     is_completed, MetricSummary, RunSummary, LABEL_STAGE, MAX_MESSAGE, SUMMARIES_KEPT,
 };
@@ -266,6 +266,8 @@ pub struct Runs {
     changed: watch::Sender<u64>,
     /// reads a run live before a refusal (`read.rs`); `None`: refusals come from the watch alone
     reader: Option<Reader>,
+    /// reads the page of a run older than the summaries kept (`summary.rs`), beside `reader`
+    page_reader: Option<Reader>,
     /// aborts the watch task when the last handle goes (the task's own handle has none)
     _task: Option<Arc<AbortOnDrop>>,
 }
@@ -285,6 +287,7 @@ impl Default for Runs {
             state: Arc::default(),
             changed: watch::channel(0).0,
             reader: None,
+            page_reader: None,
             _task: None,
         }
     }
@@ -300,6 +303,7 @@ impl Runs {
     /// [`Runs::watch`] of the AnalysisRuns `source` lists and watches (a scripted API in tests).
     fn watch_from<S: Source<DynamicObject>>(source: S, reader: Option<Reader>) -> Self {
         let mut runs = Self {
+            page_reader: reader.as_ref().map(|r| r.beside(PAGE_READS_AT_ONCE)),
             reader,
             ..Self::default()
         };
@@ -329,6 +333,7 @@ impl Runs {
     #[cfg(test)]
     pub(crate) fn with_reader(reader: Option<Reader>) -> Self {
         Self {
+            page_reader: reader.as_ref().map(|r| r.beside(PAGE_READS_AT_ONCE)),
             reader,
             ..Self::default()
         }

@@ -22,6 +22,10 @@ use tokio::sync::Semaphore;
 pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// Live reads in flight at once, per replica.
 pub const READS_AT_ONCE: usize = 8;
+/// Live reads of old runs' pages (`/ui`, [`super::Runs::summary`]) in flight at once, per
+/// replica: their own slots, so that viewers opening old pages never take the reads that
+/// confirm runs.
+pub const PAGE_READS_AT_ONCE: usize = 2;
 
 /// Why a live read gave no answer.
 #[derive(Debug, thiserror::Error)]
@@ -81,6 +85,16 @@ impl Reader {
             read: Arc::new(read),
             permits: Arc::new(Semaphore::new(READS_AT_ONCE)),
             unanswered_since: Arc::default(),
+        }
+    }
+
+    /// A reader through the same API with `at_once` slots of its own; an unanswered read of
+    /// either counts for both (it is the same control plane).
+    pub fn beside(&self, at_once: usize) -> Self {
+        Self {
+            read: self.read.clone(),
+            permits: Arc::new(Semaphore::new(at_once)),
+            unanswered_since: self.unanswered_since.clone(),
         }
     }
 

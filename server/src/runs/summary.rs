@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::DynamicObject;
 use serde_json::Value;
 
-use super::{RunFacts, Runs, State};
+use super::{ReadError, RunFacts, Runs, State};
 
 /// The longest message kept (bytes, cut at a character boundary).
 pub const MAX_MESSAGE: usize = 512;
@@ -225,26 +225,33 @@ impl Runs {
     }
 
     /// The summary of run `namespace/name` of ours, if the watch holds the run: from the watch
-    /// for the newest [`SUMMARIES_KEPT`] runs, else read live (`None` when that read fails).
-    pub async fn summary(&self, namespace: &str, name: &str) -> Option<RunSummary> {
+    /// for the newest [`SUMMARIES_KEPT`] runs, else read live (through slots of its own,
+    /// `read.rs`); the error says why that read gave no answer.
+    pub async fn summary(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<RunSummary>, ReadError> {
         let uid = {
             let state = self.state.read().unwrap_or_else(|e| e.into_inner());
-            let facts = state.runs.get(&(namespace.to_string(), name.to_string()))?;
+            let Some(facts) = state.runs.get(&(namespace.to_string(), name.to_string())) else {
+                return Ok(None);
+            };
             if facts.summary.is_some() || facts.metrics.is_empty() {
-                return facts.summary.clone();
+                return Ok(facts.summary.clone());
             }
             facts.uid.clone()
         };
-        let run = match self.reader.as_ref()?.read(namespace, name).await {
-            Ok(run) => run?,
-            Err(error) => {
-                tracing::warn!(run = %format_args!("{namespace}/{name}"), %error,
-                               "reading an AnalysisRun older than the summaries the watch keeps");
-                return None;
-            }
+        let Some(reader) = &self.page_reader else {
+            return Ok(None);
         };
-        let (_, facts) = RunFacts::of(&run)?;
-        (facts.uid == uid).then_some(facts.summary).flatten()
+        let Some(run) = reader.read(namespace, name).await? else {
+            return Ok(None);
+        };
+        // Deleted and created again since the watch saw it: not the run the watch holds.
+        Ok(RunFacts::of(&run)
+            .filter(|(_, facts)| facts.uid == uid)
+            .and_then(|(_, facts)| facts.summary))
     }
 }
 
@@ -377,10 +384,15 @@ mod tests {
         let names: Vec<_> = runs.recent(2).into_iter().map(|s| s.name).collect();
         assert_eq!(names, ["new", "mid"]);
         assert_eq!(
-            runs.summary("ns", "old").await.unwrap().stage.as_deref(),
+            runs.summary("ns", "old")
+                .await
+                .unwrap()
+                .unwrap()
+                .stage
+                .as_deref(),
             Some("uat")
         );
-        assert!(runs.summary("other", "old").await.is_none());
+        assert!(runs.summary("other", "old").await.unwrap().is_none());
     }
 
     /// Run `i` of many, started `i` seconds after midnight.
@@ -427,9 +439,9 @@ mod tests {
 
         // The newest is answered from the watch; the oldest by a live read of its run.
         let newest = format!("r{}", total - 1);
-        assert!(runs.summary("ns", &newest).await.is_some());
+        assert!(runs.summary("ns", &newest).await.unwrap().is_some());
         assert_eq!(reads.load(Ordering::SeqCst), 0);
-        let oldest = runs.summary("ns", "r0").await.expect("read live");
+        let oldest = runs.summary("ns", "r0").await.unwrap().expect("read live");
         assert_eq!(
             (oldest.name.as_str(), oldest.stage.as_deref()),
             ("r0", Some("uat"))

@@ -31,7 +31,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use crate::engine::Engine;
 use crate::http::viewer::{self, Viewer, SESSION_COOKIE};
 use crate::http::{ApiFailure, Gate};
-use crate::runs::{RunSummary, Runs};
+use crate::runs::{ReadError, RunSummary, Runs, SUMMARIES_KEPT};
 
 mod load;
 mod scope;
@@ -58,8 +58,15 @@ impl Pages {
     }
 
     /// The summary of one run, if the watch of the control plane's runs holds it.
-    async fn run_summary(&self, namespace: &str, name: &str) -> Option<RunSummary> {
-        self.runs.as_ref()?.summary(namespace, name).await
+    async fn run_summary(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<RunSummary>, ReadError> {
+        match &self.runs {
+            Some(runs) => runs.summary(namespace, name).await,
+            None => Ok(None),
+        }
     }
 }
 use render::ListFilter;
@@ -278,7 +285,21 @@ async fn run(
         }
         Err(e) => return refusal(e),
     }
-    let Some(summary) = state.run_summary(&namespace, &name).await else {
+    let summary = match state.run_summary(&namespace, &name).await {
+        Ok(summary) => summary,
+        Err(e) => {
+            let why = format!(
+                "AnalysisRun {namespace}/{name} is older than the {SUMMARIES_KEPT} newest runs \
+                 the server keeps, and reading it from the control plane failed: {e}; try again"
+            );
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Html(render::problem("Unavailable", who, &why)),
+            )
+                .into_response();
+        }
+    };
+    let Some(summary) = summary else {
         let why = if state.recent_runs(0).is_none() {
             "this server has no control plane (controlPlane in its config), so it shows no runs"
                 .to_string()

@@ -112,3 +112,36 @@ async fn reads_waiting_for_a_slot_do_not_make_the_control_plane_unanswered() {
     // Busy slots are no silence of the control plane: the replica stays ready.
     assert_eq!(runs.control_plane_unanswered_since(), None);
 }
+
+#[tokio::test(start_paused = true)]
+async fn pages_of_old_runs_read_in_slots_of_their_own() {
+    let reader = Reader::with(|_, name| {
+        if name == "slow" {
+            futures::future::pending().boxed()
+        } else {
+            async { Ok(Some(run("u-1"))) }.boxed()
+        }
+    });
+    let pages = reader.beside(super::PAGE_READS_AT_ONCE);
+    // Viewers opening old runs' pages hold every page slot, the control plane slow to answer.
+    let held: Vec<_> = (0..super::PAGE_READS_AT_ONCE)
+        .map(|_| {
+            let pages = pages.clone();
+            tokio::spawn(async move { pages.read("ns", "slow").await })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    assert_eq!(pages.permits.available_permits(), 0);
+    // The read that confirms a run is not kept waiting behind them.
+    assert_eq!(reader.permits.available_permits(), super::READS_AT_ONCE);
+    let confirmed = reader.read("ns", "r").await.expect("answered");
+    assert!(confirmed.is_some());
+    // The page reads end unanswered, for both readers: it is one control plane.
+    for h in held {
+        assert!(matches!(
+            h.await.unwrap(),
+            Err(super::ReadError::Unanswered)
+        ));
+    }
+    assert!(reader.unanswered_since().is_some());
+}
