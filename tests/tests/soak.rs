@@ -98,7 +98,8 @@ async fn inject(w: &mut World<Agents>, n: usize) -> Result<&'static str> {
 const SAMPLE_EVERY: Duration = Duration::from_secs(3);
 /// Time for a deletion the sweep decided to land: on the agent destination the agent picks it
 /// up on its next poll (`--poll-wait 10s`), deletes the Job and reports, which removes the
-/// record; a sweep itself lists every run, which takes a while on a busy machine.
+/// record; a sweep that must list the runs (one whose Job's run its watch lacks) takes a while on
+/// a busy machine.
 const DELETION_SLACK: Duration = Duration::from_secs(30);
 /// The replicas' resident memory may grow this much from warm-up to the end: a leak check
 /// (something kept per verification, 32 KiB each over 500 runs), not a measure of footprint.

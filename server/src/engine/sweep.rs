@@ -68,7 +68,8 @@ pub struct SweepReport {
 /// parsed whole (a `DynamicObject` with its spec and status, tens of KiB once parsed), and the
 /// allocator keeps the peak: with pages of 500, each server replica's resident memory grew by
 /// 28 MiB over `make soak`'s 500 kept runs; with pages of 50, by 3 MiB. A sweep of 500 runs
-/// then takes 10 requests, every `--sweep-orphans-every`.
+/// then takes 10 requests, when it lists at all (`Engine::sweep_orphans_with` reads the runs'
+/// watch while that holds every Job's run).
 pub const RUNS_PAGE: u32 = 50;
 
 impl Engine {
