@@ -117,16 +117,9 @@ impl Engine {
             .as_ref()
             .map(|s| s.all())
             .unwrap_or_default();
-        let held = runs.and_then(Runs::states).filter(|states| {
-            let job_runs = direct
-                .iter()
-                .flat_map(|(_, jobs)| jobs)
-                .filter_map(|j| destinations::job_group(j));
-            let record_runs = records.iter().map(|r| r.spec.run_uid.clone());
-            job_runs
-                .chain(record_runs)
-                .all(|uid| states.contains_key(&uid))
-        });
+        let held = runs
+            .and_then(Runs::states)
+            .filter(|states| self.holds_every_run(states, &direct, &records));
         let runs = match held {
             Some(states) => states,
             None => self.list_runs().await?,
@@ -160,10 +153,7 @@ impl Engine {
                 let Some(why) = reason(&uid, created, !job::lifecycle::has_ended(&j)) else {
                     continue;
                 };
-                let value = serde_json::to_value(&*j).unwrap_or_default();
-                if let Err(mismatch) = job::mark::verify(&value, self.marker(), &uid) {
-                    tracing::debug!(destination = %d.name, job = ?j.metadata.name, %mismatch,
-                                    "not swept: not marked by this server");
+                if !self.marked_by_us(&d, &j, &uid) {
                     continue;
                 }
                 let what = format!(
@@ -211,6 +201,47 @@ impl Engine {
                            "sweep: Jobs of AnalysisRuns deleted, or completed before the retention");
         }
         Ok(report)
+    }
+
+    /// Whether `states` (the runs' watch) holds the run of every Job and record the sweep
+    /// would judge: those it skips anyway (being deleted, another server's Jobs, delete-only
+    /// and Application records) need no list, or a destination shared with another control
+    /// plane's server would make every sweep list.
+    fn holds_every_run(
+        &self,
+        states: &HashMap<String, RunState>,
+        direct: &[(Arc<Destination>, Vec<Arc<Job>>)],
+        records: &[store::DispatchJob],
+    ) -> bool {
+        let jobs_held = direct.iter().all(|(d, jobs)| {
+            jobs.iter().all(|j| {
+                let Some(uid) = destinations::job_group(j) else {
+                    return true;
+                };
+                states.contains_key(&uid)
+                    || j.metadata.deletion_timestamp.is_some()
+                    || !self.marked_by_us(d, j, &uid)
+            })
+        });
+        jobs_held
+            && records.iter().all(|r| {
+                r.spec.delete
+                    || store::is_application_record(&r.spec)
+                    || states.contains_key(&r.spec.run_uid)
+            })
+    }
+
+    /// Whether Job `j` of run `uid` on `d` carries this server's adoption mark (`job::mark`).
+    fn marked_by_us(&self, d: &Destination, j: &Job, uid: &str) -> bool {
+        let value = serde_json::to_value(j).unwrap_or_default();
+        match job::mark::verify(&value, self.marker(), uid) {
+            Ok(_) => true,
+            Err(mismatch) => {
+                tracing::debug!(destination = %d.name, job = ?j.metadata.name, %mismatch,
+                                "not swept: not marked by this server");
+                false
+            }
+        }
     }
 
     /// Every AnalysisRun on the control plane by UID, page by page.

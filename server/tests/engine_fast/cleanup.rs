@@ -339,8 +339,17 @@ async fn the_sweep_reads_the_runs_from_the_watch_and_lists_only_for_a_run_it_doe
     assert_eq!(report.deleted, want, "{report:?}");
     assert_eq!(lists(), 1);
 
-    // Every Job's run held: no request to the control plane, nothing deleted.
+    // Every Job's run held: no request to the control plane, nothing deleted. A Job with our
+    // labels but not our mark (another control plane's server shares the destination) has its
+    // run elsewhere: the sweep never judges it, so it needs no list either.
     w.cached("a", &orphan.name, false).await?;
+    let stray = job::job_name("ghost", "m", 1);
+    foreign_job(
+        w.api("a"),
+        &stray,
+        json!({LABEL_MANAGED: "true", LABEL_RUN_UID: "ghost"}),
+    );
+    w.cached("a", &stray, true).await?;
     let quiet = w.engine.sweep_orphans_with(Some(&runs)).await?;
     assert!(quiet.deleted.is_empty(), "{quiet:?}");
     assert_eq!(lists(), 1);
