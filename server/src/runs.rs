@@ -95,7 +95,7 @@ pub struct RunFacts {
     pub state: RunState,
     /// what the pages show of it (`/ui`); `None` for a run without metrics of ours, and for a
     /// run older than the newest [`SUMMARIES_KEPT`] (read live when asked for: `summary.rs`)
-    pub summary: Option<RunSummary>,
+    pub summary: Option<Box<RunSummary>>,
 }
 
 impl RunFacts {
@@ -114,7 +114,7 @@ impl RunFacts {
         let summary = if metrics.is_empty() {
             None
         } else {
-            RunSummary::of(run, &metrics)
+            RunSummary::of(run, &metrics).map(Box::new)
         };
         Some((
             key,

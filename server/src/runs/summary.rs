@@ -213,7 +213,7 @@ impl Runs {
         let mut all: Vec<&RunSummary> = state
             .runs
             .values()
-            .filter_map(|f| f.summary.as_ref())
+            .filter_map(|f| f.summary.as_deref())
             .collect();
         all.sort_by(|a, b| {
             b.started
@@ -238,7 +238,7 @@ impl Runs {
                 return Ok(None);
             };
             if facts.summary.is_some() || facts.metrics.is_empty() {
-                return Ok(facts.summary.clone());
+                return Ok(facts.summary.as_deref().cloned());
             }
             facts.uid.clone()
         };
@@ -251,7 +251,7 @@ impl Runs {
         // Deleted and created again since the watch saw it: not the run the watch holds.
         Ok(RunFacts::of(&run)
             .filter(|(_, facts)| facts.uid == uid)
-            .and_then(|(_, facts)| facts.summary))
+            .and_then(|(_, facts)| facts.summary.map(|s| *s)))
     }
 }
 
