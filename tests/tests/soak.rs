@@ -289,6 +289,64 @@ fn runs_wanted() -> Result<usize> {
     }
 }
 
+/// How long the soak keeps looking at what was left past the bound, to say when it went (the
+/// verdict stays red): the first 2-hour run to end left 2 Jobs and 2 records at the bound, and
+/// its filtered output could not say whose or why.
+const LEFTOVER_WATCH: Duration = Duration::from_secs(180);
+
+/// Prints each Job and record left (state, age, the run's uid), then looks again until they
+/// are gone or [`LEFTOVER_WATCH`] has passed, and prints when.
+async fn describe_leftovers(w: &World<Agents>) -> Result<()> {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    for (cluster, c) in [("cluster-a", &w.a), ("cluster-b", &w.b)] {
+        for j in managed_jobs(c).await? {
+            let status = j.status.unwrap_or_default();
+            let age = j
+                .metadata
+                .creation_timestamp
+                .map(|t| now.duration_since(t.0).as_secs());
+            println!(
+                "soak: left Job {cluster} {}/{} run_uid={:?} age_s={age:?} active={:?} succeeded={:?} failed={:?} deleting={}",
+                j.metadata.namespace.unwrap_or_default(),
+                j.metadata.name.unwrap_or_default(),
+                j.metadata
+                    .labels
+                    .unwrap_or_default()
+                    .get(dispatch_server::job::LABEL_RUN_UID),
+                status.active,
+                status.succeeded,
+                status.failed,
+                j.metadata.deletion_timestamp.is_some(),
+            );
+        }
+    }
+    for r in w.records().list(&ListParams::default()).await?.items {
+        println!(
+            "soak: left record {} spec={} status={}",
+            r.metadata.name.unwrap_or_default(),
+            r.data["spec"],
+            r.data["status"]
+        );
+    }
+    let since = Instant::now();
+    while since.elapsed() < LEFTOVER_WATCH {
+        tokio::time::sleep(SAMPLE_EVERY).await;
+        let (a, b, records) = leftovers(w).await?;
+        if a + b + records == 0 {
+            println!(
+                "soak: the leftovers went {}s after the bound",
+                since.elapsed().as_secs()
+            );
+            return Ok(());
+        }
+    }
+    println!(
+        "soak: leftovers still there {}s after the bound",
+        LEFTOVER_WATCH.as_secs()
+    );
+    Ok(())
+}
+
 /// Our Jobs on cluster-a and cluster-b, and the DispatchJob records.
 async fn leftovers(w: &World<Agents>) -> Result<(usize, usize, usize)> {
     Ok((
@@ -493,6 +551,7 @@ async fn soak(runs_wanted: usize) -> Result<()> {
         bail!("{line}: {} wrong verdicts", wrong.len());
     }
     if final_jobs != 0 || store_records != 0 {
+        describe_leftovers(&w).await?;
         bail!("{line}: Jobs or records left after the retention and a sweep (bound: 0)");
     }
     if peak_jobs > peak_bound {
