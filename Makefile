@@ -37,10 +37,12 @@ lint: conformance-lint deny ## rustfmt check, clippy with warnings denied, no mo
 
 # Licenses, banned crates and sources of every dependency against deny.toml. The advisory
 # database cannot be fetched here, so `advisories` is not checked; everything else needs only
-# Cargo.lock and the crates already downloaded (`--offline`).
+# Cargo.lock and the crates, fetched first: deny reads every crate of Cargo.lock, those of other
+# platforms too, which no build here downloads (on a new machine `--offline` failed on `rand`).
 .PHONY: deny
 deny: ## cargo-deny: dependency licenses, bans and sources (deny.toml); installs cargo-deny from crates.io if missing
 	@command -v cargo-deny >/dev/null || $(CARGO) install cargo-deny --locked
+	$(CARGO) fetch --locked --quiet
 	$(CARGO) deny --offline --locked check --hide-inclusion-graph licenses bans sources
 
 # Coverage-guided fuzzing with cargo-fuzz on the stable toolchain (libFuzzer, no sanitizer: the
