@@ -77,10 +77,7 @@ impl RunState {
         if !is_completed(status["phase"].as_str().unwrap_or_default()) {
             return Self::Running;
         }
-        let at = serde_json::from_value::<Time>(status["completedAt"].clone())
-            .ok()
-            .map(|t| t.0);
-        Self::Completed(at)
+        Self::Completed(summary::time(&status["completedAt"]).map(|t| t.0))
     }
 }
 
@@ -558,7 +555,9 @@ impl Runs {
         Ok(())
     }
     /// Every run's state by uid, for the sweep; `None` unless the watch is authoritative
-    /// ([`Runs::is_authoritative`]): the sweep lists the runs itself then.
+    /// ([`Runs::is_authoritative`]): the sweep lists the runs itself then. A copy, not a view
+    /// under the lock: the sweep awaits its deletions while it judges, and the watch must not
+    /// wait on them (a few thousand short strings per sweep, next to the list it replaces).
     pub fn states(&self) -> Option<HashMap<String, RunState>> {
         let state = self.state.read().unwrap_or_else(|e| e.into_inner());
         if !state.synced || state.relisting {

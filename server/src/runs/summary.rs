@@ -190,7 +190,8 @@ fn text(v: &Value) -> String {
     v.as_str().unwrap_or_default().to_string()
 }
 
-fn time(v: &Value) -> Option<Time> {
+/// `v` as a Kubernetes time, if it is one (`status.startedAt`, `completedAt`).
+pub(super) fn time(v: &Value) -> Option<Time> {
     serde_json::from_value(v.clone()).ok()
 }
 

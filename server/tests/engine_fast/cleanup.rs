@@ -4,8 +4,8 @@
 
 use anyhow::Result;
 use dispatch_server::engine::SweepReason::{DeletedRun, RunCompleted};
-use dispatch_server::engine::RUNS_PAGE;
-use dispatch_server::job::{self, LABEL_MANAGED, LABEL_RUN_UID};
+use dispatch_server::engine::{JobRef, RUNS_PAGE};
+use dispatch_server::job::{self, RunContext, LABEL_MANAGED, LABEL_RUN_UID};
 use dispatch_server::logs::Redactor;
 use dispatch_server::runs::Runs;
 use dispatch_server::Phase;
@@ -219,18 +219,28 @@ async fn the_sweep_reads_the_runs_page_by_page() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test]
-async fn the_orphan_sweep_deletes_jobs_whose_analysis_run_is_gone() -> Result<()> {
-    let w = World::start("").await?;
+/// Two runs' Jobs on `destination`: one whose AnalysisRun is on the control plane (kept), one
+/// whose run is not (the orphan), after the two runs (live, gone).
+async fn kept_and_orphan(
+    w: &World,
+    destination: &str,
+) -> Result<(RunContext, RunContext, JobRef, JobRef)> {
     let (live, gone) = (run(4), run(5));
     analysis_run(&w.clusters.cp, PROJECT, &live.name, &live.uid);
-    let config = block(json!({"destination": "a,b"}))?;
+    let config = block(json!({ "destination": destination }))?;
     let kept = w
         .engine
         .ensure(&request(&live, "m", 1, config.clone()))
         .await?
         .job;
     let orphan = w.engine.ensure(&request(&gone, "m", 1, config)).await?.job;
+    Ok((live, gone, kept, orphan))
+}
+
+#[tokio::test]
+async fn the_orphan_sweep_deletes_jobs_whose_analysis_run_is_gone() -> Result<()> {
+    let w = World::start("").await?;
+    let (_, gone, kept, orphan) = kept_and_orphan(&w, "a,b").await?;
     // Not ours: never touched, whatever its name.
     foreign_job(
         w.api("a"),
@@ -294,7 +304,7 @@ async fn the_orphan_sweep_deletes_jobs_whose_analysis_run_is_gone() -> Result<()
 }
 
 /// An AnalysisRun object as the runs' watch delivers it.
-fn watched(r: &dispatch_server::job::RunContext, status: serde_json::Value) -> DynamicObject {
+fn watched(r: &RunContext, status: serde_json::Value) -> DynamicObject {
     serde_json::from_value(json!({
         "apiVersion": "argoproj.io/v1alpha1", "kind": "AnalysisRun",
         "metadata": {"name": r.name, "namespace": r.namespace, "uid": r.uid},
@@ -313,8 +323,7 @@ async fn the_sweep_reads_the_runs_from_the_watch_and_lists_only_for_a_run_it_doe
             .cp
             .calls("GET", "/apis/argoproj.io/v1alpha1/analysisruns")
     };
-    let (live, gone) = (run(4), run(5));
-    analysis_run(&w.clusters.cp, PROJECT, &live.name, &live.uid);
+    let (live, _, kept, orphan) = kept_and_orphan(&w, "a").await?;
     let runs = Runs::default();
     runs.apply(Event::Init);
     runs.apply(Event::InitApply(watched(
@@ -322,13 +331,6 @@ async fn the_sweep_reads_the_runs_from_the_watch_and_lists_only_for_a_run_it_doe
         json!({"phase": "Running"}),
     )));
     runs.apply(Event::InitDone);
-    let config = block(json!({"destination": "a"}))?;
-    let kept = w
-        .engine
-        .ensure(&request(&live, "m", 1, config.clone()))
-        .await?
-        .job;
-    let orphan = w.engine.ensure(&request(&gone, "m", 1, config)).await?.job;
     w.cached("a", &kept.name, true).await?;
     w.cached("a", &orphan.name, true).await?;
 
