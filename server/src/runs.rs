@@ -443,8 +443,13 @@ impl Runs {
         }
     }
 
-    /// `verdict` unless it refuses (no such run, another uid) and the live read (`read.rs`)
-    /// says otherwise: the run found is taken into the cache and checked; no answer is a retry.
+    /// `verdict` unless the live read (`read.rs`) says otherwise, when it refuses (no such run,
+    /// another uid) or cannot say yet (the watch has not listed, or lists again): the run found
+    /// is taken into the cache and checked; no answer is a retry, and marks the control plane
+    /// unanswered. Without the read while unlisted, a replica that never reached its control
+    /// plane (cut from it as it started) stayed ready, answered 503 to every call, and took
+    /// the agents' polls: `make faults`' replica cut ended an agent run `Running` at its
+    /// deadline that way when the cut came before the first list.
     async fn read_before_refusing(
         &self,
         namespace: &str,
@@ -457,8 +462,14 @@ impl Runs {
             verdict,
             Err(RunError::NoSuchRun { .. } | RunError::OtherUid { .. })
         );
-        let Some(reader) = self.reader.as_ref().filter(|_| refused) else {
+        let unlisted = matches!(verdict, Err(RunError::NotSynced { .. }));
+        let Some(reader) = self.reader.as_ref().filter(|_| refused || unlisted) else {
             return verdict;
+        };
+        let not_synced = |problem: String| RunError::NotSynced {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            problem,
         };
         match reader.read(namespace, name).await {
             Ok(Some(run)) => {
@@ -468,6 +479,11 @@ impl Runs {
                 if facts.uid == uid && facts.metrics.iter().any(|m| m == metric) {
                     self.apply(Event::Apply(run));
                     return Ok(());
+                }
+                // Unlisted, only a confirmation is taken from one read: a refusal waits for
+                // the list, as before.
+                if unlisted {
+                    return verdict;
                 }
                 if facts.uid != uid {
                     return Err(RunError::OtherUid {
@@ -483,15 +499,15 @@ impl Runs {
                     metric: metric.to_string(),
                 })
             }
+            Ok(None) if unlisted => verdict,
             Ok(None) => Err(RunError::NoSuchRun {
                 namespace: namespace.to_string(),
                 name: name.to_string(),
             }),
-            Err(e) => Err(RunError::NotSynced {
-                namespace: namespace.to_string(),
-                name: name.to_string(),
-                problem: format!(": {e}"),
-            }),
+            Err(e @ ReadError::Unanswered) => Err(not_synced(format!(": {e}"))),
+            // Unlisted, the watch's own problem (a missing permission, say) says as much.
+            Err(_) if unlisted => verdict,
+            Err(e) => Err(not_synced(format!(": {e}"))),
         }
     }
 

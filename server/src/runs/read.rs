@@ -6,7 +6,10 @@
 //! `make faults`' replica cut from the control plane ended every run it served `Error` that
 //! way. The read decides instead: found (the cache takes it), absent (the refusal stands), or
 //! no answer within [`READ_TIMEOUT`] (a retry, [`super::RunError::NotSynced`], and this replica
-//! reports the control plane unanswered, so that it goes unready).
+//! reports the control plane unanswered, so that it goes unready). Before the watch's first
+//! list (and while it lists again) a run asked about is read too: found confirms it, no
+//! answer marks the control plane unanswered — a replica cut from it as it started never
+//! lists, and would otherwise stay ready answering 503 and taking the agents' polls.
 //!
 //! A request naming a run nobody created costs one read of the control plane; at most
 //! [`READS_AT_ONCE`] are in flight, so a caller cannot turn its requests into a storm there.

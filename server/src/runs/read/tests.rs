@@ -1,5 +1,5 @@
-//! The live read before a refusal, against a scripted API (a closure): found, absent, and no
-//! answer (paused time).
+//! The live read before a refusal (and before the first list), against a scripted API (a
+//! closure): found, absent, and no answer (paused time).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -144,4 +144,45 @@ async fn pages_of_old_runs_read_in_slots_of_their_own() {
         ));
     }
     assert!(reader.unanswered_since().is_some());
+}
+
+/// Runs whose watch has not listed yet (the control plane did not answer it), reading through
+/// `reader`.
+fn unlisted_watch(reader: Reader) -> Runs {
+    Runs::with_reader(Some(reader))
+}
+
+#[tokio::test(start_paused = true)]
+async fn before_the_first_list_a_read_confirms_and_no_answer_marks_the_control_plane_unanswered() {
+    // No answer: still a retry, now saying why, and the replica goes unready (`serve`): a
+    // replica cut from its control plane as it started stayed ready and took the agents' polls.
+    let silent = unlisted_watch(Reader::with(|_, _| {
+        futures::future::pending::<Result<Option<DynamicObject>, kube::Error>>().boxed()
+    }));
+    match silent.confirm("ns", "r", "u-1", "m", CONFIRM_WAIT).await {
+        Err(RunError::NotSynced { problem, .. }) => {
+            assert!(problem.contains("did not answer"), "{problem}")
+        }
+        other => panic!("want NotSynced, got {other:?}"),
+    }
+    assert!(silent.control_plane_unanswered_since().is_some());
+
+    // The run the API server has is confirmed by the read.
+    let found = unlisted_watch(Reader::with(|_, _| async { Ok(Some(run("u-1"))) }.boxed()));
+    found
+        .confirm("ns", "r", "u-1", "m", CONFIRM_WAIT)
+        .await
+        .expect("confirmed by the read");
+    // Refusals wait for the list: absent, or held with another uid, is a retry.
+    for answer in [None, Some(run("u-2"))] {
+        let runs = unlisted_watch(Reader::with(move |_, _| {
+            let answer = answer.clone();
+            async move { Ok(answer) }.boxed()
+        }));
+        assert!(matches!(
+            runs.confirm("ns", "r", "u-1", "m", CONFIRM_WAIT).await,
+            Err(RunError::NotSynced { .. })
+        ));
+        assert_eq!(runs.control_plane_unanswered_since(), None);
+    }
 }
