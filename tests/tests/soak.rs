@@ -27,9 +27,11 @@
 //! Faults on a schedule (issue #32): every [`FAULT_EVERY`] (`SOAK_FAULT_EVERY`, a duration in
 //! seconds; `0`: none), in turn, cluster-a's API server goes down for 5 s (every watch of it
 //! ends and lists again) and cluster-b's agent is killed (-9) and started again; every verdict
-//! must still be the planned one. Every 20 minutes the plugin's and the agent's tokens are
-//! renewed (both follow their files), as an operator renews tokens that last an hour. Not here yet: the agent's own process (its memory,
-//! descriptors and tasks are not sampled, only the replicas').
+//! must still be the planned one. Every 20 minutes the plugin's and the agent's tokens, and the
+//! agent's ServiceAccount token on cluster-b, are renewed (all follow their files), as an
+//! operator (and the kubelet) renews tokens that last an hour. A red soak prints what the agent
+//! and the replicas logged about the Jobs it left. Not here yet: the agent's own process (its
+//! memory, descriptors and tasks are not sampled, only the replicas').
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -296,6 +298,36 @@ const LEFTOVER_WATCH: Duration = Duration::from_secs(180);
 
 /// Prints each Job and record left (state, age, the run's uid), then looks again until they
 /// are gone or [`LEFTOVER_WATCH`] has passed, and prints when.
+/// The last [`LOG_LINES_PER_JOB`] lines of the agent's and the replicas' logs that name each
+/// of `jobs`: a red soak keeps what its components said about what they left (the scene and its
+/// logs go with the test).
+fn print_log_lines(w: &World<Agents>, jobs: &[String]) {
+    let logs = [
+        ("agent", w.b.log_path("agent")),
+        ("server-1", w.control.log_path("server-1")),
+        ("server-2", w.control.log_path("server-2")),
+    ];
+    for (component, path) in logs {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        for job in jobs {
+            let lines: Vec<&str> = text.lines().filter(|l| l.contains(job.as_str())).collect();
+            for line in &lines[lines.len().saturating_sub(LOG_LINES_PER_JOB)..] {
+                println!("soak: {component} log: {line}");
+            }
+        }
+        let errors: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+            .collect();
+        for line in &errors[errors.len().saturating_sub(LOG_LINES_PER_JOB)..] {
+            println!("soak: {component} log: {line}");
+        }
+    }
+}
+
+/// How many log lines per leftover Job (and of warnings per component) a red soak prints.
+const LOG_LINES_PER_JOB: usize = 8;
+
 async fn describe_leftovers(w: &World<Agents>) -> Result<()> {
     let now = k8s_openapi::jiff::Timestamp::now();
     for (cluster, c) in [("cluster-a", &w.a), ("cluster-b", &w.b)] {
@@ -320,7 +352,9 @@ async fn describe_leftovers(w: &World<Agents>) -> Result<()> {
             );
         }
     }
+    let mut named = Vec::new();
     for r in w.records().list(&ListParams::default()).await?.items {
+        named.extend(r.data["spec"]["jobName"].as_str().map(str::to_string));
         println!(
             "soak: left record {} spec={} status={}",
             r.metadata.name.unwrap_or_default(),
@@ -328,6 +362,7 @@ async fn describe_leftovers(w: &World<Agents>) -> Result<()> {
             r.data["status"]
         );
     }
+    print_log_lines(w, &named);
     let since = Instant::now();
     while since.elapsed() < LEFTOVER_WATCH {
         tokio::time::sleep(SAMPLE_EVERY).await;

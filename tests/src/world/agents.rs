@@ -152,12 +152,15 @@ fn variant_yaml(
 }
 
 impl World<Agents> {
-    /// Writes new tokens for the plugin and cluster-b's agent, each valid for an hour from now,
-    /// as an operator renews them (both follow their files): a test longer than an hour calls
-    /// it on a schedule, or both are refused once their hour is up.
+    /// Writes new tokens for the plugin and cluster-b's agent, and of the agent's
+    /// ServiceAccount on cluster-b, each valid for an hour from now, as an operator (and the
+    /// kubelet, for the ServiceAccount's) renews them (all three are followed in their files):
+    /// a test longer than an hour calls it on a schedule, or they are refused once their hour
+    /// is up.
     pub fn renew_tokens(&self) -> Result<()> {
         let d = &self.dispatch;
-        write_tokens(&d.binary, &d.key, &d.plugin_token, &d.agent_token)
+        write_tokens(&d.binary, &d.key, &d.plugin_token, &d.agent_token)?;
+        write_agent_sa_token(&self.b).map(drop)
     }
 
     /// Starts the agent scene; `serve_args` are extra `rollouts-dispatch serve` flags.
@@ -617,23 +620,18 @@ fn spawn_server(
 
 /// Applies `config/agent-rbac.yaml` (and, for an agent with `--argocd-sync`,
 /// `config/agent-rbac-argocd-sync.yaml`) to `cluster` and writes `agent.kubeconfig` in its
-/// directory, authenticating as that ServiceAccount (a TokenRequest token): the agent runs with
-/// exactly the documented rights.
+/// directory, authenticating as that ServiceAccount with the token in `agent-sa.token`
+/// ([`write_agent_sa_token`]): the agent runs with exactly the documented rights, and follows
+/// its token file as it follows the projected token of its pod (kube-rs reads a `tokenFile`
+/// again each minute), so [`World::renew_tokens`] renews it too.
 async fn write_agent_kubeconfig(cluster: &Cluster, argocd_sync: bool) -> Result<PathBuf> {
-    let kubectl = |args: &[&str]| {
-        Command::new(&cluster.binaries.kubectl)
-            .arg("--kubeconfig")
-            .arg(&cluster.kubeconfig)
-            .args(args)
-            .output()
-    };
     let mut files = vec!["config/agent-rbac.yaml"];
     if argocd_sync {
         files.push("config/agent-rbac-argocd-sync.yaml");
     }
     for file in files {
         let path = repo_path(file);
-        let applied = kubectl(&["apply", "-f", &path.display().to_string()])?;
+        let applied = kubectl(cluster, &["apply", "-f", &path.display().to_string()])?;
         ensure!(
             applied.status.success(),
             "kubectl apply -f {}: {}",
@@ -641,32 +639,68 @@ async fn write_agent_kubeconfig(cluster: &Cluster, argocd_sync: bool) -> Result<
             String::from_utf8_lossy(&applied.stderr)
         );
     }
-    let token = kubectl(&[
-        "create",
-        "token",
-        "rollouts-dispatch-agent",
-        "-n",
-        "rollouts-dispatch",
-        "--duration",
-        "2h",
-    ])?;
-    ensure!(
-        token.status.success(),
-        "kubectl create token: {}",
-        String::from_utf8_lossy(&token.stderr)
-    );
+    let token_file = write_agent_sa_token(cluster)?;
     let kubeconfig = cluster.dir.join("agent.kubeconfig");
     std::fs::write(
         &kubeconfig,
         format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority: {}\n\
-             users:\n- name: agent\n  user:\n    token: {}\ncontexts:\n- name: c\n  context: {{cluster: c, user: agent}}\ncurrent-context: c\n",
+             users:\n- name: agent\n  user:\n    tokenFile: {}\ncontexts:\n- name: c\n  context: {{cluster: c, user: agent}}\ncurrent-context: c\n",
             cluster.server,
             cluster.ca_file.display(),
-            String::from_utf8_lossy(&token.stdout).trim()
+            token_file.display()
         ),
     )?;
     Ok(kubeconfig)
+}
+
+/// How long the agent's ServiceAccount token on its cluster lasts. A fixed token outlived by
+/// the test is refused at its end: the 2-hour soak's last deletions failed with it (a token of
+/// `--duration 2h` made at the scene's start), which looked like Jobs the agent would not
+/// delete (#32).
+const AGENT_SA_TOKEN_LIFETIME: &str = "1h";
+
+/// Writes a new token of the agent's ServiceAccount on `cluster` (a TokenRequest, valid for
+/// [`AGENT_SA_TOKEN_LIFETIME`]) to `agent-sa.token` in its directory, replacing the file at
+/// once (rename), as the kubelet replaces a projected token; returns the file.
+fn write_agent_sa_token(cluster: &Cluster) -> Result<PathBuf> {
+    let token = kubectl(
+        cluster,
+        &[
+            "create",
+            "token",
+            "rollouts-dispatch-agent",
+            "-n",
+            "rollouts-dispatch",
+            "--duration",
+            AGENT_SA_TOKEN_LIFETIME,
+        ],
+    )?;
+    ensure!(
+        token.status.success(),
+        "kubectl create token: {}",
+        String::from_utf8_lossy(&token.stderr)
+    );
+    let file = agent_sa_token_file(cluster);
+    let next = file.with_extension("next");
+    std::fs::write(&next, String::from_utf8_lossy(&token.stdout).trim())?;
+    std::fs::rename(&next, &file)?;
+    Ok(file)
+}
+
+/// The file of the agent's ServiceAccount token on `cluster`, which its kubeconfig names
+/// (`tokenFile`).
+pub fn agent_sa_token_file(cluster: &Cluster) -> PathBuf {
+    cluster.dir.join("agent-sa.token")
+}
+
+/// `kubectl` on `cluster` as its admin.
+fn kubectl(cluster: &Cluster, args: &[&str]) -> std::io::Result<std::process::Output> {
+    Command::new(&cluster.binaries.kubectl)
+        .arg("--kubeconfig")
+        .arg(&cluster.kubeconfig)
+        .args(args)
+        .output()
 }
 
 /// How B's agent is started: the binary, the server it dials, the CA it pins, extra flags.
