@@ -123,6 +123,20 @@ impl RunFacts {
             },
         ))
     }
+
+    /// Whether these are the facts of the run with `uid` that has our `metric`.
+    fn confirms(&self, uid: &str, metric: &str) -> bool {
+        self.uid == uid && self.metrics.iter().any(|m| m == metric)
+    }
+}
+
+/// Run `namespace/name` cannot be confirmed because its live read failed with `error`.
+fn not_synced(namespace: &str, name: &str, error: &ReadError) -> RunError {
+    RunError::NotSynced {
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        problem: format!(": {error}"),
+    }
 }
 
 /// A request the control plane's runs do not confirm.
@@ -436,20 +450,38 @@ impl Runs {
                 .await
                 .is_err()
             {
-                return self
-                    .read_before_refusing(namespace, name, uid, metric, verdict)
-                    .await;
+                return self.read_live(namespace, name, uid, metric, verdict).await;
             }
         }
     }
 
-    /// `verdict` unless the live read (`read.rs`) says otherwise, when it refuses (no such run,
-    /// another uid) or cannot say yet (the watch has not listed, or lists again): the run found
-    /// is taken into the cache and checked; no answer is a retry, and marks the control plane
-    /// unanswered. Without the read while unlisted, a replica that never reached its control
-    /// plane (cut from it as it started) stayed ready, answered 503 to every call, and took
-    /// the agents' polls: `make faults`' replica cut ended an agent run `Running` at its
-    /// deadline that way when the cut came before the first list.
+    /// `verdict` unless the live read (`read.rs`) says otherwise: before a refusal
+    /// ([`Runs::read_before_refusing`]) and while the watch cannot say
+    /// ([`Runs::read_while_unlisted`]).
+    async fn read_live(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        metric: &str,
+        verdict: Result<(), RunError>,
+    ) -> Result<(), RunError> {
+        match verdict {
+            Err(RunError::NoSuchRun { .. } | RunError::OtherUid { .. }) => {
+                self.read_before_refusing(namespace, name, uid, metric, verdict)
+                    .await
+            }
+            Err(RunError::NotSynced { .. }) => {
+                self.read_while_unlisted(namespace, name, uid, metric, verdict)
+                    .await
+            }
+            _ => verdict,
+        }
+    }
+
+    /// A refusal (no such run, another uid) checked against a live read: the run found is
+    /// taken into the cache and checked; no answer (or an error answer) is a retry, and no
+    /// answer marks the control plane unanswered.
     async fn read_before_refusing(
         &self,
         namespace: &str,
@@ -458,32 +490,17 @@ impl Runs {
         metric: &str,
         verdict: Result<(), RunError>,
     ) -> Result<(), RunError> {
-        let refused = matches!(
-            verdict,
-            Err(RunError::NoSuchRun { .. } | RunError::OtherUid { .. })
-        );
-        let unlisted = matches!(verdict, Err(RunError::NotSynced { .. }));
-        let Some(reader) = self.reader.as_ref().filter(|_| refused || unlisted) else {
+        let Some(reader) = self.reader.as_ref() else {
             return verdict;
-        };
-        let not_synced = |problem: String| RunError::NotSynced {
-            namespace: namespace.to_string(),
-            name: name.to_string(),
-            problem,
         };
         match reader.read(namespace, name).await {
             Ok(Some(run)) => {
                 let Some((_, facts)) = RunFacts::of(&run) else {
                     return verdict;
                 };
-                if facts.uid == uid && facts.metrics.iter().any(|m| m == metric) {
+                if facts.confirms(uid, metric) {
                     self.apply(Event::Apply(run));
                     return Ok(());
-                }
-                // Unlisted, only a confirmation is taken from one read: a refusal waits for
-                // the list, as before.
-                if unlisted {
-                    return verdict;
                 }
                 if facts.uid != uid {
                     return Err(RunError::OtherUid {
@@ -499,15 +516,43 @@ impl Runs {
                     metric: metric.to_string(),
                 })
             }
-            Ok(None) if unlisted => verdict,
             Ok(None) => Err(RunError::NoSuchRun {
                 namespace: namespace.to_string(),
                 name: name.to_string(),
             }),
-            Err(e @ ReadError::Unanswered) => Err(not_synced(format!(": {e}"))),
-            // Unlisted, the watch's own problem (a missing permission, say) says as much.
-            Err(_) if unlisted => verdict,
-            Err(e) => Err(not_synced(format!(": {e}"))),
+            Err(e) => Err(not_synced(namespace, name, &e)),
+        }
+    }
+
+    /// While the watch has not listed (or lists again), one live read: the run found with
+    /// `uid` and our `metric` is confirmed (and taken into the cache); no answer is
+    /// `NotSynced` naming it and marks the control plane unanswered; anything else keeps
+    /// `verdict` — a refusal waits for the list, and the watch's own problem (a missing
+    /// permission, say) says more than one read's. Without it a replica that never reached its
+    /// control plane (cut from it as it started) stayed ready, answered 503 to every call, and
+    /// took the agents' polls: `make faults`' replica cut ended an agent run `Running` at its
+    /// deadline that way when the cut came before the first list.
+    async fn read_while_unlisted(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        metric: &str,
+        verdict: Result<(), RunError>,
+    ) -> Result<(), RunError> {
+        let Some(reader) = self.reader.as_ref() else {
+            return verdict;
+        };
+        match reader.read(namespace, name).await {
+            Ok(Some(run)) => {
+                if RunFacts::of(&run).is_some_and(|(_, facts)| facts.confirms(uid, metric)) {
+                    self.apply(Event::Apply(run));
+                    return Ok(());
+                }
+                verdict
+            }
+            Err(e @ ReadError::Unanswered) => Err(not_synced(namespace, name, &e)),
+            Ok(None) | Err(_) => verdict,
         }
     }
 

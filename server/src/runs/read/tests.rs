@@ -89,28 +89,43 @@ async fn no_answer_is_a_retry_and_marks_the_control_plane_unanswered_until_heard
     assert_eq!(runs.control_plane_unanswered_since(), None);
 }
 
-#[tokio::test(start_paused = true)]
-async fn reads_waiting_for_a_slot_do_not_make_the_control_plane_unanswered() {
-    use super::READS_AT_ONCE;
-    // The control plane answers, slowly (under the bound): every slot is taken by such reads.
-    let runs = silent_watch(Some(Reader::with(|_, _| {
+/// A reader whose control plane answers every read slowly (under the bound), "no such run".
+fn slow_reader() -> Reader {
+    Reader::with(|_, _| {
         async {
             tokio::time::sleep(super::READ_TIMEOUT - std::time::Duration::from_millis(1)).await;
             Ok(None)
         }
         .boxed()
-    })));
-    let asked: Vec<_> = (0..READS_AT_ONCE * 3)
-        .map(|_| runs.confirm("ns", "r", "u-1", "m", CONFIRM_WAIT))
-        .collect();
-    let verdicts = futures::future::join_all(asked).await;
-    assert!(verdicts.iter().any(|v| matches!(v, Err(RunError::NotSynced { problem, .. }) if problem.contains("already under way"))));
-    assert!(verdicts.iter().all(|v| matches!(
-        v,
-        Err(RunError::NoSuchRun { .. } | RunError::NotSynced { .. })
-    )));
-    // Busy slots are no silence of the control plane: the replica stays ready.
-    assert_eq!(runs.control_plane_unanswered_since(), None);
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn reads_waiting_for_a_slot_do_not_make_the_control_plane_unanswered() {
+    use super::READS_AT_ONCE;
+    // Every slot is taken by slow reads; on a listed watch (before a refusal) and on one that
+    // has not listed (a caller can ask about runs before the first list, too).
+    for (scene, runs) in [
+        ("listed", silent_watch(Some(slow_reader()))),
+        ("unlisted", unlisted_watch(slow_reader())),
+    ] {
+        let asked: Vec<_> = (0..READS_AT_ONCE * 3)
+            .map(|_| runs.confirm("ns", "r", "u-1", "m", CONFIRM_WAIT))
+            .collect();
+        let verdicts = futures::future::join_all(asked).await;
+        if scene == "listed" {
+            assert!(verdicts.iter().any(|v| matches!(v, Err(RunError::NotSynced { problem, .. }) if problem.contains("already under way"))));
+        }
+        assert!(
+            verdicts.iter().all(|v| matches!(
+                v,
+                Err(RunError::NoSuchRun { .. } | RunError::NotSynced { .. })
+            )),
+            "{scene}: {verdicts:?}"
+        );
+        // Busy slots are no silence of the control plane: the replica stays ready.
+        assert_eq!(runs.control_plane_unanswered_since(), None, "{scene}");
+    }
 }
 
 #[tokio::test(start_paused = true)]
