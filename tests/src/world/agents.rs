@@ -160,7 +160,7 @@ impl World<Agents> {
     pub fn renew_tokens(&self) -> Result<()> {
         let d = &self.dispatch;
         write_tokens(&d.binary, &d.key, &d.plugin_token, &d.agent_token)?;
-        write_agent_sa_token(&self.b).map(drop)
+        renew_agent_sa_token(&self.b).map(drop)
     }
 
     /// Starts the agent scene; `serve_args` are extra `rollouts-dispatch serve` flags.
@@ -621,7 +621,7 @@ fn spawn_server(
 /// Applies `config/agent-rbac.yaml` (and, for an agent with `--argocd-sync`,
 /// `config/agent-rbac-argocd-sync.yaml`) to `cluster` and writes `agent.kubeconfig` in its
 /// directory, authenticating as that ServiceAccount with the token in `agent-sa.token`
-/// ([`write_agent_sa_token`]): the agent runs with exactly the documented rights, and follows
+/// ([`renew_agent_sa_token`]): the agent runs with exactly the documented rights, and follows
 /// its token file as it follows the projected token of its pod (kube-rs reads a `tokenFile`
 /// again each minute), so [`World::renew_tokens`] renews it too.
 async fn write_agent_kubeconfig(cluster: &Cluster, argocd_sync: bool) -> Result<PathBuf> {
@@ -639,7 +639,8 @@ async fn write_agent_kubeconfig(cluster: &Cluster, argocd_sync: bool) -> Result<
             String::from_utf8_lossy(&applied.stderr)
         );
     }
-    let token_file = write_agent_sa_token(cluster)?;
+    renew_agent_sa_token(cluster)?;
+    let token_file = agent_sa_token_file(cluster);
     let kubeconfig = cluster.dir.join("agent.kubeconfig");
     std::fs::write(
         &kubeconfig,
@@ -660,32 +661,62 @@ async fn write_agent_kubeconfig(cluster: &Cluster, argocd_sync: bool) -> Result<
 /// delete (#32).
 const AGENT_SA_TOKEN_LIFETIME: &str = "1h";
 
+/// The label of the Secrets the agent's ServiceAccount tokens are bound to
+/// ([`renew_agent_sa_token`]): deleting such a Secret revokes its token at once.
+pub const AGENT_TOKEN_SECRET_LABEL: &str = "rollouts-dispatch.test/agent-token";
+
 /// Writes a new token of the agent's ServiceAccount on `cluster` (a TokenRequest, valid for
-/// [`AGENT_SA_TOKEN_LIFETIME`]) to `agent-sa.token` in its directory, replacing the file at
-/// once (rename), as the kubelet replaces a projected token; returns the file.
-fn write_agent_sa_token(cluster: &Cluster) -> Result<PathBuf> {
+/// [`AGENT_SA_TOKEN_LIFETIME`], bound to a new Secret labelled [`AGENT_TOKEN_SECRET_LABEL`] in
+/// `rollouts-dispatch`) to [`agent_sa_token_file`], replacing the file at once (rename), as the
+/// kubelet replaces a projected token; returns the Secret's name.
+pub fn renew_agent_sa_token(cluster: &Cluster) -> Result<String> {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos();
+    let secret = format!("agent-token-{nanos}");
+    let ns = ["-n", "rollouts-dispatch"];
+    let created = kubectl(
+        cluster,
+        &[&["create", "secret", "generic", secret.as_str()][..], &ns].concat(),
+    )?;
+    let labelled = kubectl(
+        cluster,
+        &[
+            &["label", "secret", secret.as_str()][..],
+            &[&format!("{AGENT_TOKEN_SECRET_LABEL}=true")],
+            &ns,
+        ]
+        .concat(),
+    )?;
     let token = kubectl(
         cluster,
         &[
-            "create",
-            "token",
-            "rollouts-dispatch-agent",
-            "-n",
-            "rollouts-dispatch",
-            "--duration",
-            AGENT_SA_TOKEN_LIFETIME,
-        ],
+            &["create", "token", "rollouts-dispatch-agent"][..],
+            &ns,
+            &["--duration", AGENT_SA_TOKEN_LIFETIME],
+            &[
+                "--bound-object-kind",
+                "Secret",
+                "--bound-object-name",
+                &secret,
+            ],
+        ]
+        .concat(),
     )?;
-    ensure!(
-        token.status.success(),
-        "kubectl create token: {}",
-        String::from_utf8_lossy(&token.stderr)
-    );
+    for (what, out) in [
+        ("secret", created),
+        ("label", labelled),
+        ("token", token.clone()),
+    ] {
+        ensure!(
+            out.status.success(),
+            "kubectl (the agent's {what}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     let file = agent_sa_token_file(cluster);
     let next = file.with_extension("next");
     std::fs::write(&next, String::from_utf8_lossy(&token.stdout).trim())?;
     std::fs::rename(&next, &file)?;
-    Ok(file)
+    Ok(secret)
 }
 
 /// The file of the agent's ServiceAccount token on `cluster`, which its kubeconfig names

@@ -17,7 +17,7 @@
 //! * [`upgrades`]: a policy narrowed while its runs are in flight, an agent of the previous
 //!   release, the replicas rolled to the previous release and back with work in flight;
 //! * [`rotations`]: the API's certificate and CA, the signing key, an agent's token, a
-//!   destination's kubeconfig.
+//!   destination's kubeconfig, the agent's ServiceAccount token on its own cluster.
 //!
 //! Each scenario returns its verifications' [`Outcome`]s; a scenario is correct when each of
 //! them ended with its planned verdict and every check the scenario adds held. Then, as chaos:
@@ -132,6 +132,7 @@ async fn production_faults_lose_no_verdict() -> Result<()> {
         rotations::signing_key,
         rotations::agent_token,
         rotations::destination_kubeconfig,
+        rotations::agent_cluster_token,
     );
     tally(&mut s, &done).await
 }

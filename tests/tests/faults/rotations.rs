@@ -1,8 +1,10 @@
 //! Rotations with no downtime, each while verifications run, each following the procedure
 //! `docs/security.md` ("Rotations without downtime") gives, and each checking that the old
 //! material is refused once its grace ends: the API's certificate and its CA, the JWT key (and
-//! the work-signing keys derived from it, which the agent pins), an agent's token, and a
-//! destination's kubeconfig (a new ServiceAccount token, the old ServiceAccount deleted).
+//! the work-signing keys derived from it, which the agent pins), an agent's token, a
+//! destination's kubeconfig (a new ServiceAccount token, the old ServiceAccount deleted), and the
+//! agent's ServiceAccount token on its own cluster (its `tokenFile`, as the kubelet renews a
+//! pod's; the old token revoked).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -13,7 +15,9 @@ use dispatch_tests::cluster::Cluster;
 use dispatch_tests::invariants::Outcome;
 use dispatch_tests::tls::NextTls;
 use dispatch_tests::wait::eventually;
-use dispatch_tests::world::agents::call_as;
+use dispatch_tests::world::agents::{
+    agent_sa_token_file, call_as, renew_agent_sa_token, AGENT_TOKEN_SECRET_LABEL,
+};
 
 use super::scene::{Scene, Submitted, SLOW};
 
@@ -371,4 +375,84 @@ pub(crate) async fn destination_kubeconfig(s: &mut Scene) -> Result<Vec<Outcome>
     )?;
     kubectl(&s.w.a, &["delete", "clusterrolebinding", &second])?;
     Ok(outcomes)
+}
+
+/// How long after a new `tokenFile` is written the agent surely uses it: kube-rs reads the file
+/// again once its copy is 50 s old (kube-client 5.0 `client/auth/mod.rs` `TokenFile`), with
+/// room for a busy machine.
+const TOKEN_FILE_FOLLOWED: Duration = Duration::from_secs(65);
+
+/// The agent's credential on its own cluster: the ServiceAccount token in the file its
+/// kubeconfig names (`tokenFile`, as a pod's projected token the kubelet renews), replaced
+/// while a verification runs on cluster-b, then every earlier token revoked (the Secrets they
+/// were bound to deleted). The agent follows the file: the run in flight and one after end
+/// right, and cluster-b's API server refuses the old token. An agent that kept its first token
+/// would be refused from the revocation on (the run in flight could not be observed nor its Job
+/// deleted, the run after not created). A fixed token outlived by the test failed the 2-hour
+/// soak's last deletions (#32).
+pub(crate) async fn agent_cluster_token(s: &mut Scene) -> Result<Vec<Outcome>> {
+    let old = std::fs::read_to_string(agent_sa_token_file(&s.w.b))?;
+    let v = s.verification("cluster-b", 1, "100s");
+    let run = s.submit(&v, "cluster-b").await?;
+    let (watch, uid) = (s.watch.clone(), run.uid.clone());
+    eventually("the run's Job", Duration::from_secs(120), || {
+        let n = watch.jobs_of("cluster-b", &uid);
+        async move { Ok(n > 0) }
+    })
+    .await?;
+    let kept = renew_agent_sa_token(&s.w.b)?;
+    tokio::time::sleep(TOKEN_FILE_FOLLOWED).await;
+    let selector = format!("{AGENT_TOKEN_SECRET_LABEL}=true");
+    let ns = ["-n", "rollouts-dispatch"];
+    let secrets = kubectl(
+        &s.w.b,
+        &[&["get", "secrets", "-l", &selector, "-o", "name"][..], &ns].concat(),
+    )?;
+    for secret in secrets
+        .lines()
+        .filter(|l| !l.ends_with(&format!("/{kept}")))
+    {
+        kubectl(&s.w.b, &[&["delete", secret][..], &ns].concat())?;
+    }
+    let refused = refused_by_api_server(&s.w.b, &old).await;
+    let last = s.settle(&run, super::DEADLINE + super::GRACE).await?;
+    let mut outcomes = vec![s.outcome(
+        &run,
+        &last,
+        refused.is_ok(),
+        format!("in flight through the rotation; the old token: {refused:?}"),
+    )];
+    let v = s.verification("cluster-b", 0, "3s");
+    let after = s.submit(&v, "cluster-b").await?;
+    let last = s.settle(&after, super::DEADLINE + super::GRACE).await?;
+    outcomes.push(s.outcome(
+        &after,
+        &last,
+        true,
+        "after the old token was revoked".into(),
+    ));
+    Ok(outcomes)
+}
+
+/// `Ok` with its answer once `b`'s API server refuses `token` (401) within a minute: a
+/// revocation is in force within seconds (the API server caches token reviews for 10 s).
+async fn refused_by_api_server(b: &Cluster, token: &str) -> Result<String> {
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = Command::new(&b.binaries.kubectl)
+            .args(["--kubeconfig", "/dev/null", "--server", &b.server])
+            .arg("--certificate-authority")
+            .arg(&b.ca_file)
+            .args(["--token", token, "get", "jobs", "-n", "default"])
+            .output()?;
+        let answer = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        if answer.contains("Unauthorized") {
+            return Ok(answer);
+        }
+        ensure!(
+            std::time::Instant::now() < until,
+            "still accepted a minute after its Secret was deleted: {answer:.200}"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
 }
