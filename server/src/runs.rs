@@ -551,7 +551,7 @@ impl Runs {
                 }
                 verdict
             }
-            Err(e @ ReadError::Unanswered) => Err(not_synced(namespace, name, &e)),
+            Err(e @ ReadError::Unanswered { .. }) => Err(not_synced(namespace, name, &e)),
             Ok(None) | Err(_) => verdict,
         }
     }

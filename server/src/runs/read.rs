@@ -5,8 +5,9 @@
 //! bound ([`crate::watch::STALL`]) — and a refusal is an `Error` measurement for a real run:
 //! `make faults`' replica cut from the control plane ended every run it served `Error` that
 //! way. The read decides instead: found (the cache takes it), absent (the refusal stands), or
-//! no answer within [`READ_TIMEOUT`] (a retry, [`super::RunError::NotSynced`], and this replica
-//! reports the control plane unanswered, so that it goes unready). Before the watch's first
+//! no answer — none within [`READ_TIMEOUT`], or a connection that failed before one came —
+//! (a retry, [`super::RunError::NotSynced`], and this replica reports the control plane
+//! unanswered, so that it goes unready). Before the watch's first
 //! list (and while it lists again) a run asked about is read too: found confirms it, no
 //! answer marks the control plane unanswered — a replica cut from it as it started never
 //! lists, and would otherwise stay ready answering 503 and taking the agents' polls.
@@ -33,9 +34,15 @@ pub const PAGE_READS_AT_ONCE: usize = 2;
 /// Why a live read gave no answer.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
-    /// No answer in time.
-    #[error("the control plane did not answer a read of the run within {}s", READ_TIMEOUT.as_secs())]
-    Unanswered,
+    /// No answer from the control plane: none within [`READ_TIMEOUT`] (`cause: None`), or the
+    /// request failed before one came (a connect timeout or refusal, a reset connection:
+    /// nothing the API server said).
+    #[error("the control plane did not answer a read of the run{}", unanswered_detail(.cause.as_ref()))]
+    Unanswered {
+        /// the client's error, when the request failed before an answer came
+        #[source]
+        cause: Option<kube::Error>,
+    },
     /// Every read slot stayed taken for [`READ_TIMEOUT`] (many requests about runs the watch
     /// lacks): says nothing about the control plane, so it is not counted as unanswered — a
     /// caller naming runs nobody created cannot turn the replica unready.
@@ -44,6 +51,22 @@ pub enum ReadError {
     /// The API server answered with an error.
     #[error("reading the run from the control plane failed: {0}")]
     Api(#[source] kube::Error),
+}
+
+/// How [`ReadError::Unanswered`] ends: the bound, or what the client ran into.
+fn unanswered_detail(cause: Option<&kube::Error>) -> String {
+    match cause {
+        None => format!(" within {}s", READ_TIMEOUT.as_secs()),
+        Some(e) => format!(": {e}"),
+    }
+}
+
+/// Whether `e` carries something the API server said (a status, a body): an answer, unlike a
+/// connection that could not be made or broke before an answer came. A connect timeout
+/// (`engine.connectTimeout`, 5 s by default, as [`READ_TIMEOUT`]) counted as an answer kept a
+/// replica cut from its control plane ready (`make faults`' replica cut, #32).
+fn is_answer(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(_) | kube::Error::SerdeError(_))
 }
 
 type Read = dyn Fn(String, String) -> BoxFuture<'static, Result<Option<DynamicObject>, kube::Error>>
@@ -117,20 +140,23 @@ impl Reader {
                 self.heard();
                 Ok(run)
             }
-            Ok(Err(e)) => {
+            Ok(Err(e)) if is_answer(&e) => {
                 // An answer, even an error one: the control plane is there.
                 self.heard();
                 Err(ReadError::Api(e))
             }
-            Err(_) => {
-                let mut since = self
-                    .unanswered_since
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner());
-                since.get_or_insert_with(Instant::now);
-                Err(ReadError::Unanswered)
-            }
+            Ok(Err(e)) => Err(self.unanswered(Some(e))),
+            Err(_) => Err(self.unanswered(None)),
         }
+    }
+
+    /// A read got no answer (`cause`: the client's error, if it gave up before the bound).
+    fn unanswered(&self, cause: Option<kube::Error>) -> ReadError {
+        self.unanswered_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(Instant::now);
+        ReadError::Unanswered { cause }
     }
 
     /// The control plane answered (a read, or the watch's next event).

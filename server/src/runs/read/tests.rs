@@ -155,7 +155,7 @@ async fn pages_of_old_runs_read_in_slots_of_their_own() {
     for h in held {
         assert!(matches!(
             h.await.unwrap(),
-            Err(super::ReadError::Unanswered)
+            Err(super::ReadError::Unanswered { cause: None })
         ));
     }
     assert!(reader.unanswered_since().is_some());
@@ -200,4 +200,43 @@ async fn before_the_first_list_a_read_confirms_and_no_answer_marks_the_control_p
         ));
         assert_eq!(runs.control_plane_unanswered_since(), None);
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_connection_that_fails_before_an_answer_is_no_answer() {
+    // The client gives up first: its connect timeout (`engine.connectTimeout`, 5 s, as the
+    // read's bound) or a refused connection. That is not the API server speaking: a replica
+    // cut from its control plane that counted it as an answer stayed ready (`make faults`).
+    let connect_failed = || {
+        Reader::with(|_, _| {
+            let e = std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out");
+            async move { Err(kube::Error::Service(Box::new(e))) }.boxed()
+        })
+    };
+    for (scene, runs) in [
+        ("listed", silent_watch(Some(connect_failed()))),
+        ("unlisted", unlisted_watch(connect_failed())),
+    ] {
+        match runs.confirm("ns", "r", "u-1", "m", CONFIRM_WAIT).await {
+            Err(RunError::NotSynced { problem, .. }) => assert!(
+                problem.contains("did not answer") && problem.contains("connect timed out"),
+                "{scene}: {problem}"
+            ),
+            other => panic!("{scene}: want NotSynced, got {other:?}"),
+        }
+        assert!(runs.control_plane_unanswered_since().is_some(), "{scene}");
+    }
+    // An error the API server answers (a 403, say) is an answer: the replica stays ready.
+    let forbidden = silent_watch(Some(Reader::with(|_, _| {
+        let status = kube::core::Status::failure("analysisruns is forbidden", "Forbidden")
+            .with_code(403)
+            .boxed();
+        async move { Err(kube::Error::Api(status)) }.boxed()
+    })));
+    let verdict = forbidden.confirm("ns", "r", "u-1", "m", CONFIRM_WAIT).await;
+    assert!(
+        matches!(verdict, Err(RunError::NotSynced { .. })),
+        "{verdict:?}"
+    );
+    assert_eq!(forbidden.control_plane_unanswered_since(), None);
 }
