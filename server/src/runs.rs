@@ -128,6 +128,27 @@ impl RunFacts {
     fn confirms(&self, uid: &str, metric: &str) -> bool {
         self.uid == uid && self.metrics.iter().any(|m| m == metric)
     }
+
+    /// Whether run `namespace/name`, with these facts, is the run with `uid` that has our
+    /// `metric`: `Ok`, or the refusal that says which it is not.
+    fn judge(&self, namespace: &str, name: &str, uid: &str, metric: &str) -> Result<(), RunError> {
+        if self.uid != uid {
+            return Err(RunError::OtherUid {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                claimed: uid.to_string(),
+                actual: self.uid.clone(),
+            });
+        }
+        if !self.metrics.iter().any(|m| m == metric) {
+            return Err(RunError::NoSuchMetric {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                metric: metric.to_string(),
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Run `namespace/name` cannot be confirmed because its live read failed with `error`.
@@ -498,23 +519,11 @@ impl Runs {
                 let Some((_, facts)) = RunFacts::of(&run) else {
                     return verdict;
                 };
-                if facts.confirms(uid, metric) {
+                let judged = facts.judge(namespace, name, uid, metric);
+                if judged.is_ok() {
                     self.apply(Event::Apply(run));
-                    return Ok(());
                 }
-                if facts.uid != uid {
-                    return Err(RunError::OtherUid {
-                        namespace: namespace.to_string(),
-                        name: name.to_string(),
-                        claimed: uid.to_string(),
-                        actual: facts.uid,
-                    });
-                }
-                Err(RunError::NoSuchMetric {
-                    namespace: namespace.to_string(),
-                    name: name.to_string(),
-                    metric: metric.to_string(),
-                })
+                judged
             }
             Ok(None) => Err(RunError::NoSuchRun {
                 namespace: namespace.to_string(),
@@ -598,22 +607,7 @@ impl Runs {
         if facts.uid != uid && state.relisting {
             return Err(not_synced());
         }
-        if facts.uid != uid {
-            return Err(RunError::OtherUid {
-                namespace: namespace.to_string(),
-                name: name.to_string(),
-                claimed: uid.to_string(),
-                actual: facts.uid.clone(),
-            });
-        }
-        if !facts.metrics.iter().any(|m| m == metric) {
-            return Err(RunError::NoSuchMetric {
-                namespace: namespace.to_string(),
-                name: name.to_string(),
-                metric: metric.to_string(),
-            });
-        }
-        Ok(())
+        facts.judge(namespace, name, uid, metric)
     }
     /// Every run's state by uid, for the sweep; `None` unless the watch is authoritative
     /// ([`Runs::is_authoritative`]): the sweep lists the runs itself then. A copy, not a view
